@@ -1,0 +1,43 @@
+"""One small call of every kernel variant, for compute-sanitizer (memcheck, racecheck).
+Exits non-zero on a wrong result."""
+
+import torch
+
+import swapmoe
+from swapmoe.reference import fused_experts_ref, rel_error
+
+
+def run(M, E, topk, K, N, dtype, global_E=None, activation="silu"):
+    g = torch.Generator(device="cuda").manual_seed(M + E + K)
+    dev = "cuda"
+    x = torch.randn(M, K, device=dev, generator=g).to(dtype)
+    w1 = (torch.randn(E, 2 * N, K, device=dev, generator=g) / K**0.5).to(dtype)
+    w2 = (torch.randn(E, K, N, device=dev, generator=g) / N**0.5).to(dtype)
+    G = global_E or E
+    tw, ids = torch.topk(torch.softmax(torch.randn(M, G, device=dev, generator=g), -1), topk)
+    ids = ids.to(torch.int32)
+    emap = None
+    if global_E:
+        emap = torch.full((G,), -1, dtype=torch.int32, device=dev)
+        emap[torch.randperm(G, device=dev, generator=g)[:E]] = torch.arange(E, dtype=torch.int32, device=dev)
+    out = torch.full((M, K), float("nan"), device=dev, dtype=dtype)
+    swapmoe.fused_experts(x, w1, w2, tw, ids, out=out, expert_map=emap, activation=activation)
+    torch.cuda.synchronize()
+    ref = fused_experts_ref(
+        x.double().cpu().numpy(), w1.double().cpu().numpy(), w2.double().cpu().numpy(),
+        tw.double().cpu().numpy(), ids.cpu().numpy(), activation=activation,
+        expert_map=None if emap is None else emap.cpu().numpy(),
+    )
+    err = rel_error(out.double().cpu().numpy(), ref)
+    tol = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 1e-2}[dtype]
+    print(f"M={M} E={E} topk={topk} K={K} N={N} {dtype} global_E={global_E}: rel_err={err:.2e}")
+    return err < tol
+
+
+ok = True
+for dtype in (torch.bfloat16, torch.float16, torch.float32):
+    ok &= run(3, 8, 2, 64, 32, dtype)            # vectorized loads
+    ok &= run(5, 8, 2, 66, 34, dtype)            # scalar loads (K, N not multiples of 8)
+ok &= run(6, 8, 3, 64, 48, torch.bfloat16, global_E=16, activation="gelu")  # expert_map with -1
+print("ALL OK" if ok else "FAILED")
+raise SystemExit(0 if ok else 1)

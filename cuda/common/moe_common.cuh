@@ -1,0 +1,69 @@
+// Shared device helpers for swapmoe kernels: dtype traits, activations, reductions.
+// Kernels take raw pointers and plain integers; nothing here knows about torch.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace swapmoe {
+
+// Activation codes; keep in step with `Activation` in src/problem.rs.
+enum Activation : int { kSilu = 0, kGelu = 1 };
+
+// Scalar dtype codes for small side inputs (router weights); keep in step with
+// `ScalarCode` in src/problem.rs.
+enum ScalarCode : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
+
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+
+template <typename T> __device__ __forceinline__ T from_f32(float v);
+template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <> __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+
+// Reads element `i` of a router-weight tensor of dtype `code`.
+__device__ __forceinline__ float load_scalar(const void* p, int code, long long i) {
+  switch (code) {
+    case kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case kF16: return __half2float(static_cast<const __half*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+
+// silu(g) = g * sigmoid(g); gelu is the exact (erf) form, as vLLM's gelu_and_mul.
+__device__ __forceinline__ float activate(int act, float g) {
+  if (act == kGelu) return 0.5f * g * (1.0f + erff(g * 0.70710678118654752f));
+  return g / (1.0f + __expf(-g));
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// A vector of VEC elements of T loaded with one instruction (16 bytes when VEC*sizeof(T)==16).
+template <typename T, int VEC> struct alignas(sizeof(T) * VEC) Vec {
+  T v[VEC];
+};
+
+// Loads VEC consecutive elements (one 16-byte load when VEC*sizeof(T)==16) as floats,
+// through the read-only path.
+template <typename T, int VEC>
+__device__ __forceinline__ void load_vec_f32(const T* p, float (&out)[VEC]) {
+  static_assert(sizeof(T) * VEC == 16 || VEC == 1, "16-byte vectors or scalars");
+  if constexpr (VEC == 1) {
+    out[0] = to_f32(__ldg(p));
+  } else {
+    int4 raw = __ldg(reinterpret_cast<const int4*>(p));
+    Vec<T, VEC> r = *reinterpret_cast<Vec<T, VEC>*>(&raw);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) out[i] = to_f32(r.v[i]);
+  }
+}
+
+}  // namespace swapmoe

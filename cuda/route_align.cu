@@ -1,0 +1,102 @@
+// Routing metadata for the grouped expert GEMMs, built on the GPU with no host sync.
+//
+// One CTA groups the M*topk (token, k) slots by local expert:
+//   slot_expert[s]     local expert of slot s, or -1 (id out of range, expert_map -1, id -1)
+//   expert_offsets[e]  start of expert e's slots in sorted_slots; [local_E] is the total
+//   sorted_slots[i]    slot indices grouped by expert (order within an expert is unspecified;
+//                      every slot is computed independently, so results do not depend on it)
+//   active_experts[j]  the j-th local expert with at least one slot (ascending), j < num_active
+//   num_active[0]      number of local experts with at least one slot
+// An id outside [0, global_E) or mapped outside [0, local_E) is never used to index memory.
+#include "common/moe_common.cuh"
+
+namespace {
+constexpr int kThreads = 1024;
+
+__device__ __forceinline__ int block_exclusive_scan(int v, int* warp_sums, int* total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int inc = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    int n = __shfl_up_sync(0xffffffffu, inc, o);
+    if (lane >= o) inc += n;
+  }
+  if (lane == 31) warp_sums[warp] = inc;
+  __syncthreads();
+  if (warp == 0) {
+    int w = (lane < (kThreads / 32)) ? warp_sums[lane] : 0;
+    int winc = w;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      int n = __shfl_up_sync(0xffffffffu, winc, o);
+      if (lane >= o) winc += n;
+    }
+    warp_sums[lane] = winc - w;  // exclusive prefix of warp totals
+    if (lane == 31) *total = winc;
+  }
+  __syncthreads();
+  int r = warp_sums[warp] + inc - v;
+  __syncthreads();
+  return r;
+}
+}  // namespace
+
+// topk_ids: [M, topk] int32 (ids_is_i64 == 0) or int64, row stride ids_row_stride elements.
+// expert_map: [global_E] int32 or nullptr. Dynamic shared memory: local_E ints.
+extern "C" __global__ void __launch_bounds__(kThreads) swapmoe_route_align(
+    const void* __restrict__ topk_ids, int ids_is_i64, long long ids_row_stride,
+    const int* __restrict__ expert_map, int M, int topk, int global_E, int local_E,
+    int* __restrict__ slot_expert, int* __restrict__ expert_offsets, int* __restrict__ sorted_slots,
+    int* __restrict__ active_experts, int* __restrict__ num_active) {
+  extern __shared__ int counts[];  // [local_E]
+  __shared__ int warp_sums[32];
+  __shared__ int total_slots, total_active;
+  const int tid = threadIdx.x;
+  const long long S = (long long)M * topk;
+
+  for (int e = tid; e < local_E; e += kThreads) counts[e] = 0;
+  __syncthreads();
+
+  for (long long s = tid; s < S; s += kThreads) {
+    const long long m = s / topk, k = s - m * topk;
+    const long long off = m * ids_row_stride + k;
+    long long g = ids_is_i64 ? static_cast<const long long*>(topk_ids)[off]
+                             : (long long)static_cast<const int*>(topk_ids)[off];
+    int local = -1;
+    if (g >= 0 && g < global_E) {
+      local = expert_map ? expert_map[g] : (int)g;
+      if (local < 0 || local >= local_E) local = -1;
+    }
+    slot_expert[s] = local;
+    if (local >= 0) atomicAdd(&counts[local], 1);
+  }
+  __syncthreads();
+
+  // Each thread owns a contiguous chunk of experts; scan chunk sums across the block.
+  const int per = (local_E + kThreads - 1) / kThreads;
+  const int e0 = min(tid * per, local_E), e1 = min(e0 + per, local_E);
+  int my_slots = 0, my_active = 0;
+  for (int e = e0; e < e1; ++e) {
+    my_slots += counts[e];
+    my_active += counts[e] > 0;
+  }
+  int slot_base = block_exclusive_scan(my_slots, warp_sums, &total_slots);
+  int active_base = block_exclusive_scan(my_active, warp_sums, &total_active);
+  for (int e = e0; e < e1; ++e) {
+    const int c = counts[e];
+    expert_offsets[e] = slot_base;
+    counts[e] = slot_base;  // becomes the scatter cursor
+    slot_base += c;
+    if (c > 0) active_experts[active_base++] = e;
+  }
+  if (tid == 0) {
+    expert_offsets[local_E] = total_slots;
+    num_active[0] = total_active;
+  }
+  __syncthreads();
+
+  for (long long s = tid; s < S; s += kThreads) {
+    const int local = slot_expert[s];
+    if (local >= 0) sorted_slots[atomicAdd(&counts[local], 1)] = (int)s;
+  }
+}

@@ -1,0 +1,38 @@
+"""swapmoe: a fused Mixture-of-Experts operator for vLLM on NVIDIA GPUs.
+
+``fused_experts`` takes any DLPack tensors (torch, numpy, cupy). CUDA tensors run the
+embedded CUDA kernels on the caller's current stream; CPU tensors run the Rust reference
+path. Importing swapmoe needs no GPU and no CUDA toolkit.
+"""
+
+from . import _core
+from ._api import fused_experts, workspace_bytes
+from .errors import ArgumentError, CudaError, DeviceError, DTypeError, Error, ShapeError
+
+__version__: str = _core.__version__
+
+
+def build_info() -> dict:
+    """What this build holds: version, nvcc version, embedded targets, modules and kernels."""
+    return dict(_core.build_info())
+
+
+def warmup(device: int = 0) -> int:
+    """Loads the kernel modules on CUDA device ``device`` and resolves every kernel, so
+    that a later CUDA-graph capture does no module work. Returns the kernel count."""
+    return _core.warmup(int(device))
+
+
+__all__ = [
+    "fused_experts",
+    "workspace_bytes",
+    "build_info",
+    "warmup",
+    "Error",
+    "ShapeError",
+    "DTypeError",
+    "DeviceError",
+    "ArgumentError",
+    "CudaError",
+    "__version__",
+]

@@ -1,0 +1,126 @@
+"""The public op. Dispatches on the tensor library; the work happens in ``_core``."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Optional
+
+from . import _core
+from .errors import ArgumentError
+
+
+def _is_torch(x: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _shape(x: Any) -> Optional[tuple]:
+    shape = getattr(x, "shape", None)
+    try:
+        return tuple(int(d) for d in shape) if shape is not None else None
+    except TypeError:
+        return None
+
+
+def workspace_bytes(hidden_states: Any, w1: Any, topk_ids: Any) -> int:
+    """Bytes of CUDA workspace one call needs, from the shapes of its inputs (0 when the
+    shapes are not those of a valid call: the op itself then raises a precise error)."""
+    h, w, ids = _shape(hidden_states), _shape(w1), _shape(topk_ids)
+    if not h or not w or not ids or len(h) != 2 or len(w) != 3 or len(ids) != 2:
+        return 0
+    itemsize = getattr(getattr(hidden_states, "dtype", None), "itemsize", 0) or 2
+    return _core.workspace_bytes(h[0], ids[1], w[1] // 2, h[1], w[0], itemsize)
+
+
+def fused_experts(
+    hidden_states: Any,
+    w1: Any,
+    w2: Any,
+    topk_weights: Any,
+    topk_ids: Any,
+    *,
+    activation: str = "silu",
+    apply_router_weight_on_input: bool = False,
+    global_num_experts: int = -1,
+    expert_map: Any = None,
+    out: Any = None,
+    check_ids: bool = False,
+) -> Any:
+    """Fused MoE experts with vLLM's semantics; returns ``out`` ([M, K]).
+
+    ``out[m] = sum_k topk_weights[m, k] * w2[e] @ (act(w1[e, :N] @ x[m]) * (w1[e, N:] @ x[m]))``
+    with ``e = expert_map[topk_ids[m, k]]`` (or ``topk_ids[m, k]`` without a map).
+
+    - hidden_states ``[M, K]``, bf16/fp16/fp32; w1 ``[E, 2N, K]`` (gate rows, then up);
+      w2 ``[E, K, N]``; all of one dtype, last dimension contiguous.
+    - topk_weights ``[M, topk]`` (fp32, bf16 or fp16); topk_ids ``[M, topk]`` int32/int64.
+    - activation: ``"silu"`` or ``"gelu"`` (erf form).
+    - apply_router_weight_on_input: scale the input by the router weight (needs topk == 1).
+    - global_num_experts: number of experts the ids refer to (-1: ``expert_map.shape[0]``,
+      or ``E`` without a map). expert_map ``[global_E]`` int32 maps ids to local experts or
+      -1 (expert parallelism).
+    - Ids outside ``[0, global_num_experts)``, -1 ids and unmapped experts contribute
+      nothing and are never used to index memory. ``check_ids=True`` raises
+      :class:`ShapeError` naming the first bad id instead; on CUDA it waits for the stream
+      (a host sync) and cannot be used during graph capture.
+    - out: optional ``[M, K]`` output to write (may be ``hidden_states`` itself).
+
+    torch tensors go through ``torch.ops.swapmoe`` under ``torch.compile``; CUDA tensors
+    launch on ``torch.cuda.current_stream()``. numpy arrays run the CPU path.
+    """
+    if _is_torch(hidden_states):
+        from . import ops
+
+        return ops.fused_experts_torch(
+            hidden_states,
+            w1,
+            w2,
+            topk_weights,
+            topk_ids,
+            activation=activation,
+            apply_router_weight_on_input=apply_router_weight_on_input,
+            global_num_experts=global_num_experts,
+            expert_map=expert_map,
+            out=out,
+            check_ids=check_ids,
+        )
+    return _fused_experts_dlpack(
+        hidden_states,
+        w1,
+        w2,
+        topk_weights,
+        topk_ids,
+        activation=activation,
+        apply_router_weight_on_input=apply_router_weight_on_input,
+        global_num_experts=global_num_experts,
+        expert_map=expert_map,
+        out=out,
+        check_ids=check_ids,
+    )
+
+
+def _fused_experts_dlpack(hidden_states, w1, w2, topk_weights, topk_ids, *, out, **kw):
+    module = type(hidden_states).__module__.split(".")[0]
+    workspace = None
+    stream = 0
+    if module == "cupy":
+        import cupy  # type: ignore[import-not-found]
+
+        if out is None:
+            out = cupy.empty(hidden_states.shape, dtype=hidden_states.dtype)
+        workspace = cupy.empty(workspace_bytes(hidden_states, w1, topk_ids), dtype=cupy.uint8)
+        stream = cupy.cuda.get_current_stream().ptr
+    elif out is None:
+        if module != "numpy":
+            raise ArgumentError(
+                f"out: expected an output tensor for inputs of type {type(hidden_states).__name__} "
+                "(swapmoe allocates only for torch, numpy and cupy), got None"
+            )
+        import numpy as np
+
+        shape = _shape(hidden_states) or ()
+        out = np.empty(shape, dtype=hidden_states.dtype)
+    _core.fused_experts(
+        hidden_states, w1, w2, topk_weights, topk_ids, out, workspace=workspace, stream=stream, **kw
+    )
+    return out

@@ -1,0 +1,126 @@
+"""torch integration: ``torch.ops.swapmoe.fused_experts`` (functional) and
+``torch.ops.swapmoe.fused_experts_out`` (writes ``out``), with fake implementations for
+torch.compile. Output and workspace come from torch's caching allocator; kernels launch
+on ``torch.cuda.current_stream()``, so the op can be captured in a CUDA graph."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import _core
+from ._api import workspace_bytes
+from .errors import ArgumentError
+
+
+def _run(
+    hidden_states: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    out: torch.Tensor,
+    activation: str,
+    apply_router_weight_on_input: bool,
+    global_num_experts: int,
+    expert_map: Optional[torch.Tensor],
+    check_ids: bool = False,
+) -> None:
+    device = hidden_states.device
+    workspace = None
+    stream = 0
+    if device.type == "cuda":
+        nbytes = workspace_bytes(hidden_states, w1, topk_ids)
+        if nbytes:
+            workspace = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        stream = torch.cuda.current_stream(device).cuda_stream
+    _core.fused_experts(
+        hidden_states,
+        w1,
+        w2,
+        topk_weights,
+        topk_ids,
+        out,
+        workspace=workspace,
+        activation=activation,
+        apply_router_weight_on_input=apply_router_weight_on_input,
+        global_num_experts=global_num_experts,
+        expert_map=expert_map,
+        check_ids=check_ids,
+        stream=stream,
+    )
+
+
+def _empty_out(hidden_states: torch.Tensor) -> torch.Tensor:
+    return torch.empty(hidden_states.shape, dtype=hidden_states.dtype, device=hidden_states.device)
+
+
+@torch.library.custom_op("swapmoe::fused_experts", mutates_args=())
+def fused_experts_op(
+    hidden_states: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    activation: str = "silu",
+    apply_router_weight_on_input: bool = False,
+    global_num_experts: int = -1,
+    expert_map: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    out = _empty_out(hidden_states)
+    _run(hidden_states, w1, w2, topk_weights, topk_ids, out, activation,
+         apply_router_weight_on_input, global_num_experts, expert_map)
+    return out
+
+
+@fused_experts_op.register_fake
+def _fused_experts_fake(hidden_states, w1, w2, topk_weights, topk_ids, activation="silu",
+                        apply_router_weight_on_input=False, global_num_experts=-1, expert_map=None):
+    return hidden_states.new_empty(hidden_states.shape)
+
+
+@torch.library.custom_op("swapmoe::fused_experts_out", mutates_args=("out",))
+def fused_experts_out_op(
+    out: torch.Tensor,
+    hidden_states: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    activation: str = "silu",
+    apply_router_weight_on_input: bool = False,
+    global_num_experts: int = -1,
+    expert_map: Optional[torch.Tensor] = None,
+) -> None:
+    _run(hidden_states, w1, w2, topk_weights, topk_ids, out, activation,
+         apply_router_weight_on_input, global_num_experts, expert_map)
+
+
+@fused_experts_out_op.register_fake
+def _fused_experts_out_fake(out, hidden_states, w1, w2, topk_weights, topk_ids, activation="silu",
+                            apply_router_weight_on_input=False, global_num_experts=-1, expert_map=None):
+    return None
+
+
+def fused_experts_torch(hidden_states, w1, w2, topk_weights, topk_ids, *, activation="silu",
+                        apply_router_weight_on_input=False, global_num_experts=-1, expert_map=None,
+                        out=None, check_ids=False):
+    """``swapmoe.fused_experts`` for torch tensors. Eager calls skip the dispatcher (lower
+    host overhead); under torch.compile the registered ops are used."""
+    if torch.compiler.is_compiling():
+        if check_ids:
+            raise ArgumentError("check_ids: expected False under torch.compile (it syncs the host), got True")
+        if out is None:
+            return torch.ops.swapmoe.fused_experts(
+                hidden_states, w1, w2, topk_weights, topk_ids, activation,
+                apply_router_weight_on_input, global_num_experts, expert_map)
+        torch.ops.swapmoe.fused_experts_out(
+            out, hidden_states, w1, w2, topk_weights, topk_ids, activation,
+            apply_router_weight_on_input, global_num_experts, expert_map)
+        return out
+    if out is None:
+        out = _empty_out(hidden_states) if hidden_states.dim() == 2 else hidden_states
+    _run(hidden_states, w1, w2, topk_weights, topk_ids, out, activation,
+         apply_router_weight_on_input, global_num_experts, expert_map, check_ids)
+    return out

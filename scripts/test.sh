@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Sets up the environment, then runs every check: rustfmt, clippy, Rust unit tests, the
+# package build (which compiles every CUDA kernel with nvcc), and pytest. GPU tests are
+# marked `gpu` and skip on a machine without a CUDA device.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/setup-env.sh
+set -euo pipefail
+
+echo "== cargo fmt --check"
+cargo fmt --check
+echo "== cargo clippy (with and without the Python bindings)"
+cargo clippy --all-targets -- -D warnings
+cargo clippy --no-default-features --all-targets -- -D warnings
+echo "== cargo test"
+cargo test --no-default-features
+echo "== pip install . (builds the extension and the CUDA kernels)"
+python -m pip install -q --force-reinstall --no-deps .
+python -c "import swapmoe; print('built:', swapmoe.build_info())"
+echo "== pytest"
+# The package source lives in python/, so the installed package (with _core) is imported.
+set +e
+python -m pytest -q -p no:cacheprovider tests
+rc=$?
+set -e
+if [ "$rc" -ne 0 ]; then
+  echo "pytest failed with exit code $rc"
+  exit "$rc"
+fi

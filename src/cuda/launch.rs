@@ -1,0 +1,281 @@
+//! Launchers: carry out a `Plan` on the caller's stream. No tile or threshold is chosen
+//! here; the oracle's plan says which kernels run and with which geometry.
+
+use super::{check, device, stream_is_capturing, DeviceState};
+use crate::error::{Error, Result};
+use crate::oracle::{Backend, KernelId, Plan, REDUCE_THREADS, ROUTE_ALIGN_THREADS};
+use crate::problem::{DType, Device, MoeProblem, WorkspaceLayout};
+use cudarc::driver::sys;
+use std::ffi::c_void;
+
+/// Kernel arguments are passed to cuLaunchKernel as pointers to each value.
+macro_rules! params {
+    ($($v:expr),* $(,)?) => {
+        [$( &$v as *const _ as *mut c_void ),*]
+    };
+}
+
+fn launch(
+    dev: &DeviceState,
+    id: KernelId,
+    grid: (u32, u32, u32),
+    block: u32,
+    smem: u32,
+    stream: usize,
+    params: &mut [*mut c_void],
+) -> Result<()> {
+    let f = dev.function(id)?;
+    let r = unsafe {
+        sys::cuLaunchKernel(
+            f,
+            grid.0,
+            grid.1,
+            grid.2,
+            block,
+            1,
+            1,
+            smem,
+            stream as sys::CUstream,
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    };
+    check(r, &format!("launching {}", id.symbol()))
+}
+
+fn ordinal(p: &MoeProblem) -> Result<i32> {
+    match p.device {
+        Device::Cuda(i) => Ok(i),
+        other => Err(Error::Device(format!(
+            "hidden_states: expected a CUDA tensor, got device {other}"
+        ))),
+    }
+}
+
+/// Runs the whole op on `stream`. `workspace` is a device buffer of at least
+/// `WorkspaceLayout::for_problem(p).total` bytes on the problem's device.
+pub fn fused_experts(
+    p: &MoeProblem,
+    plan: &Plan,
+    workspace: usize,
+    workspace_bytes: usize,
+    stream: usize,
+) -> Result<()> {
+    if plan.backend != Backend::CudaGeneric {
+        return Err(Error::Argument(format!(
+            "backend: the CUDA launcher runs 'cuda_generic', the plan says {:?}",
+            plan.backend.name()
+        )));
+    }
+    let dev = device(ordinal(p)?)?;
+    dev.make_current()?;
+    if p.m == 0 {
+        return Ok(());
+    }
+    let layout = WorkspaceLayout::for_problem(p);
+    if workspace_bytes < layout.total {
+        return Err(Error::Shape(format!(
+            "workspace: expected at least {} bytes, got {workspace_bytes}",
+            layout.total
+        )));
+    }
+    let ws = |off: usize| (workspace + off) as u64;
+    let slot_expert = ws(layout.slot_expert);
+    let expert_offsets = ws(layout.expert_offsets);
+    let sorted_slots = ws(layout.sorted_slots);
+    let active_experts = ws(layout.active_experts);
+    let num_active = ws(layout.num_active);
+    let inter = ws(layout.intermediate);
+    let slot_out = ws(layout.slot_out);
+
+    let o = p.operands;
+    let s = p.strides;
+    let (m, k, n, topk) = (p.m as i32, p.k as i32, p.n as i32, p.topk as i32);
+    let local_e = p.local_experts as i32;
+    let global_e = p.global_experts as i32;
+    let slots = p.slots();
+
+    // 1. Routing metadata.
+    {
+        let ids = o.topk_ids as u64;
+        let ids_i64 = i32::from(p.topk_ids_dtype == DType::I64);
+        let ids_row = s.topk_ids_row;
+        let map = o.expert_map as u64;
+        let mut args = params!(
+            ids,
+            ids_i64,
+            ids_row,
+            map,
+            m,
+            topk,
+            global_e,
+            local_e,
+            slot_expert,
+            expert_offsets,
+            sorted_slots,
+            active_experts,
+            num_active
+        );
+        let smem = (4 * p.local_experts) as u32;
+        launch(
+            dev,
+            plan.kernels[0],
+            (1, 1, 1),
+            ROUTE_ALIGN_THREADS as u32,
+            smem,
+            stream,
+            &mut args,
+        )?;
+    }
+
+    // Grid y: an upper bound on the active experts; surplus CTAs exit at once.
+    let active_bound = p.local_experts.min(slots) as u32;
+    let rows = plan.rows_per_cta;
+    let block = (rows * 32) as u32;
+    let tw = o.topk_weights as u64;
+    let tw_code = p.topk_weights_dtype.scalar_code();
+    let tw_row = s.topk_weights_row;
+    let act = p.activation.code();
+    let on_input = i32::from(p.apply_router_weight_on_input);
+
+    // 2. GEMM1 + act-and-mul.
+    {
+        let x = o.hidden_states as u64;
+        let x_row = s.hidden_row;
+        let w1 = o.w1 as u64;
+        let (w1_e, w1_r) = (s.w1_expert, s.w1_row);
+        let mut args = params!(
+            x,
+            x_row,
+            w1,
+            w1_e,
+            w1_r,
+            tw,
+            tw_code,
+            tw_row,
+            expert_offsets,
+            sorted_slots,
+            active_experts,
+            num_active,
+            topk,
+            n,
+            k,
+            act,
+            on_input,
+            inter
+        );
+        let grid = (p.n.div_ceil(rows) as u32, active_bound, 1);
+        launch(dev, plan.kernels[1], grid, block, 0, stream, &mut args)?;
+    }
+
+    // 3. GEMM2 + router weight.
+    {
+        let w2 = o.w2 as u64;
+        let (w2_e, w2_r) = (s.w2_expert, s.w2_row);
+        let mut args = params!(
+            inter,
+            w2,
+            w2_e,
+            w2_r,
+            tw,
+            tw_code,
+            tw_row,
+            expert_offsets,
+            sorted_slots,
+            active_experts,
+            num_active,
+            topk,
+            n,
+            k,
+            on_input,
+            slot_out
+        );
+        let grid = (p.k.div_ceil(rows) as u32, active_bound, 1);
+        launch(dev, plan.kernels[2], grid, block, 0, stream, &mut args)?;
+    }
+
+    // 4. Sum over top-k.
+    {
+        let out = o.out as u64;
+        let out_row = s.out_row;
+        let mut args = params!(slot_out, slot_expert, topk, k, out, out_row);
+        let grid = (p.k.div_ceil(REDUCE_THREADS) as u32, p.m as u32, 1);
+        launch(
+            dev,
+            plan.kernels[3],
+            grid,
+            REDUCE_THREADS as u32,
+            0,
+            stream,
+            &mut args,
+        )?;
+    }
+    Ok(())
+}
+
+/// Opt-in id check for CUDA tensors: waits for `stream`, copies the ids (and the expert
+/// map) to the host and checks them. Refused while the stream captures a graph.
+pub fn check_ids(p: &MoeProblem, stream: usize) -> Result<()> {
+    let dev = device(ordinal(p)?)?;
+    dev.make_current()?;
+    if stream_is_capturing(stream)? {
+        return Err(Error::Argument(
+            "check_ids: expected False while the stream captures a CUDA graph (the check waits for the device), got True"
+                .into(),
+        ));
+    }
+    check(
+        unsafe { sys::cuStreamSynchronize(stream as sys::CUstream) },
+        "cuStreamSynchronize",
+    )?;
+    let esz = p.topk_ids_dtype.size();
+    let row = p.strides.topk_ids_row as usize;
+    let span = if p.m == 0 {
+        0
+    } else {
+        (p.m - 1) * row + p.topk
+    };
+    let mut ids = vec![0u8; span * esz];
+    if span > 0 {
+        check(
+            unsafe {
+                sys::cuMemcpyDtoH_v2(
+                    ids.as_mut_ptr() as *mut c_void,
+                    p.operands.topk_ids as u64,
+                    ids.len(),
+                )
+            },
+            "copying topk_ids to the host",
+        )?;
+    }
+    let mut map = vec![
+        0i32;
+        if p.has_expert_map {
+            p.global_experts
+        } else {
+            0
+        }
+    ];
+    if !map.is_empty() {
+        check(
+            unsafe {
+                sys::cuMemcpyDtoH_v2(
+                    map.as_mut_ptr() as *mut c_void,
+                    p.operands.expert_map as u64,
+                    map.len() * 4,
+                )
+            },
+            "copying expert_map to the host",
+        )?;
+    }
+    let i64_ids = p.topk_ids_dtype == DType::I64;
+    let read = |t: usize, k: usize| -> i64 {
+        let i = t * row + k;
+        if i64_ids {
+            i64::from_ne_bytes(ids[8 * i..8 * i + 8].try_into().unwrap())
+        } else {
+            i32::from_ne_bytes(ids[4 * i..4 * i + 4].try_into().unwrap()) as i64
+        }
+    };
+    crate::cpu::check_ids_with(p, read, |g| map.get(g).map(|&v| v as i64))
+}

@@ -1,0 +1,271 @@
+//! CUDA side of the core: the driver (loaded at first use; the extension links no CUDA
+//! library), the device's primary context (the one torch uses), the embedded modules,
+//! and the launchers. Every launch goes on the caller's stream; nothing here allocates
+//! device memory or waits for the device, except the opt-in `check_ids`.
+
+pub mod launch;
+
+use crate::error::{Error, Result};
+use crate::oracle::{DeviceCaps, KernelId};
+use cudarc::driver::sys::{self, CUresult};
+use std::ffi::{c_void, CStr, CString};
+use std::sync::{Mutex, OnceLock};
+
+/// The fatbins that build.rs compiled and embedded.
+pub mod images {
+    include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
+}
+
+const MAX_DEVICES: usize = 64;
+
+/// Raw driver handles are plain pointers; the driver allows their use from any thread.
+#[derive(Clone, Copy, Debug)]
+struct Handle(*mut c_void);
+unsafe impl Send for Handle {}
+unsafe impl Sync for Handle {}
+
+pub struct DeviceState {
+    pub ordinal: i32,
+    ctx: Handle,
+    pub caps: DeviceCaps,
+    modules: Vec<(&'static str, Handle)>,
+    functions: [OnceLock<Handle>; KernelId::COUNT],
+}
+
+static DEVICES: [OnceLock<DeviceState>; MAX_DEVICES] = [const { OnceLock::new() }; MAX_DEVICES];
+static INIT_LOCK: Mutex<()> = Mutex::new(());
+static DRIVER: OnceLock<std::result::Result<i32, String>> = OnceLock::new();
+
+fn error_string(code: CUresult) -> String {
+    let mut p: *const std::ffi::c_char = std::ptr::null();
+    let ok = unsafe { sys::cuGetErrorString(code, &mut p) };
+    if ok == CUresult::CUDA_SUCCESS && !p.is_null() {
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    } else {
+        format!("{code:?}")
+    }
+}
+
+pub(crate) fn check(code: CUresult, what: &str) -> Result<()> {
+    if code == CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(Error::Cuda(format!(
+            "{what} failed: {} ({code:?})",
+            error_string(code)
+        )))
+    }
+}
+
+/// Loads libcuda and calls cuInit once. Returns the driver's CUDA version (e.g. 13000).
+/// cudarc panics when the library or a symbol is missing, so every first touch of the
+/// driver is behind `catch_unwind`.
+pub fn driver_version() -> Result<i32> {
+    DRIVER
+        .get_or_init(|| {
+            let present =
+                std::panic::catch_unwind(|| unsafe { sys::is_culib_present() }).unwrap_or(false);
+            if !present {
+                return Err("no CUDA driver found (libcuda.so could not be loaded)".to_string());
+            }
+            std::panic::catch_unwind(|| unsafe {
+                let r = sys::cuInit(0);
+                if r != CUresult::CUDA_SUCCESS {
+                    return Err(format!("cuInit failed: {}", error_string(r)));
+                }
+                let mut v = 0i32;
+                let r = sys::cuDriverGetVersion(&mut v);
+                if r != CUresult::CUDA_SUCCESS {
+                    return Err(format!("cuDriverGetVersion failed: {}", error_string(r)));
+                }
+                Ok(v)
+            })
+            .unwrap_or_else(|_| Err("the CUDA driver is missing a required function".to_string()))
+        })
+        .clone()
+        .map_err(Error::Cuda)
+}
+
+pub fn device_count() -> Result<i32> {
+    driver_version()?;
+    let mut n = 0;
+    check(unsafe { sys::cuDeviceGetCount(&mut n) }, "cuDeviceGetCount")?;
+    Ok(n)
+}
+
+fn attribute(dev: sys::CUdevice, attr: sys::CUdevice_attribute, what: &str) -> Result<i32> {
+    let mut v = 0;
+    check(
+        unsafe { sys::cuDeviceGetAttribute(&mut v, attr, dev) },
+        what,
+    )?;
+    Ok(v)
+}
+
+/// The device's state, created on first use: primary context retained for the life of
+/// the process, every embedded module loaded.
+pub fn device(ordinal: i32) -> Result<&'static DeviceState> {
+    if ordinal < 0 || ordinal as usize >= MAX_DEVICES {
+        return Err(Error::Device(format!(
+            "hidden_states: expected a CUDA device ordinal in [0, {MAX_DEVICES}), got {ordinal}"
+        )));
+    }
+    let slot = &DEVICES[ordinal as usize];
+    if let Some(d) = slot.get() {
+        return Ok(d);
+    }
+    let _guard = INIT_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(d) = slot.get() {
+        return Ok(d);
+    }
+    let state = std::panic::catch_unwind(|| init_device(ordinal)).unwrap_or_else(|_| {
+        Err(Error::Cuda(
+            "the CUDA driver is missing a required function".into(),
+        ))
+    })?;
+    let _ = slot.set(state);
+    Ok(slot.get().expect("just set"))
+}
+
+fn init_device(ordinal: i32) -> Result<DeviceState> {
+    driver_version()?;
+    let count = device_count()?;
+    if ordinal >= count {
+        return Err(Error::Device(format!(
+            "hidden_states: expected a CUDA device ordinal below {count} (devices visible), got {ordinal}"
+        )));
+    }
+    let mut dev: sys::CUdevice = 0;
+    check(
+        unsafe { sys::cuDeviceGet(&mut dev, ordinal) },
+        "cuDeviceGet",
+    )?;
+    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    check(
+        unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, dev) },
+        "cuDevicePrimaryCtxRetain",
+    )?;
+    let previous = current_context()?;
+    check(unsafe { sys::cuCtxSetCurrent(ctx) }, "cuCtxSetCurrent")?;
+    use sys::CUdevice_attribute as A;
+    let major = attribute(
+        dev,
+        A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+        "compute capability",
+    )?;
+    let minor = attribute(
+        dev,
+        A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+        "compute capability",
+    )?;
+    let sm_count = attribute(
+        dev,
+        A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        "multiprocessor count",
+    )?;
+    let mut name = [0 as std::ffi::c_char; 256];
+    check(
+        unsafe { sys::cuDeviceGetName(name.as_mut_ptr(), 256, dev) },
+        "cuDeviceGetName",
+    )?;
+    let name = unsafe { CStr::from_ptr(name.as_ptr()) }
+        .to_string_lossy()
+        .into_owned();
+    if major < 8 {
+        return Err(Error::Device(format!(
+            "hidden_states: swapmoe's CUDA kernels need compute capability >= 8.0 (sm_80), got {name} (sm_{major}{minor})"
+        )));
+    }
+    let mut modules = Vec::new();
+    for (mname, image) in images::FATBINS {
+        let mut module: sys::CUmodule = std::ptr::null_mut();
+        let r = unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr() as *const c_void) };
+        if r != CUresult::CUDA_SUCCESS {
+            return Err(Error::Cuda(format!(
+                "loading kernel module {mname:?} on {name} (sm_{major}{minor}) failed: {}. The wheel embeds {:?}",
+                error_string(r),
+                images::TARGETS
+            )));
+        }
+        modules.push((*mname, Handle(module as *mut c_void)));
+    }
+    if !previous.is_null() && previous != ctx {
+        check(unsafe { sys::cuCtxSetCurrent(previous) }, "cuCtxSetCurrent")?;
+    }
+    Ok(DeviceState {
+        ordinal,
+        ctx: Handle(ctx as *mut c_void),
+        caps: DeviceCaps {
+            name,
+            capability: (major, minor),
+            sm_count,
+        },
+        modules,
+        functions: [const { OnceLock::new() }; KernelId::COUNT],
+    })
+}
+
+fn current_context() -> Result<sys::CUcontext> {
+    let mut cur: sys::CUcontext = std::ptr::null_mut();
+    check(unsafe { sys::cuCtxGetCurrent(&mut cur) }, "cuCtxGetCurrent")?;
+    Ok(cur)
+}
+
+impl DeviceState {
+    /// Makes the primary context current on this thread (torch's threads usually have it).
+    pub fn make_current(&self) -> Result<()> {
+        let cur = current_context()?;
+        if cur != self.ctx.0 as sys::CUcontext {
+            check(
+                unsafe { sys::cuCtxSetCurrent(self.ctx.0 as sys::CUcontext) },
+                "cuCtxSetCurrent",
+            )?;
+        }
+        Ok(())
+    }
+
+    pub fn function(&self, id: KernelId) -> Result<sys::CUfunction> {
+        let slot = &self.functions[id.index()];
+        if let Some(h) = slot.get() {
+            return Ok(h.0 as sys::CUfunction);
+        }
+        let module = self
+            .modules
+            .iter()
+            .find(|(n, _)| *n == id.module())
+            .ok_or_else(|| {
+                Error::Cuda(format!(
+                    "kernel module {:?} is not embedded in this build",
+                    id.module()
+                ))
+            })?;
+        let sym = CString::new(id.symbol()).expect("symbol names have no NUL");
+        let mut f: sys::CUfunction = std::ptr::null_mut();
+        check(
+            unsafe { sys::cuModuleGetFunction(&mut f, module.1 .0 as sys::CUmodule, sym.as_ptr()) },
+            &format!("looking up kernel {}", id.symbol()),
+        )?;
+        let _ = slot.set(Handle(f as *mut c_void));
+        Ok(f)
+    }
+
+    /// Resolves every kernel, so that a later CUDA-graph capture does no module work.
+    pub fn warmup(&self) -> Result<usize> {
+        self.make_current()?;
+        let all = KernelId::all();
+        for id in &all {
+            self.function(*id)?;
+        }
+        Ok(all.len())
+    }
+}
+
+/// Whether `stream` is capturing a CUDA graph.
+pub fn stream_is_capturing(stream: usize) -> Result<bool> {
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    check(
+        unsafe { sys::cuStreamIsCapturing(stream as sys::CUstream, &mut status) },
+        "cuStreamIsCapturing",
+    )?;
+    Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}

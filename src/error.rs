@@ -1,0 +1,48 @@
+//! One error type for the whole core. Each variant becomes one Python exception class
+//! (see `python/swapmoe/errors.py`); messages name the argument, the expected value and
+//! the value given.
+
+use std::fmt;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Error {
+    /// A shape, stride or layout that the op cannot take (Python: `ShapeError`, a `ValueError`).
+    Shape(String),
+    /// A dtype that the op cannot take (Python: `DTypeError`, a `TypeError`).
+    DType(String),
+    /// A tensor on the wrong or an unsupported device (Python: `DeviceError`, a `ValueError`).
+    Device(String),
+    /// A bad scalar argument such as an unknown activation (Python: `ArgumentError`, a `ValueError`).
+    Argument(String),
+    /// A CUDA driver failure, or no usable driver (Python: `CudaError`, a `RuntimeError`).
+    Cuda(String),
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Shape(m)
+            | Error::DType(m)
+            | Error::Device(m)
+            | Error::Argument(m)
+            | Error::Cuda(m) => f.write_str(m),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl Error {
+    /// The Python exception class this error is raised as.
+    pub fn class_name(&self) -> &'static str {
+        match self {
+            Error::Shape(_) => "ShapeError",
+            Error::DType(_) => "DTypeError",
+            Error::Device(_) => "DeviceError",
+            Error::Argument(_) => "ArgumentError",
+            Error::Cuda(_) => "CudaError",
+        }
+    }
+}

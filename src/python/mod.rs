@@ -1,0 +1,273 @@
+//! The PyO3 bindings: `swapmoe._core`. Thin: import tensors, build the problem, ask the
+//! oracle, run. Errors become the exception classes of `swapmoe.errors`.
+
+mod tensor;
+
+use crate::cuda;
+use crate::error::Error;
+use crate::oracle::{self, Backend};
+use crate::problem::{Activation, MoeArgs, MoeProblem, WorkspaceLayout};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyType};
+
+static CLASSES: [PyOnceLock<Py<PyType>>; 5] = [const { PyOnceLock::new() }; 5];
+
+pub(crate) fn to_pyerr(py: Python<'_>, err: Error) -> PyErr {
+    let (i, name) = match &err {
+        Error::Shape(_) => (0, "ShapeError"),
+        Error::DType(_) => (1, "DTypeError"),
+        Error::Device(_) => (2, "DeviceError"),
+        Error::Argument(_) => (3, "ArgumentError"),
+        Error::Cuda(_) => (4, "CudaError"),
+    };
+    match CLASSES[i].import(py, "swapmoe.errors", name) {
+        Ok(cls) => PyErr::from_type(cls.clone(), err.to_string()),
+        Err(e) => e,
+    }
+}
+
+trait IntoPy<T> {
+    fn py_err(self, py: Python<'_>) -> PyResult<T>;
+}
+impl<T> IntoPy<T> for crate::error::Result<T> {
+    fn py_err(self, py: Python<'_>) -> PyResult<T> {
+        self.map_err(|e| to_pyerr(py, e))
+    }
+}
+
+/// Runs the fused experts op. `out` is written; `workspace` (CUDA only) must hold at least
+/// `workspace_bytes(...)` bytes on the device. Launches on `stream` (a CUstream address,
+/// 0 for the legacy default stream).
+#[pyfunction]
+#[pyo3(signature = (hidden_states, w1, w2, topk_weights, topk_ids, out, *, workspace=None, activation="silu", apply_router_weight_on_input=false, global_num_experts=-1, expert_map=None, check_ids=false, stream=0))]
+#[allow(clippy::too_many_arguments)]
+fn fused_experts(
+    py: Python<'_>,
+    hidden_states: &Bound<'_, PyAny>,
+    w1: &Bound<'_, PyAny>,
+    w2: &Bound<'_, PyAny>,
+    topk_weights: &Bound<'_, PyAny>,
+    topk_ids: &Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
+    workspace: Option<&Bound<'_, PyAny>>,
+    activation: &str,
+    apply_router_weight_on_input: bool,
+    global_num_experts: i64,
+    expert_map: Option<&Bound<'_, PyAny>>,
+    check_ids: bool,
+    stream: usize,
+) -> PyResult<()> {
+    let activation = Activation::parse(activation).py_err(py)?;
+    let h = tensor::import("hidden_states", hidden_states, stream)?;
+    let t_w1 = tensor::import("w1", w1, stream)?;
+    let t_w2 = tensor::import("w2", w2, stream)?;
+    let t_tw = tensor::import("topk_weights", topk_weights, stream)?;
+    let t_ids = tensor::import("topk_ids", topk_ids, stream)?;
+    let t_out = tensor::import("out", out, stream)?;
+    let t_map = match expert_map {
+        Some(m) => Some(tensor::import("expert_map", m, stream)?),
+        None => None,
+    };
+    let problem = MoeProblem::new(&MoeArgs {
+        hidden_states: &h.desc,
+        w1: &t_w1.desc,
+        w2: &t_w2.desc,
+        topk_weights: &t_tw.desc,
+        topk_ids: &t_ids.desc,
+        out: &t_out.desc,
+        expert_map: t_map.as_ref().map(|t| &t.desc),
+        activation,
+        apply_router_weight_on_input,
+        global_num_experts,
+    })
+    .py_err(py)?;
+
+    match problem.device {
+        crate::problem::Device::Cpu => {
+            // SAFETY: every address comes from a validated DLPack import alive until return.
+            if check_ids {
+                unsafe { crate::cpu::check_ids(&problem) }.py_err(py)?;
+            }
+            let p = problem.clone();
+            py.detach(move || unsafe { crate::cpu::fused_experts(&p) })
+                .py_err(py)
+        }
+        _ => {
+            let plan = oracle::plan(&problem, None);
+            debug_assert_eq!(plan.backend, Backend::CudaGeneric);
+            if check_ids {
+                cuda::launch::check_ids(&problem, stream).py_err(py)?;
+            }
+            let need = WorkspaceLayout::for_problem(&problem).total;
+            let (ws_addr, ws_bytes) = match workspace {
+                Some(w) => {
+                    let t = tensor::import("workspace", w, stream)?;
+                    if t.desc.device != problem.device {
+                        return Err(to_pyerr(
+                            py,
+                            Error::Device(format!(
+                                "workspace: expected device {} (the device of hidden_states), got {}",
+                                problem.device, t.desc.device
+                            )),
+                        ));
+                    }
+                    let bytes = t.desc.shape.iter().product::<i64>().max(0) as usize * t.desc.dtype.size();
+                    (t.desc.addr, bytes)
+                }
+                None if need == 0 || problem.m == 0 => (0, 0),
+                None => {
+                    return Err(to_pyerr(
+                        py,
+                        Error::Argument(format!(
+                            "workspace: expected a CUDA buffer of at least {need} bytes for CUDA tensors, got None"
+                        )),
+                    ))
+                }
+            };
+            cuda::launch::fused_experts(&problem, &plan, ws_addr, ws_bytes, stream).py_err(py)
+        }
+    }
+}
+
+/// Bytes of CUDA workspace `fused_experts` needs for M tokens (M*topk slots).
+#[pyfunction]
+fn workspace_bytes(
+    m: usize,
+    topk: usize,
+    n: usize,
+    k: usize,
+    num_experts: usize,
+    elem_size: usize,
+) -> usize {
+    WorkspaceLayout::new(m.saturating_mul(topk), num_experts, n, k, elem_size).total
+}
+
+/// The plan the oracle makes for a call, as a dict (for `swapmoe explain` and tests).
+#[pyfunction]
+#[pyo3(signature = (hidden_states, w1, w2, topk_weights, topk_ids, *, activation="silu", expert_map=None))]
+#[allow(clippy::too_many_arguments)]
+fn describe_plan<'py>(
+    py: Python<'py>,
+    hidden_states: &Bound<'py, PyAny>,
+    w1: &Bound<'py, PyAny>,
+    w2: &Bound<'py, PyAny>,
+    topk_weights: &Bound<'py, PyAny>,
+    topk_ids: &Bound<'py, PyAny>,
+    activation: &str,
+    expert_map: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let activation = Activation::parse(activation).py_err(py)?;
+    let h = tensor::import("hidden_states", hidden_states, 0)?;
+    let t_w1 = tensor::import("w1", w1, 0)?;
+    let t_w2 = tensor::import("w2", w2, 0)?;
+    let t_tw = tensor::import("topk_weights", topk_weights, 0)?;
+    let t_ids = tensor::import("topk_ids", topk_ids, 0)?;
+    let t_map = match expert_map {
+        Some(m) => Some(tensor::import("expert_map", m, 0)?),
+        None => None,
+    };
+    let problem = MoeProblem::new(&MoeArgs {
+        hidden_states: &h.desc,
+        w1: &t_w1.desc,
+        w2: &t_w2.desc,
+        topk_weights: &t_tw.desc,
+        topk_ids: &t_ids.desc,
+        out: &h.desc,
+        expert_map: t_map.as_ref().map(|t| &t.desc),
+        activation,
+        apply_router_weight_on_input: false,
+        global_num_experts: -1,
+    })
+    .py_err(py)?;
+    let caps = match problem.device {
+        crate::problem::Device::Cuda(i) => Some(cuda::device(i).py_err(py)?.caps.clone()),
+        _ => None,
+    };
+    let plan = oracle::plan(&problem, caps.as_ref());
+    let d = PyDict::new(py);
+    d.set_item("problem", problem.to_string())?;
+    d.set_item("backend", plan.backend.name())?;
+    d.set_item(
+        "kernels",
+        plan.kernels.iter().map(|k| k.symbol()).collect::<Vec<_>>(),
+    )?;
+    d.set_item("rows_per_cta", plan.rows_per_cta)?;
+    d.set_item("tokens_per_pass", plan.tokens_per_pass)?;
+    d.set_item("reasons", plan.reasons)?;
+    d.set_item(
+        "workspace_bytes",
+        WorkspaceLayout::for_problem(&problem).total,
+    )?;
+    Ok(d)
+}
+
+/// What this build of the extension holds.
+#[pyfunction]
+fn build_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("version", env!("CARGO_PKG_VERSION"))?;
+    d.set_item("nvcc_version", cuda::images::NVCC_VERSION)?;
+    d.set_item("targets", cuda::images::TARGETS.to_vec())?;
+    d.set_item(
+        "modules",
+        cuda::images::FATBINS
+            .iter()
+            .map(|(n, img)| (n.to_string(), img.len()))
+            .collect::<Vec<_>>(),
+    )?;
+    d.set_item(
+        "kernels",
+        oracle::KernelId::all()
+            .iter()
+            .map(|k| k.symbol())
+            .collect::<Vec<_>>(),
+    )?;
+    d.set_item(
+        "profile",
+        if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
+    )?;
+    Ok(d)
+}
+
+/// The CUDA driver version (e.g. 13000). Raises CudaError when no driver is present.
+#[pyfunction]
+fn driver_version(py: Python<'_>) -> PyResult<i32> {
+    cuda::driver_version().py_err(py)
+}
+
+/// Name, compute capability and SM count of CUDA device `ordinal`.
+#[pyfunction]
+fn device_info(py: Python<'_>, ordinal: i32) -> PyResult<Bound<'_, PyDict>> {
+    let dev = cuda::device(ordinal).py_err(py)?;
+    let d = PyDict::new(py);
+    d.set_item("ordinal", dev.ordinal)?;
+    d.set_item("name", &dev.caps.name)?;
+    d.set_item("capability", dev.caps.capability)?;
+    d.set_item("sm_count", dev.caps.sm_count)?;
+    Ok(d)
+}
+
+/// Loads the modules and resolves every kernel on device `ordinal` (do this before
+/// CUDA-graph capture). Returns the number of kernels resolved.
+#[pyfunction]
+fn warmup(py: Python<'_>, ordinal: i32) -> PyResult<usize> {
+    cuda::device(ordinal).and_then(|d| d.warmup()).py_err(py)
+}
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(fused_experts, m)?)?;
+    m.add_function(wrap_pyfunction!(workspace_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(describe_plan, m)?)?;
+    m.add_function(wrap_pyfunction!(build_info, m)?)?;
+    m.add_function(wrap_pyfunction!(driver_version, m)?)?;
+    m.add_function(wrap_pyfunction!(device_info, m)?)?;
+    m.add_function(wrap_pyfunction!(warmup, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}
