@@ -5,7 +5,7 @@ set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --target /tmp/site dist/*.whl || exit 1
+rm -rf /tmp/site && python3 -m pip install -q --no-index --no-deps --target /tmp/site dist/*.whl || exit 1
 export PYTHONPATH=/tmp/site
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$OUT/gpu.txt"
 for step in "$@"; do
@@ -16,6 +16,11 @@ for step in "$@"; do
       for tool in memcheck racecheck; do
         compute-sanitizer --tool $tool --error-exitcode 9 python3 benches/sanitize_case.py > "$OUT/sanitize_$tool.txt" 2>&1
         echo "compute-sanitizer $tool: exit $? ; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|ALL OK|FAILED' "$OUT/sanitize_$tool.txt" | tr '\n' ' ')"
+      done ;;
+    bench-qwen) python3 -m swapmoe bench --model qwen3-30b-a3b --m ${BENCH_M:-1,2,4,8,16,32,64} --json "$OUT/bench_qwen.json" --plot "$OUT/bench_qwen.png" 2>&1 | tee "$OUT/bench_qwen.txt" | tail -40 ;;
+    bench-all)
+      for model in qwen3-30b-a3b deepseek-v3-tp8 mixtral-8x7b; do
+        python3 -m swapmoe bench --model $model --m ${BENCH_M:-1,2,4,8,16,32,64,1024,4096} --json "$OUT/bench_$model.json" --plot "$OUT/bench_$model.png" 2>&1 | tee "$OUT/bench_$model.txt" | tail -30
       done ;;
     pytest) python3 -m pytest -m gpu -q -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest_gpu.txt" | tail -25 ;;
     pytest-all) python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest_all.txt" | tail -25 ;;

@@ -23,6 +23,17 @@ def make(M, E, topk, K, N, dtype, dev="cuda", seed=0):
 
 
 def check(M, E, topk, K, N, dtype, **kw):
+    ok = True
+    for backend in ("cuda_decode", "cuda_generic", "cuda_mma"):
+        if backend == "cuda_decode" and M * topk > 512:
+            continue
+        if backend == "cuda_mma" and (dtype == torch.float32 or K % 8 or N % 8):
+            continue
+        ok &= check_one(M, E, topk, K, N, dtype, backend=backend, **kw)
+    return ok
+
+
+def check_one(M, E, topk, K, N, dtype, **kw):
     x, w1, w2, tw, ids = make(M, E, topk, K, N, dtype, seed=M * 1000 + E)
     out = torch.full((M, K), float("nan"), device="cuda", dtype=dtype)
     swapmoe.fused_experts(x, w1, w2, tw, ids, out=out, **kw)
@@ -40,7 +51,7 @@ def check(M, E, topk, K, N, dtype, **kw):
     return ok
 
 
-def bench(M, E, topk, K, N, dtype=torch.bfloat16, layers=8, read_tbps=4.42):
+def bench(M, E, topk, K, N, dtype=torch.bfloat16, layers=8, read_tbps=4.42, backend=None):
     import triton.testing
 
     x, w1, w2, tw, ids = make(M, E, topk, K, N, dtype)
@@ -48,20 +59,20 @@ def bench(M, E, topk, K, N, dtype=torch.bfloat16, layers=8, read_tbps=4.42):
     w2s = [w2.clone() for _ in range(layers)]
     out = torch.empty_like(x)
     for i in range(layers):
-        swapmoe.fused_experts(x, w1s[i], w2s[i], tw, ids, out=out)
+        swapmoe.fused_experts(x, w1s[i], w2s[i], tw, ids, out=out, backend=backend)
     torch.cuda.synchronize()
     gr = torch.cuda.CUDAGraph()
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):
         with torch.cuda.graph(gr, stream=s):
             for i in range(layers):
-                swapmoe.fused_experts(x, w1s[i], w2s[i], tw, ids, out=out)
+                swapmoe.fused_experts(x, w1s[i], w2s[i], tw, ids, out=out, backend=backend)
     ms = triton.testing.do_bench(gr.replay, return_mode="median")
     us = ms * 1000 / layers
     touched = int(torch.unique(ids).numel())
     floor = (touched * 3 * N * K * x.element_size() + 2 * M * K * 2) / (read_tbps * 1e12) * 1e6
     tf = 2 * M * topk * 3 * N * K / (us * 1e-6) / 1e12
-    print(f"bench E={E} topk={topk} K={K} N={N} M={M}: {us:8.1f} us  floor {floor:7.1f} us  {100*floor/us:5.1f}% of floor  {tf:6.1f} TF/s  touched={touched}")
+    print(f"bench {backend or 'auto':12s} E={E} topk={topk} K={K} N={N} M={M}: {us:8.1f} us  floor {floor:7.1f} us  {100*floor/us:5.1f}% of floor  {tf:6.1f} TF/s  touched={touched}")
     return us
 
 
@@ -89,7 +100,33 @@ def host_overhead(n=100, reps=20):
         times.append((time.perf_counter() - t0) / n * 1e6)
         torch.cuda.synchronize()
     times.sort()
-    print(f"host overhead per eager call: {t_out:.1f} us with out=, {times[len(times)//2]:.1f} us allocating out")
+    t_alloc = times[len(times) // 2]
+    from swapmoe import _core
+    ws = torch.empty(swapmoe.workspace_bytes(x, w1, ids), dtype=torch.uint8, device="cuda")
+    st = torch.cuda.current_stream().cuda_stream
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            _core.fused_experts(x, w1, w2, tw, ids, out, workspace=ws, stream=st)
+        times.append((time.perf_counter() - t0) / n * 1e6)
+        torch.cuda.synchronize()
+    times.sort()
+    t_core = times[len(times) // 2]
+    def med(f):
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                f()
+            ts.append((time.perf_counter() - t0) / n * 1e6)
+        ts.sort()
+        return ts[len(ts) // 2]
+    t_dl = med(lambda: x.__dlpack__(stream=-1))
+    t_empty = med(lambda: torch.empty(1 << 16, dtype=torch.uint8, device="cuda"))
+    t_stream = med(lambda: torch._C._cuda_getCurrentRawStream(0))
+    print(f"host overhead per eager call: {t_out:.1f} us with out=, {t_alloc:.1f} us allocating out, "
+          f"{t_core:.1f} us _core direct (workspace given); x.__dlpack__ {t_dl:.2f} us, torch.empty {t_empty:.2f} us, raw stream {t_stream:.2f} us")
 
 
 def main():
@@ -105,10 +142,19 @@ def main():
     host_overhead()
     shapes = {"qwen3-30b-a3b": (128, 8, 2048, 768), "deepseek-v3-tp8": (256, 8, 7168, 256), "mixtral-8x7b": (8, 2, 4096, 14336)}
     ms = [int(v) for v in sys.argv[1].split(",")] if len(sys.argv) > 1 else [1, 8, 64, 1024]
+    T0 = time.time()
     for name, (E, topk, K, N) in shapes.items():
         for M in ms:
+            if M * topk > 512 and time.time() - T0 > 200:
+                continue
             t0 = time.time()
             bench(M, E, topk, K, N)
+            for b in ("cuda_decode", "cuda_generic", "cuda_mma"):
+                if b == "cuda_decode" and M * topk > 512:
+                    continue
+                if b == "cuda_generic" and M >= 1024:
+                    continue
+                bench(M, E, topk, K, N, backend=b)
             if time.time() - t0 > 60:
                 break
     return 0 if ok else 1

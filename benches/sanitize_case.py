@@ -7,7 +7,7 @@ import swapmoe
 from swapmoe.reference import fused_experts_ref, rel_error
 
 
-def run(M, E, topk, K, N, dtype, global_E=None, activation="silu"):
+def run(M, E, topk, K, N, dtype, global_E=None, activation="silu", backend=None):
     g = torch.Generator(device="cuda").manual_seed(M + E + K)
     dev = "cuda"
     x = torch.randn(M, K, device=dev, generator=g).to(dtype)
@@ -21,7 +21,7 @@ def run(M, E, topk, K, N, dtype, global_E=None, activation="silu"):
         emap = torch.full((G,), -1, dtype=torch.int32, device=dev)
         emap[torch.randperm(G, device=dev, generator=g)[:E]] = torch.arange(E, dtype=torch.int32, device=dev)
     out = torch.full((M, K), float("nan"), device=dev, dtype=dtype)
-    swapmoe.fused_experts(x, w1, w2, tw, ids, out=out, expert_map=emap, activation=activation)
+    swapmoe.fused_experts(x, w1, w2, tw, ids, out=out, expert_map=emap, activation=activation, backend=backend)
     torch.cuda.synchronize()
     ref = fused_experts_ref(
         x.double().cpu().numpy(), w1.double().cpu().numpy(), w2.double().cpu().numpy(),
@@ -30,14 +30,20 @@ def run(M, E, topk, K, N, dtype, global_E=None, activation="silu"):
     )
     err = rel_error(out.double().cpu().numpy(), ref)
     tol = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 1e-2}[dtype]
-    print(f"M={M} E={E} topk={topk} K={K} N={N} {dtype} global_E={global_E}: rel_err={err:.2e}")
+    print(f"M={M} E={E} topk={topk} K={K} N={N} {dtype} global_E={global_E} backend={backend}: rel_err={err:.2e}")
     return err < tol
 
 
 ok = True
-for dtype in (torch.bfloat16, torch.float16, torch.float32):
-    ok &= run(3, 8, 2, 64, 32, dtype)            # vectorized loads
-    ok &= run(5, 8, 2, 66, 34, dtype)            # scalar loads (K, N not multiples of 8)
-ok &= run(6, 8, 3, 64, 48, torch.bfloat16, global_E=16, activation="gelu")  # expert_map with -1
+for backend in ("cuda_decode", "cuda_generic"):
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        ok &= run(3, 8, 2, 64, 32, dtype, backend=backend)   # vectorized loads
+        ok &= run(5, 8, 2, 66, 34, dtype, backend=backend)   # scalar loads (K, N not multiples of 8)
+    ok &= run(6, 8, 3, 64, 48, torch.bfloat16, global_E=16, activation="gelu", backend=backend)  # expert_map with -1
+ok &= run(40, 16, 4, 136, 72, torch.bfloat16, backend="cuda_decode")  # several 32-slot chunks
+for dtype in (torch.bfloat16, torch.float16):  # tensor-core tiles 16, 64, 128; K and N tails
+    ok &= run(9, 8, 2, 200, 72, dtype, backend="cuda_mma")
+    ok &= run(300, 4, 2, 136, 200, dtype, backend="cuda_mma")
+ok &= run(70, 8, 3, 64, 48, torch.bfloat16, global_E=16, backend="cuda_mma")
 print("ALL OK" if ok else "FAILED")
 raise SystemExit(0 if ok else 1)

@@ -7,6 +7,9 @@
 //                      every slot is computed independently, so results do not depend on it)
 //   active_experts[j]  the j-th local expert with at least one slot (ascending), j < num_active
 //   num_active[0]      number of local experts with at least one slot
+//   tile_expert[i], tile_start[i], num_tiles[0]   (when tile_tokens > 0) the token tiles of
+//                      the tensor-core GEMMs: tile i covers sorted_slots[tile_start[i] ..
+//                      min(tile_start[i] + tile_tokens, expert_offsets[tile_expert[i] + 1]))
 // An id outside [0, global_E) or mapped outside [0, local_E) is never used to index memory.
 #include "common/moe_common.cuh"
 
@@ -47,10 +50,11 @@ extern "C" __global__ void __launch_bounds__(kThreads) swapmoe_route_align(
     const void* __restrict__ topk_ids, int ids_is_i64, long long ids_row_stride,
     const int* __restrict__ expert_map, int M, int topk, int global_E, int local_E,
     int* __restrict__ slot_expert, int* __restrict__ expert_offsets, int* __restrict__ sorted_slots,
-    int* __restrict__ active_experts, int* __restrict__ num_active) {
+    int* __restrict__ active_experts, int* __restrict__ num_active, int tile_tokens,
+    int* __restrict__ tile_expert, int* __restrict__ tile_start, int* __restrict__ num_tiles) {
   extern __shared__ int counts[];  // [local_E]
   __shared__ int warp_sums[32];
-  __shared__ int total_slots, total_active;
+  __shared__ int total_slots, total_active, total_tiles;
   const int tid = threadIdx.x;
   const long long S = (long long)M * topk;
 
@@ -75,23 +79,33 @@ extern "C" __global__ void __launch_bounds__(kThreads) swapmoe_route_align(
   // Each thread owns a contiguous chunk of experts; scan chunk sums across the block.
   const int per = (local_E + kThreads - 1) / kThreads;
   const int e0 = min(tid * per, local_E), e1 = min(e0 + per, local_E);
-  int my_slots = 0, my_active = 0;
+  int my_slots = 0, my_active = 0, my_tiles = 0;
   for (int e = e0; e < e1; ++e) {
     my_slots += counts[e];
     my_active += counts[e] > 0;
+    if (tile_tokens > 0) my_tiles += (counts[e] + tile_tokens - 1) / tile_tokens;
   }
   int slot_base = block_exclusive_scan(my_slots, warp_sums, &total_slots);
   int active_base = block_exclusive_scan(my_active, warp_sums, &total_active);
+  int tile_base = block_exclusive_scan(my_tiles, warp_sums, &total_tiles);
   for (int e = e0; e < e1; ++e) {
     const int c = counts[e];
     expert_offsets[e] = slot_base;
     counts[e] = slot_base;  // becomes the scatter cursor
+    if (tile_tokens > 0) {
+      for (int t = 0; t < c; t += tile_tokens) {
+        tile_expert[tile_base] = e;
+        tile_start[tile_base] = slot_base + t;
+        ++tile_base;
+      }
+    }
     slot_base += c;
     if (c > 0) active_experts[active_base++] = e;
   }
   if (tid == 0) {
     expert_offsets[local_E] = total_slots;
     num_active[0] = total_active;
+    if (tile_tokens > 0) num_tiles[0] = total_tiles;
   }
   __syncthreads();
 

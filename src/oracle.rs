@@ -1,6 +1,7 @@
 //! The backend oracle: (problem, device) -> Plan. Every choice of backend, kernel variant
 //! and tile lives here, with a one-line reason; launch code only carries a plan out.
 
+use crate::error::{Error, Result};
 use crate::problem::{DType, Device, MoeProblem};
 use std::fmt;
 
@@ -8,6 +9,26 @@ use std::fmt;
 pub const GENERIC_ROWS_PER_CTA: usize = 8;
 /// Tokens a generic GEMM warp computes per pass over a weight row (`kTok`).
 pub const GENERIC_TOKENS_PER_PASS: usize = 4;
+/// Output rows per CTA of the decode kernels (`kRows` in cuda/decode_moe.cu).
+pub const DECODE_ROWS_PER_CTA: usize = 8;
+/// Slots a decode warp computes per pass over a weight row (`kTok` in cuda/decode_moe.cu).
+pub const DECODE_TOKENS_PER_PASS: usize = 4;
+/// Largest M*topk the decode kernels hold in shared memory (`kMaxSlots`).
+pub const DECODE_MAX_SLOTS: usize = 512;
+/// Largest M*topk for which the heuristic picks the decode kernels: their GEMM2 CTAs read
+/// every slot's weight rows, so beyond a few slots per expert the expert-major generic
+/// kernels read fewer bytes through L2.
+pub const DECODE_HEURISTIC_MAX_SLOTS: usize = 64;
+/// Weight rows per CTA of the tensor-core kernels (`kBM` in cuda/sm80_mma_moe.cu); GEMM1
+/// takes 64 gate rows and their 64 up rows.
+pub const MMA_ROWS_PER_CTA: usize = 128;
+/// Dynamic shared memory of a tensor-core kernel with token tile `bn`: 3 stages of a
+/// 128 x 64 weight tile and a bn x 64 token tile (`kStages`, `kBK`).
+pub fn mma_smem_bytes(bn: usize) -> usize {
+    3 * (MMA_ROWS_PER_CTA * 64 * 2 + bn * 64 * 2)
+}
+/// Token tiles the tensor-core kernels are built for.
+pub const MMA_TOKEN_TILES: [usize; 3] = [16, 64, 128];
 /// Threads of the routing-alignment CTA (`kThreads` in cuda/route_align.cu).
 pub const ROUTE_ALIGN_THREADS: usize = 1024;
 /// Threads per CTA of the top-k reduction.
@@ -28,13 +49,32 @@ pub enum Backend {
     Cpu,
     /// The generic CUDA kernels (cuda/generic_moe.cu): any dtype and shape, sm_80+.
     CudaGeneric,
+    /// The two-launch decode kernels (cuda/decode_moe.cu): routing fused into both GEMMs,
+    /// top-k sum fused into GEMM2; for M*topk <= DECODE_MAX_SLOTS.
+    CudaDecode,
+    /// Tensor-core grouped GEMMs (cuda/sm80_mma_moe.cu, mma.sync, sm_80+): bf16/fp16 with
+    /// K and N multiples of 8, for many tokens per expert.
+    CudaMma,
 }
 
 impl Backend {
+    pub const ALL: [Backend; 4] = [
+        Backend::Cpu,
+        Backend::CudaGeneric,
+        Backend::CudaDecode,
+        Backend::CudaMma,
+    ];
+
+    pub fn parse(s: &str) -> Option<Backend> {
+        Backend::ALL.into_iter().find(|b| b.name() == s)
+    }
+
     pub fn name(&self) -> &'static str {
         match self {
             Backend::Cpu => "cpu",
             Backend::CudaGeneric => "cuda_generic",
+            Backend::CudaDecode => "cuda_decode",
+            Backend::CudaMma => "cuda_mma",
         }
     }
 }
@@ -48,9 +88,19 @@ pub enum KernelId {
     GenericGemm1Act(DType, usize),
     GenericGemm2(DType, usize),
     GenericTopkReduce(DType),
+    DecodeGemm1Act(DType, usize),
+    DecodeGemm2Sum(DType, usize),
+    /// (bf16 or fp16, token tile)
+    MmaGemm1Act(DType, usize),
+    MmaGemm2(DType, usize),
 }
 
 const FLOAT_DTYPES: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
+
+fn mma_slot(d: DType, tile: usize) -> usize {
+    let t = MMA_TOKEN_TILES.iter().position(|x| *x == tile).unwrap_or(0);
+    t + 3 * usize::from(d == DType::F16)
+}
 
 fn dtype_index(d: DType) -> usize {
     FLOAT_DTYPES.iter().position(|x| *x == d).unwrap_or(0)
@@ -62,11 +112,13 @@ pub fn vector_width(d: DType) -> usize {
 }
 
 impl KernelId {
-    pub const COUNT: usize = 1 + 3 * 2 + 3 * 2 + 3;
+    pub const COUNT: usize = 1 + 3 * 2 + 3 * 2 + 3 + 3 * 2 + 3 * 2 + 2 * 3 * 2;
 
     pub fn module(&self) -> &'static str {
         match self {
             KernelId::RouteAlign => "route_align",
+            KernelId::DecodeGemm1Act(..) | KernelId::DecodeGemm2Sum(..) => "decode_moe",
+            KernelId::MmaGemm1Act(..) | KernelId::MmaGemm2(..) => "sm80_mma_moe",
             _ => "generic_moe",
         }
     }
@@ -77,6 +129,10 @@ impl KernelId {
             KernelId::GenericGemm1Act(d, v) => format!("generic_moe_gemm1_act_{}_v{v}", d.suffix()),
             KernelId::GenericGemm2(d, v) => format!("generic_moe_gemm2_{}_v{v}", d.suffix()),
             KernelId::GenericTopkReduce(d) => format!("generic_moe_topk_reduce_{}", d.suffix()),
+            KernelId::DecodeGemm1Act(d, v) => format!("decode_moe_gemm1_act_{}_v{v}", d.suffix()),
+            KernelId::DecodeGemm2Sum(d, v) => format!("decode_moe_gemm2_sum_{}_v{v}", d.suffix()),
+            KernelId::MmaGemm1Act(d, t) => format!("sm80_moe_gemm1_act_{}_t{t}", d.suffix()),
+            KernelId::MmaGemm2(d, t) => format!("sm80_moe_gemm2_{}_t{t}", d.suffix()),
         }
     }
 
@@ -87,6 +143,10 @@ impl KernelId {
             KernelId::GenericGemm1Act(d, v) => 1 + vec_slot(d, v),
             KernelId::GenericGemm2(d, v) => 7 + vec_slot(d, v),
             KernelId::GenericTopkReduce(d) => 13 + dtype_index(d),
+            KernelId::DecodeGemm1Act(d, v) => 16 + vec_slot(d, v),
+            KernelId::DecodeGemm2Sum(d, v) => 22 + vec_slot(d, v),
+            KernelId::MmaGemm1Act(d, t) => 28 + mma_slot(d, t),
+            KernelId::MmaGemm2(d, t) => 34 + mma_slot(d, t),
         }
     }
 
@@ -97,8 +157,16 @@ impl KernelId {
             for w in [1, vector_width(d)] {
                 v.push(KernelId::GenericGemm1Act(d, w));
                 v.push(KernelId::GenericGemm2(d, w));
+                v.push(KernelId::DecodeGemm1Act(d, w));
+                v.push(KernelId::DecodeGemm2Sum(d, w));
             }
             v.push(KernelId::GenericTopkReduce(d));
+        }
+        for d in [DType::BF16, DType::F16] {
+            for t in MMA_TOKEN_TILES {
+                v.push(KernelId::MmaGemm1Act(d, t));
+                v.push(KernelId::MmaGemm2(d, t));
+            }
         }
         v
     }
@@ -115,6 +183,8 @@ pub struct Plan {
     pub gemm2_vec: usize,
     pub rows_per_cta: usize,
     pub tokens_per_pass: usize,
+    /// Launch with programmatic dependent launch (sm_90+).
+    pub pdl: bool,
     /// Why each choice was made or each candidate rejected.
     pub reasons: Vec<String>,
 }
@@ -140,80 +210,242 @@ fn aligned(addr: usize, bytes: usize) -> bool {
     addr % bytes == 0
 }
 
+/// Environment variable that forces a backend for every call (`cpu` is implied by CPU
+/// tensors; `cuda_generic` or `cuda_decode` for CUDA tensors).
+pub const BACKEND_ENV: &str = "SWAPMOE_BACKEND";
+
+/// The backend forced by the `backend=` argument, else by `$SWAPMOE_BACKEND`.
+pub fn forced_backend(argument: Option<&str>) -> Result<Option<Backend>> {
+    let env = std::env::var(BACKEND_ENV).ok().filter(|v| !v.is_empty());
+    let (source, value) = match (argument, env.as_deref()) {
+        (Some(a), _) => ("backend", a.to_string()),
+        (None, Some(e)) => (BACKEND_ENV, e.to_string()),
+        (None, None) => return Ok(None),
+    };
+    match Backend::parse(&value) {
+        Some(b) => Ok(Some(b)),
+        None => {
+            let names: Vec<&str> = Backend::ALL.iter().map(|b| b.name()).collect();
+            Err(Error::Argument(format!(
+                "{source}: expected one of {names:?}, got {value:?}"
+            )))
+        }
+    }
+}
+
+/// `plan`, honouring a forced backend: it must be able to run the problem.
+pub fn plan_with(
+    p: &MoeProblem,
+    caps: Option<&DeviceCaps>,
+    forced: Option<Backend>,
+) -> Result<Plan> {
+    let Some(want) = forced else {
+        return Ok(plan(p, caps));
+    };
+    let mut c = Candidates::new(p, caps);
+    if let Err(why) = c.eligible(want) {
+        return Err(Error::Argument(format!(
+            "backend: {} cannot run {p}: {why}; the heuristic choice is {}",
+            want.name(),
+            plan(p, caps).backend.name()
+        )));
+    }
+    c.reasons.push(format!(
+        "override: {} forced by the backend argument or ${BACKEND_ENV}",
+        want.name()
+    ));
+    Ok(c.build(want))
+}
+
 /// Picks the backend and kernel variants for a validated problem.
 pub fn plan(p: &MoeProblem, caps: Option<&DeviceCaps>) -> Plan {
-    let mut reasons = Vec::new();
+    let mut c = Candidates::new(p, caps);
     if p.device == Device::Cpu {
-        reasons.push("cpu: the tensors are on the CPU, so the rayon reference path runs".into());
-        return Plan {
-            backend: Backend::Cpu,
-            kernels: vec![],
-            gemm1_vec: 1,
-            gemm2_vec: 1,
-            rows_per_cta: 0,
-            tokens_per_pass: 0,
+        c.reasons
+            .push("cpu: the tensors are on the CPU, so the rayon reference path runs".into());
+        return c.build(Backend::Cpu);
+    }
+    let slots = p.slots();
+    if slots <= DECODE_HEURISTIC_MAX_SLOTS {
+        c.reasons.push(format!(
+            "cuda_decode: M*topk = {slots} <= {DECODE_HEURISTIC_MAX_SLOTS}, so each GEMM CTA routes for itself and GEMM2 sums over top-k: 2 launches instead of 4"
+        ));
+        return c.build(Backend::CudaDecode);
+    }
+    c.reasons.push(format!(
+        "cuda_decode: rejected, M*topk = {slots} > {DECODE_HEURISTIC_MAX_SLOTS}: its GEMM2 would re-read weight rows per slot"
+    ));
+    match c.eligible(Backend::CudaMma) {
+        Ok(()) => {
+            c.reasons.push(format!(
+                "cuda_mma: {:.1} slots per active expert on average, so tensor cores pay; token tile {}",
+                c.slots_per_expert(),
+                c.mma_token_tile()
+            ));
+            c.build(Backend::CudaMma)
+        }
+        Err(why) => {
+            c.reasons.push(format!("cuda_mma: rejected, {why}"));
+            c.reasons
+                .push("cuda_generic: the fallback for every dtype and shape".into());
+            c.build(Backend::CudaGeneric)
+        }
+    }
+}
+
+/// What the oracle knows about one problem while it decides.
+struct Candidates<'a> {
+    p: &'a MoeProblem,
+    pdl_ok: bool,
+    gemm1_vec: usize,
+    gemm2_vec: usize,
+    reasons: Vec<String>,
+}
+
+impl<'a> Candidates<'a> {
+    fn new(p: &'a MoeProblem, caps: Option<&DeviceCaps>) -> Self {
+        let mut reasons = Vec::new();
+        if let Some(c) = caps {
+            reasons.push(format!(
+                "device: {} (sm_{}{}, {} SMs)",
+                c.name, c.capability.0, c.capability.1, c.sm_count
+            ));
+        }
+        let d = p.dtype;
+        let w = vector_width(d) as i64;
+        let s = &p.strides;
+        let o = &p.operands;
+        let gemm1_ok = p.k as i64 % w == 0
+            && s.hidden_row % w == 0
+            && s.w1_expert % w == 0
+            && s.w1_row % w == 0
+            && aligned(o.hidden_states, 16)
+            && aligned(o.w1, 16);
+        let gemm2_ok =
+            p.n as i64 % w == 0 && s.w2_expert % w == 0 && s.w2_row % w == 0 && aligned(o.w2, 16);
+        if p.device != Device::Cpu {
+            reasons.push(if gemm1_ok {
+                format!("gemm1: 16-byte loads, K and the hidden_states/w1 strides are multiples of {w}")
+            } else {
+                format!(
+                    "gemm1: scalar loads, K={} or a hidden_states/w1 stride or address is not a multiple of {w} elements",
+                    p.k
+                )
+            });
+            reasons.push(if gemm2_ok {
+                format!("gemm2: 16-byte loads, N and the w2 strides are multiples of {w}")
+            } else {
+                format!("gemm2: scalar loads, N={} or a w2 stride or address is not a multiple of {w} elements", p.n)
+            });
+        }
+        Candidates {
+            p,
+            pdl_ok: caps.is_none_or(|c| c.capability.0 >= 9),
+            gemm1_vec: if gemm1_ok { w as usize } else { 1 },
+            gemm2_vec: if gemm2_ok { w as usize } else { 1 },
             reasons,
+        }
+    }
+
+    fn slots_per_expert(&self) -> f64 {
+        let s = self.p.slots();
+        s as f64 / self.p.local_experts.min(s).max(1) as f64
+    }
+
+    /// Smallest token tile that holds the average expert's slots.
+    fn mma_token_tile(&self) -> usize {
+        let avg = self.slots_per_expert();
+        MMA_TOKEN_TILES
+            .into_iter()
+            .find(|&t| avg <= t as f64)
+            .unwrap_or(MMA_TOKEN_TILES[2])
+    }
+
+    /// Whether `b` can run the problem, and why not.
+    fn eligible(&self, b: Backend) -> std::result::Result<(), String> {
+        let p = self.p;
+        let on_cuda = matches!(p.device, Device::Cuda(_));
+        match b {
+            Backend::Cpu if on_cuda => Err("it needs CPU tensors".into()),
+            Backend::Cpu => Ok(()),
+            _ if !on_cuda => Err("it needs CUDA tensors".into()),
+            Backend::CudaGeneric => Ok(()),
+            Backend::CudaDecode if p.slots() > DECODE_MAX_SLOTS => Err(format!(
+                "it holds at most M*topk = {DECODE_MAX_SLOTS} slots, got {}",
+                p.slots()
+            )),
+            Backend::CudaDecode => Ok(()),
+            Backend::CudaMma => {
+                if !matches!(p.dtype, DType::BF16 | DType::F16) {
+                    Err(format!(
+                        "it needs bfloat16 or float16, got {}",
+                        p.dtype.name()
+                    ))
+                } else if self.gemm1_vec == 1 || self.gemm2_vec == 1 {
+                    Err("it needs K, N and every row stride to be multiples of 8 elements, with 16-byte aligned tensors".into())
+                } else {
+                    Ok(())
+                }
+            }
+        }
+    }
+
+    fn build(self, b: Backend) -> Plan {
+        let d = self.p.dtype;
+        let (g1, g2) = (self.gemm1_vec, self.gemm2_vec);
+        let tile = self.mma_token_tile();
+        let mut reasons = self.reasons;
+        let (kernels, rows_per_cta, tokens_per_pass, pdl) = match b {
+            Backend::Cpu => (vec![], 0, 0, false),
+            Backend::CudaDecode => {
+                reasons.push(if self.pdl_ok {
+                    "pdl: sm_90+, the two launches overlap their start-up with programmatic dependent launch".into()
+                } else {
+                    "pdl: off, programmatic dependent launch needs sm_90".into()
+                });
+                (
+                    vec![
+                        KernelId::DecodeGemm1Act(d, g1),
+                        KernelId::DecodeGemm2Sum(d, g2),
+                    ],
+                    DECODE_ROWS_PER_CTA,
+                    DECODE_TOKENS_PER_PASS,
+                    self.pdl_ok,
+                )
+            }
+            Backend::CudaGeneric => (
+                vec![
+                    KernelId::RouteAlign,
+                    KernelId::GenericGemm1Act(d, g1),
+                    KernelId::GenericGemm2(d, g2),
+                    KernelId::GenericTopkReduce(d),
+                ],
+                GENERIC_ROWS_PER_CTA,
+                GENERIC_TOKENS_PER_PASS,
+                false,
+            ),
+            Backend::CudaMma => (
+                vec![
+                    KernelId::RouteAlign,
+                    KernelId::MmaGemm1Act(d, tile),
+                    KernelId::MmaGemm2(d, tile),
+                    KernelId::GenericTopkReduce(d),
+                ],
+                MMA_ROWS_PER_CTA,
+                tile,
+                false,
+            ),
         };
-    }
-    if let Some(c) = caps {
-        reasons.push(format!(
-            "cuda_generic: {} (sm_{}{}) runs the generic sm_80+ kernels for every dtype and shape",
-            c.name, c.capability.0, c.capability.1
-        ));
-    }
-    let d = p.dtype;
-    let w = vector_width(d);
-    let esz = d.size();
-    let s = &p.strides;
-    let o = &p.operands;
-    let gemm1_vec = if p.k % w == 0
-        && s.hidden_row % w as i64 == 0
-        && s.w1_expert % w as i64 == 0
-        && s.w1_row % w as i64 == 0
-        && aligned(o.hidden_states, 16)
-        && aligned(o.w1, 16)
-    {
-        reasons.push(format!(
-            "gemm1: 16-byte loads ({w} x {}), K and the w1/hidden strides are multiples of {w}",
-            d.name()
-        ));
-        w
-    } else {
-        reasons.push(format!(
-            "gemm1: scalar loads, K={} or a stride or address of hidden_states/w1 is not a multiple of {w} elements ({} bytes each)",
-            p.k, esz
-        ));
-        1
-    };
-    let gemm2_vec = if p.n % w == 0
-        && s.w2_expert % w as i64 == 0
-        && s.w2_row % w as i64 == 0
-        && aligned(o.w2, 16)
-    {
-        reasons.push(format!(
-            "gemm2: 16-byte loads, N and the w2 strides are multiples of {w}"
-        ));
-        w
-    } else {
-        reasons.push(format!(
-            "gemm2: scalar loads, N={} or a stride or address of w2 is not a multiple of {w} elements",
-            p.n
-        ));
-        1
-    };
-    Plan {
-        backend: Backend::CudaGeneric,
-        kernels: vec![
-            KernelId::RouteAlign,
-            KernelId::GenericGemm1Act(d, gemm1_vec),
-            KernelId::GenericGemm2(d, gemm2_vec),
-            KernelId::GenericTopkReduce(d),
-        ],
-        gemm1_vec,
-        gemm2_vec,
-        rows_per_cta: GENERIC_ROWS_PER_CTA,
-        tokens_per_pass: GENERIC_TOKENS_PER_PASS,
-        reasons,
+        Plan {
+            backend: b,
+            kernels,
+            gemm1_vec: g1,
+            gemm2_vec: g2,
+            rows_per_cta,
+            tokens_per_pass,
+            pdl,
+            reasons,
+        }
     }
 }
 
@@ -247,5 +479,108 @@ mod tests {
             KernelId::GenericTopkReduce(DType::F16).symbol(),
             "generic_moe_topk_reduce_f16"
         );
+    }
+
+    use crate::problem::{Activation, MoeArgs, TensorDesc};
+
+    /// A CUDA problem with 16-byte aligned, contiguous tensors (addresses are never read).
+    fn problem(m: i64, e: i64, topk: i64, k: i64, n: i64, dtype: DType) -> MoeProblem {
+        let dev = Device::Cuda(0);
+        let t = |d, shape: &[i64]| TensorDesc::contiguous(d, shape, dev, 1 << 20);
+        let (h, w1, w2) = (
+            t(dtype, &[m, k]),
+            t(dtype, &[e, 2 * n, k]),
+            t(dtype, &[e, k, n]),
+        );
+        let (tw, ids, out) = (
+            t(DType::F32, &[m, topk]),
+            t(DType::I32, &[m, topk]),
+            t(dtype, &[m, k]),
+        );
+        MoeProblem::new(&MoeArgs {
+            hidden_states: &h,
+            w1: &w1,
+            w2: &w2,
+            topk_weights: &tw,
+            topk_ids: &ids,
+            out: &out,
+            expert_map: None,
+            activation: Activation::Silu,
+            apply_router_weight_on_input: false,
+            global_num_experts: -1,
+        })
+        .unwrap()
+    }
+
+    fn h200() -> DeviceCaps {
+        DeviceCaps {
+            name: "NVIDIA H200".into(),
+            capability: (9, 0),
+            sm_count: 132,
+        }
+    }
+
+    #[test]
+    fn decode_for_few_slots_with_pdl_on_hopper() {
+        let p = problem(8, 128, 8, 2048, 768, DType::BF16);
+        let plan = plan(&p, Some(&h200()));
+        assert_eq!(plan.backend, Backend::CudaDecode);
+        assert!(plan.pdl);
+        assert_eq!(
+            plan.kernels,
+            vec![
+                KernelId::DecodeGemm1Act(DType::BF16, 8),
+                KernelId::DecodeGemm2Sum(DType::BF16, 8)
+            ]
+        );
+        let a100 = DeviceCaps {
+            name: "A100".into(),
+            capability: (8, 0),
+            sm_count: 108,
+        };
+        assert!(!super::plan(&p, Some(&a100)).pdl);
+    }
+
+    #[test]
+    fn mma_for_many_slots_with_tile_by_slots_per_expert() {
+        let p = problem(1024, 128, 8, 2048, 768, DType::BF16); // 64 slots per expert
+        let plan = plan(&p, Some(&h200()));
+        assert_eq!(plan.backend, Backend::CudaMma);
+        assert_eq!(plan.tokens_per_pass, 64);
+        let p = problem(4096, 8, 2, 4096, 1024, DType::F16); // 1024 slots per expert
+        assert_eq!(super::plan(&p, None).tokens_per_pass, 128);
+        let p = problem(16, 128, 8, 2048, 768, DType::BF16); // 128 slots over 128 experts
+        assert_eq!(super::plan(&p, None).tokens_per_pass, 16);
+    }
+
+    #[test]
+    fn generic_for_fp32_and_unaligned_shapes() {
+        let p = problem(1024, 8, 2, 256, 128, DType::F32);
+        let plan = plan(&p, None);
+        assert_eq!(plan.backend, Backend::CudaGeneric);
+        assert!(plan
+            .reasons
+            .iter()
+            .any(|r| r.contains("cuda_mma: rejected") && r.contains("float32")));
+        let p = problem(1024, 8, 2, 250, 128, DType::BF16); // K not a multiple of 8
+        let plan = super::plan(&p, None);
+        assert_eq!(plan.backend, Backend::CudaGeneric);
+        assert_eq!(plan.gemm1_vec, 1);
+        assert_eq!(plan.gemm2_vec, 8);
+    }
+
+    #[test]
+    fn overrides_are_checked() {
+        let p = problem(128, 8, 8, 256, 128, DType::BF16); // 1024 slots: too many for decode
+        let err = plan_with(&p, None, Some(Backend::CudaDecode)).unwrap_err();
+        assert!(
+            matches!(err, Error::Argument(ref m) if m.contains("cuda_decode") && m.contains("512"))
+        );
+        assert!(plan_with(&p, None, Some(Backend::Cpu)).is_err());
+        let forced = plan_with(&p, None, Some(Backend::CudaGeneric)).unwrap();
+        assert_eq!(forced.backend, Backend::CudaGeneric);
+        assert!(forced.reasons.iter().any(|r| r.starts_with("override:")));
+        assert_eq!(Backend::parse("cuda_mma"), Some(Backend::CudaMma));
+        assert_eq!(Backend::parse("nope"), None);
     }
 }

@@ -28,7 +28,16 @@ impl DType {
             DType::F16 => "float16".into(),
             DType::I32 => "int32".into(),
             DType::I64 => "int64".into(),
-            DType::Other(code, bits) => format!("dlpack(code={code}, bits={bits})"),
+            DType::Other(code, bits) => match (code, bits) {
+                (2, 64) => "float64".into(),
+                (0, 8) => "int8".into(),
+                (0, 16) => "int16".into(),
+                (1, 8) => "uint8".into(),
+                (6, _) => "bool".into(),
+                (10, 8) => "float8_e4m3fn".into(),
+                (12, 8) => "float8_e5m2".into(),
+                _ => format!("dlpack(code={code}, bits={bits})"),
+            },
         }
     }
     pub fn size(&self) -> usize {
@@ -226,6 +235,9 @@ fn check_ndim(name: &str, t: &TensorDesc, ndim: usize, what: &str) -> Result<()>
 }
 
 fn check_last_contiguous(name: &str, t: &TensorDesc) -> Result<()> {
+    if t.shape.contains(&0) {
+        return Ok(()); // no elements: producers give such tensors any strides (numpy: 0)
+    }
     let last = t.shape.len() - 1;
     if t.shape[last] > 1 && t.strides[last] != 1 {
         return Err(Error::Shape(format!(
@@ -372,6 +384,12 @@ impl MoeProblem {
         }
         check_shape("out", out, &[m, k], "(the shape of hidden_states)")?;
         check_last_contiguous("out", out)?;
+        if m > 1 && k > 0 && out.strides[0] < k {
+            return Err(Error::Shape(format!(
+                "out: expected rows that do not overlap (row stride >= K = {k}), got row stride {}",
+                out.strides[0]
+            )));
+        }
         check_device("out", out, device)?;
         if out.read_only {
             return Err(Error::Argument(
@@ -520,6 +538,12 @@ pub struct WorkspaceLayout {
     pub active_experts: usize,
     /// int32 [1]
     pub num_active: usize,
+    /// int32 [max_tiles]: expert of each token tile of the tensor-core GEMMs
+    pub tile_expert: usize,
+    /// int32 [max_tiles]: first sorted slot of each token tile
+    pub tile_start: usize,
+    /// int32 [1]
+    pub num_tiles: usize,
     /// dtype [S, N]: act(gate) * up
     pub intermediate: usize,
     /// float32 [S, K]: per-slot GEMM2 output, router weight applied
@@ -528,6 +552,8 @@ pub struct WorkspaceLayout {
 }
 
 const WS_ALIGN: usize = 256;
+/// Smallest token tile of the tensor-core kernels (sizes the tile lists).
+pub const MIN_TOKEN_TILE: usize = 16;
 
 fn align_up(x: usize) -> usize {
     x.div_ceil(WS_ALIGN) * WS_ALIGN
@@ -547,6 +573,10 @@ impl WorkspaceLayout {
         let sorted_slots = take(4 * slots);
         let active_experts = take(4 * local_experts);
         let num_active = take(4);
+        let tiles = Self::max_tiles(slots, local_experts, MIN_TOKEN_TILE);
+        let tile_expert = take(4 * tiles);
+        let tile_start = take(4 * tiles);
+        let num_tiles = take(4);
         let intermediate = take(elem_size * slots * n);
         let slot_out = take(4 * slots * k);
         WorkspaceLayout {
@@ -555,10 +585,19 @@ impl WorkspaceLayout {
             sorted_slots,
             active_experts,
             num_active,
+            tile_expert,
+            tile_start,
+            num_tiles,
             intermediate,
             slot_out,
             total: at,
         }
+    }
+
+    /// Upper bound on the token tiles of `tile_tokens` slots: every active expert (at most
+    /// min(E, S)) leaves at most one partial tile.
+    pub fn max_tiles(slots: usize, local_experts: usize, tile_tokens: usize) -> usize {
+        slots.div_ceil(tile_tokens.max(1)) + local_experts.min(slots)
     }
 
     pub fn for_problem(p: &MoeProblem) -> Self {

@@ -6,7 +6,7 @@ import sys
 from typing import Any, Optional
 
 from . import _core
-from .errors import ArgumentError
+from .errors import ArgumentError, DTypeError
 
 
 def _is_torch(x: Any) -> bool:
@@ -45,6 +45,7 @@ def fused_experts(
     expert_map: Any = None,
     out: Any = None,
     check_ids: bool = False,
+    backend: Optional[str] = None,
 ) -> Any:
     """Fused MoE experts with vLLM's semantics; returns ``out`` ([M, K]).
 
@@ -64,10 +65,15 @@ def fused_experts(
       :class:`ShapeError` naming the first bad id instead; on CUDA it waits for the stream
       (a host sync) and cannot be used during graph capture.
     - out: optional ``[M, K]`` output to write (may be ``hidden_states`` itself).
+    - backend: force a backend (``"cuda_decode"``, ``"cuda_generic"``, ``"cpu"``) instead of
+      the oracle's choice; ``$SWAPMOE_BACKEND`` does the same for every call. A backend that
+      cannot run the call raises :class:`ArgumentError`.
 
     torch tensors go through ``torch.ops.swapmoe`` under ``torch.compile``; CUDA tensors
     launch on ``torch.cuda.current_stream()``. numpy arrays run the CPU path.
     """
+    if not isinstance(activation, str):
+        raise ArgumentError(f"activation: expected one of 'silu', 'gelu', got {activation!r}")
     if _is_torch(hidden_states):
         from . import ops
 
@@ -83,6 +89,7 @@ def fused_experts(
             expert_map=expert_map,
             out=out,
             check_ids=check_ids,
+            backend=backend,
         )
     return _fused_experts_dlpack(
         hidden_states,
@@ -96,10 +103,16 @@ def fused_experts(
         expert_map=expert_map,
         out=out,
         check_ids=check_ids,
+        backend=backend,
     )
 
 
 def _fused_experts_dlpack(hidden_states, w1, w2, topk_weights, topk_ids, *, out, **kw):
+    if not hasattr(hidden_states, "__dlpack__"):
+        raise DTypeError(
+            "hidden_states: expected a tensor that supports DLPack (torch, numpy, cupy, ...), "
+            f"got {type(hidden_states).__name__}"
+        )
     module = type(hidden_states).__module__.split(".")[0]
     workspace = None
     stream = 0

@@ -1,5 +1,357 @@
-"""Command line: ``swapmoe bench|check`` (placeholder replaced below)."""
+"""Command line: ``swapmoe bench`` (timing against the HBM floor, the vLLM anchor and torch
+baselines) and ``swapmoe check`` (what this install sees). The benchmark itself lives in
+:mod:`swapmoe.bench`; this module parses arguments and prints."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from typing import Any, List, Optional, Sequence, Tuple
+
+from . import bench as B
 
 
-def main(argv=None) -> int:
+def _shape_from_args(args: argparse.Namespace) -> Optional[B.MoeShape]:
+    if args.hf_config:
+        return B.hf_config_shape(args.hf_config, args.tp, args.ep)
+    if args.shape:
+        return B.parse_shape(args.shape, args.tp, args.ep)
+    if args.model:
+        return B.preset_shape(args.model, args.tp, args.ep)
+    if args.tp != 1 or args.ep != 1:
+        raise B.BenchError("--tp/--ep: need a shape to shard (--model, --shape or --hf-config)")
+    return None
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows a default only where it says something (not None, not a flag's bool)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default is None or isinstance(action.default, bool) or "default" in text:
+            return text
+        return super()._get_help_string(action) or text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="swapmoe", description="swapmoe: fused MoE experts for vLLM.")
+    sub = p.add_subparsers(dest="command", metavar="{bench,check}")
+
+    b = sub.add_parser(
+        "bench",
+        help="time swapmoe against the HBM floor, vLLM's anchor and torch baselines",
+        description=(
+            "Times swapmoe.fused_experts per layer. On a GPU: a CUDA graph of --layers calls, each on its own "
+            "weight copy, replayed under triton.testing.do_bench (L2 flushed, median), divided by --layers; "
+            "the HBM floor uses a streaming read bandwidth measured in the same run. Without a CUDA device the "
+            "Rust CPU path is timed on a small shape instead."),
+        formatter_class=_HelpFormatter,
+    )
+    src = b.add_mutually_exclusive_group()
+    src.add_argument("--model", metavar="NAME",
+                     help=f"preset shape: {', '.join(B.PRESETS)} (GPU default {B.GPU_DEFAULT_MODEL})")
+    src.add_argument("--hf-config", metavar="PATH", help="Hugging Face config.json to read the shape from")
+    src.add_argument("--shape", metavar="E,topk,K,N", help="explicit shape: experts, topk, hidden, moe intermediate")
+    b.add_argument("--tp", type=int, default=1, metavar="N", help="tensor parallel: divides the intermediate size N")
+    b.add_argument("--ep", type=int, default=1, metavar="N",
+                   help="expert parallel: divides E; routing stays over all experts and an expert_map keeps "
+                        "this rank's share")
+    b.add_argument("--dtype", choices=list(B.DTYPES), default="bf16", help="weights and activations")
+    b.add_argument("--m", metavar="M,M,...", default=None,
+                   help="token counts (GPU default %s; CPU default %s)" % (
+                       ",".join(map(str, B.DEFAULT_M_GPU)), ",".join(map(str, B.DEFAULT_M_CPU))))
+    b.add_argument("--routing", choices=["uniform", "skewed"], default="uniform",
+                   help="uniform: topk of softmax(randn(M, E)) as the anchor; skewed: Zipf over experts")
+    b.add_argument("--zipf-s", type=float, default=1.0, help="Zipf exponent of --routing skewed")
+    b.add_argument("--layers", type=int, default=8, help="calls per CUDA graph, each on its own weight copy")
+    b.add_argument("--graph", action=argparse.BooleanOptionalAction, default=True,
+                   help="capture the layers in a CUDA graph, else time the eager loop (default: graph)")
+    b.add_argument("--baselines", action=argparse.BooleanOptionalAction, default=None,
+                   help="also time the torch eager pipeline and the torch._grouped_mm pipeline "
+                        "(default: on for GPU runs, off for CPU runs)")
+    b.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
+                   help="check every implementation against a float64 reference at the smallest M before "
+                        "timing (default: on)")
+    b.add_argument("--check-all", action="store_true", help="check at every M, not only the smallest")
+    b.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    b.add_argument("--seed", type=int, default=0, help="routing and activation seed")
+    b.add_argument("--anchors", metavar="PATH", default=None,
+                   help=f"anchor JSON (default: $SWAPMOE_ANCHORS, shared/anchors/{B.ANCHOR_FILE}, or the packaged copy)")
+    b.add_argument("--read-bw", type=float, default=None, metavar="TB/s",
+                   help="use this read bandwidth for the floor instead of measuring it")
+    b.add_argument("--json", "--out", dest="json", metavar="PATH", help="write the full record as JSON")
+    b.add_argument("--csv", nargs="?", const="-", default=None, metavar="PATH",
+                   help="CSV instead of the table on stdout, or to PATH")
+    b.add_argument("--plot", metavar="PATH", help="PNG of time and %% of floor against M")
+    b.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
+    b.set_defaults(func=cmd_bench)
+
+    c = sub.add_parser("check", help="print version, build, CUDA driver and devices, torch and vLLM")
+    c.set_defaults(func=cmd_check)
+    return p
+
+
+# --------------------------------------------------------------------------------------
+# bench output
+# --------------------------------------------------------------------------------------
+
+
+def _us(v: Optional[float]) -> str:
+    if v is None:
+        return "n/a"
+    return f"{v:.1f}" if v < 1000 else f"{v:.0f}"
+
+
+def _pct(v: Optional[float]) -> str:
+    return "n/a" if v is None else f"{v:.0f}%"
+
+
+def _tf(v: Optional[float]) -> str:
+    if v is None:
+        return "n/a"
+    return f"{v:.3f}" if v < 1 else f"{v:.1f}" if v < 100 else f"{v:.0f}"
+
+
+def _x(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def header_lines(rec: dict) -> List[str]:
+    sh = rec["shape"]
+    v = rec["versions"]
+    lines = []
+    shape = f"E={sh['E']} topk={sh['topk']} K={sh['K']} N={sh['N']}"
+    if sh["tp"] > 1:
+        shape += f" tp={sh['tp']}"
+    if sh["ep"] > 1:
+        shape += f" ep={sh['ep']} (E_global={sh['E_global']})"
+    r = rec["routing"]
+    routing = r["kind"] + (f" (zipf s={r['zipf_s']})" if r["kind"] == "skewed" else "") + f", seed {r['seed']}"
+    lines.append(f"swapmoe {v['swapmoe']} bench: {sh['name']}  {shape}  {rec['dtype']}  routing {routing}")
+    m = rec["method"]
+    if rec["mode"] == "cpu":
+        lines.append(rec["label"])
+        lines.append(f"device: {rec['device']['name']}; torch {v['torch']}; {m['timer']}; "
+                     f"{m['weight_copies']} weight copies; HBM floor: n/a")
+    else:
+        d = rec["device"]
+        lines.append(f"device: {d['name']} (sm_{d['capability'].replace('.', '')}, {d['sm_count']} SMs), "
+                     f"driver {B.format_driver(rec['driver_version'])}; torch {v['torch']}, triton {v['triton']}")
+        copies = m["weight_copies"]
+        layout = (f"CUDA graph of {m['layers']} layers" if m["graph"] else f"eager loop of {m['layers']} layers")
+        layout += f" ({copies} weight copies)" if copies == m["layers"] else f" (cycling over {copies} weight copies)"
+        lines.append(f"method: {layout}, {m['timer']}, time / {m['layers']} per layer")
+        bw = rec["read_bw"]
+        lines.append(f"floor: (experts_touched*3*N*K*{rec['bytes_per_weight']} + 2*M*K*{rec['bytes_per_act']}) B / "
+                     f"read bw {bw['tbps']:.3f} TB/s ({bw['method']})")
+    a = rec.get("anchor") or {}
+    if a.get("matched"):
+        lines.append(f"anchor: vLLM 0.33 Triton fused_moe, 2 GEMM kernels only ({a.get('device')}, "
+                     f"{a.get('variant')}); x_vllm = anchor / swapmoe")
+    elif a.get("path"):
+        lines.append(f"anchor: n/a ({a.get('why_not')})")
+    else:
+        lines.append("anchor: n/a (anchor file not found)")
+    chk = rec.get("check")
+    if chk:
+        parts = []
+        for name, res in chk["results"].items():
+            if res.get("error"):
+                parts.append(f"{name} ERROR {res['error']}")
+            else:
+                err = res["rel_err"]
+                err_s = "inf (NaN/unwritten)" if err is None or math.isinf(err) else f"{err:.2e}"
+                parts.append(f"{name} {err_s} {'ok' if res['ok'] else 'FAIL'}")
+        lines.append(f"check at M={chk['M']} vs float64, rel err (tol {next(iter(chk['results'].values()))['tol']:g}): "
+                     + "; ".join(parts))
+        if chk.get("all_M"):
+            bad = chk.get("failed_M") or []
+            lines.append("check at every M: " + (f"swapmoe FAILED at M={','.join(map(str, bad))}" if bad else "swapmoe ok"))
+    return lines
+
+
+def table_rows(rec: dict) -> Tuple[List[str], List[List[str]]]:
+    gpu = rec["mode"] == "gpu"
+    anchor = bool((rec.get("anchor") or {}).get("matched"))
+    baselines = [n for n in rec["implementations"] if n != B.IMPL_SWAPMOE]
+    head = ["M", "touched", "floor_us", "swapmoe_us", "%floor", "TF/s"]
+    if anchor:
+        head += ["vllm_us", "x_vllm"]
+    for bname in baselines:
+        s = B.SHORT_NAMES.get(bname, bname)
+        head += [f"{s}_us", f"x_{s}"]
+    rows = []
+    for p in rec["points"]:
+        sw = p["results"].get(B.IMPL_SWAPMOE, {})
+        row = [str(p["M"]), str(p["experts_touched"]), _us(p["floor_us"]) if gpu else "n/a",
+               _us(sw.get("time_us")), _pct(sw.get("pct_floor")), _tf(sw.get("tflops"))]
+        if anchor:
+            row += [_us(p.get("anchor_vllm_gemm_us")), _x(sw.get("speedup_vs_anchor"))]
+        for bname in baselines:
+            r = p["results"].get(bname)
+            row += [_us(r["time_us"]) if r else "n/a", _x((sw.get("speedup_vs") or {}).get(bname))]
+        rows.append(row)
+    return head, rows
+
+
+def format_table(rec: dict) -> str:
+    head, rows = table_rows(rec)
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
+    lines = header_lines(rec)
+    lines.append("  ".join(h.rjust(w) for h, w in zip(head, widths)))
+    for r in rows:
+        lines.append("  ".join(c.rjust(w) for c, w in zip(r, widths)))
+    hows = {}
+    for p in rec["points"]:
+        for name, r in p["results"].items():
+            hows.setdefault(name, set()).add(r["how"])
+    odd = {n: h for n, h in hows.items() if h != {"graph"} and rec["mode"] == "gpu"}
+    for n, h in odd.items():
+        lines.append(f"note: {n} timed as {', '.join(sorted(h))}")
+    diff = [f"M={p['M']}: {p['experts_touched']} vs {p['anchor_experts_touched']}" for p in rec["points"]
+            if p.get("anchor_experts_touched") not in (None, p["experts_touched"])]
+    if diff:
+        lines.append("note: experts touched here vs in the anchor run differ at " + "; ".join(diff))
+    for p in rec["points"]:
+        for n, err in (p.get("errors") or {}).items():
+            lines.append(f"error: {n} at M={p['M']}: {err}")
+    for n, why in rec["skipped"].items():
+        lines.append(f"skipped: {n}: {why}")
+    for note in rec["notes"]:
+        lines.append(f"note: {note}")
+    if rec.get("aborted"):
+        lines.append(f"RUN ABORTED {rec['aborted']}")
+    if rec["mode"] == "gpu":
+        lines.append("x_<impl> = that time / swapmoe time (> 1: swapmoe faster); TF/s = 2*slots*3*N*K / time")
+    return "\n".join(lines)
+
+
+def csv_text(rec: dict) -> str:
+    impls = rec["implementations"]
+    head = ["M", "experts_touched", "slots", "floor_us", "anchor_vllm_gemm_us"]
+    for n in impls:
+        head += [f"{n}_us", f"{n}_pct_floor", f"{n}_tflops", f"{n}_x_anchor"]
+    head += [f"swapmoe_x_{n}" for n in impls if n != B.IMPL_SWAPMOE]
+
+    def f(v: Any) -> str:
+        return "" if v is None else (f"{v:.6g}" if isinstance(v, float) else str(v))
+
+    out = [",".join(head)]
+    for p in rec["points"]:
+        row = [p["M"], p["experts_touched"], p["slots"], p["floor_us"], p["anchor_vllm_gemm_us"]]
+        for n in impls:
+            r = p["results"].get(n, {})
+            row += [r.get("time_us"), r.get("pct_floor"), r.get("tflops"), r.get("speedup_vs_anchor")]
+        sw = p["results"].get(B.IMPL_SWAPMOE, {}).get("speedup_vs") or {}
+        row += [sw.get(n) for n in impls if n != B.IMPL_SWAPMOE]
+        out.append(",".join(f(v) for v in row))
+    return "\n".join(out) + "\n"
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    shape = _shape_from_args(args)
+    ms = B.parse_m_list(args.m) if args.m else None
+
+    def log(msg: str) -> None:
+        print(f"swapmoe bench: {msg}", file=sys.stderr)
+
+    rec = B.run_bench(shape, dtype=args.dtype, m_list=ms, routing=args.routing, zipf_s=args.zipf_s,
+                      layers=args.layers, graph=args.graph, baselines=args.baselines, check=args.check,
+                      check_all=args.check_all, device=args.device, seed=args.seed, anchors=args.anchors,
+                      read_bw_tbps=args.read_bw, progress=args.progress, log=log)
+    if args.json:
+        B.write_json(rec, args.json)
+    if args.plot:
+        B.plot_record(rec, args.plot)
+    if args.csv == "-":
+        sys.stdout.write(csv_text(rec))
+    else:
+        print(format_table(rec))
+        if args.csv:
+            with open(args.csv, "w", encoding="utf-8") as f:
+                f.write(csv_text(rec))
+    for what, path in (("json", args.json), ("csv", args.csv if args.csv != "-" else None), ("plot", args.plot)):
+        if path:
+            print(f"swapmoe bench: wrote {what} to {path}", file=sys.stderr)
+    chk = rec.get("check")
+    return 1 if (chk and not chk["ok"]) or rec.get("aborted") else 0
+
+
+# --------------------------------------------------------------------------------------
+# check
+# --------------------------------------------------------------------------------------
+
+
+def _kib(n: int) -> str:
+    return f"{n / 1024:.0f} KiB" if n < 1 << 20 else f"{n / (1 << 20):.1f} MiB"
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    import swapmoe
+    from . import _core
+
+    info = swapmoe.build_info()
+    print(f"swapmoe {swapmoe.__version__} ({info.get('profile', '?')} build)")
+    print(f"nvcc: {info.get('nvcc_version', '?')}")
+    print(f"embedded targets: {', '.join(info.get('targets', [])) or 'none'}")
+    mods = info.get("modules", [])
+    print(f"modules: {', '.join(f'{n} ({_kib(int(sz))})' for n, sz in mods) or 'none'}")
+    print(f"kernels: {len(info.get('kernels', []))}")
+    try:
+        dv = int(_core.driver_version())
+        print(f"cuda driver: {B.format_driver(dv)} ({dv})")
+        devices = []
+        for i in range(64):
+            try:
+                devices.append(dict(_core.device_info(i)))
+            except swapmoe.Error:
+                break
+        if not devices:
+            print("devices: none")
+        for d in devices:
+            cap = d.get("capability")
+            cap_s = ".".join(map(str, cap)) if isinstance(cap, (tuple, list)) else str(cap)
+            print(f"device {d.get('ordinal')}: {d.get('name')} (compute {cap_s}, {d.get('sm_count')} SMs)")
+    except swapmoe.CudaError as e:
+        print(f"cuda driver: no CUDA driver ({e})")
+        print("devices: none")
+    try:
+        import torch
+
+        cuda = torch.cuda.is_available()
+        extra = f", {torch.cuda.device_count()} device(s)" if cuda else ""
+        print(f"torch: {torch.__version__} (built for CUDA {torch.version.cuda or 'none'}; "
+              f"cuda available: {cuda}{extra})")
+    except ImportError:
+        print("torch: not installed")
+    try:
+        import triton
+
+        print(f"triton: {triton.__version__}")
+    except Exception:
+        print("triton: not installed")
+    try:
+        import vllm  # type: ignore[import-not-found]
+
+        print(f"vllm: {getattr(vllm, '__version__', None) or B._version('vllm') or 'unknown version'}")
+    except ImportError:
+        print("vllm: not installed")
+    except Exception as e:  # installed but broken
+        print(f"vllm: installed but import failed ({type(e).__name__}: {e})")
     return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args))
+    except B.BenchError as e:
+        print(f"swapmoe {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

@@ -10,8 +10,19 @@ from typing import Optional
 import torch
 
 from . import _core
-from ._api import workspace_bytes
 from .errors import ArgumentError
+
+
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_fused_experts_core = _core.fused_experts
+_workspace_bytes = _core.workspace_bytes
+
+
+def _current_stream(hidden_states: torch.Tensor) -> int:
+    """Address of torch's current CUDA stream on the tensor's device (0: legacy default)."""
+    if _raw_stream is not None:
+        return _raw_stream(hidden_states.get_device())
+    return torch.cuda.current_stream(hidden_states.device).cuda_stream
 
 
 def _run(
@@ -26,30 +37,23 @@ def _run(
     global_num_experts: int,
     expert_map: Optional[torch.Tensor],
     check_ids: bool = False,
+    backend: Optional[str] = None,
 ) -> None:
-    device = hidden_states.device
+    # This is the eager hot path: positional arguments, no extra layers.
     workspace = None
     stream = 0
-    if device.type == "cuda":
-        nbytes = workspace_bytes(hidden_states, w1, topk_ids)
+    if hidden_states.is_cuda:
+        stream = _current_stream(hidden_states)
+        try:
+            h, w = hidden_states.shape, w1.shape
+            nbytes = _workspace_bytes(h[0], topk_ids.shape[1], w[1] // 2, h[1], w[0], hidden_states.element_size())
+        except (IndexError, TypeError, ValueError):
+            nbytes = 0  # malformed shapes: the core names the argument before it needs a workspace
         if nbytes:
-            workspace = torch.empty(nbytes, dtype=torch.uint8, device=device)
-        stream = torch.cuda.current_stream(device).cuda_stream
-    _core.fused_experts(
-        hidden_states,
-        w1,
-        w2,
-        topk_weights,
-        topk_ids,
-        out,
-        workspace=workspace,
-        activation=activation,
-        apply_router_weight_on_input=apply_router_weight_on_input,
-        global_num_experts=global_num_experts,
-        expert_map=expert_map,
-        check_ids=check_ids,
-        stream=stream,
-    )
+            workspace = torch.empty(nbytes, dtype=torch.uint8, device=hidden_states.device)
+    _fused_experts_core(hidden_states, w1, w2, topk_weights, topk_ids, out, workspace, activation,
+                        apply_router_weight_on_input, global_num_experts, expert_map, check_ids,
+                        stream, backend)
 
 
 def _empty_out(hidden_states: torch.Tensor) -> torch.Tensor:
@@ -67,16 +71,18 @@ def fused_experts_op(
     apply_router_weight_on_input: bool = False,
     global_num_experts: int = -1,
     expert_map: Optional[torch.Tensor] = None,
+    backend: Optional[str] = None,
 ) -> torch.Tensor:
     out = _empty_out(hidden_states)
     _run(hidden_states, w1, w2, topk_weights, topk_ids, out, activation,
-         apply_router_weight_on_input, global_num_experts, expert_map)
+         apply_router_weight_on_input, global_num_experts, expert_map, backend=backend)
     return out
 
 
 @fused_experts_op.register_fake
 def _fused_experts_fake(hidden_states, w1, w2, topk_weights, topk_ids, activation="silu",
-                        apply_router_weight_on_input=False, global_num_experts=-1, expert_map=None):
+                        apply_router_weight_on_input=False, global_num_experts=-1, expert_map=None,
+                        backend=None):
     return hidden_states.new_empty(hidden_states.shape)
 
 
@@ -92,20 +98,22 @@ def fused_experts_out_op(
     apply_router_weight_on_input: bool = False,
     global_num_experts: int = -1,
     expert_map: Optional[torch.Tensor] = None,
+    backend: Optional[str] = None,
 ) -> None:
     _run(hidden_states, w1, w2, topk_weights, topk_ids, out, activation,
-         apply_router_weight_on_input, global_num_experts, expert_map)
+         apply_router_weight_on_input, global_num_experts, expert_map, backend=backend)
 
 
 @fused_experts_out_op.register_fake
 def _fused_experts_out_fake(out, hidden_states, w1, w2, topk_weights, topk_ids, activation="silu",
-                            apply_router_weight_on_input=False, global_num_experts=-1, expert_map=None):
+                            apply_router_weight_on_input=False, global_num_experts=-1, expert_map=None,
+                            backend=None):
     return None
 
 
 def fused_experts_torch(hidden_states, w1, w2, topk_weights, topk_ids, *, activation="silu",
                         apply_router_weight_on_input=False, global_num_experts=-1, expert_map=None,
-                        out=None, check_ids=False):
+                        out=None, check_ids=False, backend=None):
     """``swapmoe.fused_experts`` for torch tensors. Eager calls skip the dispatcher (lower
     host overhead); under torch.compile the registered ops are used."""
     if torch.compiler.is_compiling():
@@ -114,13 +122,13 @@ def fused_experts_torch(hidden_states, w1, w2, topk_weights, topk_ids, *, activa
         if out is None:
             return torch.ops.swapmoe.fused_experts(
                 hidden_states, w1, w2, topk_weights, topk_ids, activation,
-                apply_router_weight_on_input, global_num_experts, expert_map)
+                apply_router_weight_on_input, global_num_experts, expert_map, backend)
         torch.ops.swapmoe.fused_experts_out(
             out, hidden_states, w1, w2, topk_weights, topk_ids, activation,
-            apply_router_weight_on_input, global_num_experts, expert_map)
+            apply_router_weight_on_input, global_num_experts, expert_map, backend)
         return out
     if out is None:
         out = _empty_out(hidden_states) if hidden_states.dim() == 2 else hidden_states
     _run(hidden_states, w1, w2, topk_weights, topk_ids, out, activation,
-         apply_router_weight_on_input, global_num_experts, expert_map, check_ids)
+         apply_router_weight_on_input, global_num_experts, expert_map, check_ids, backend)
     return out

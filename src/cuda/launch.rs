@@ -4,6 +4,9 @@
 use super::{check, device, stream_is_capturing, DeviceState};
 use crate::error::{Error, Result};
 use crate::oracle::{Backend, KernelId, Plan, REDUCE_THREADS, ROUTE_ALIGN_THREADS};
+
+/// Threads per CTA of the tensor-core kernels (`kThreads` in cuda/sm80_mma_moe.cu).
+const MMA_THREADS: u32 = 256;
 use crate::problem::{DType, Device, MoeProblem, WorkspaceLayout};
 use cudarc::driver::sys;
 use std::ffi::c_void;
@@ -15,6 +18,9 @@ macro_rules! params {
     };
 }
 
+/// Launches `id`; with `pdl` the launch may begin while the previous kernel in the stream
+/// finishes (programmatic dependent launch; the kernel waits with griddepcontrol.wait).
+#[allow(clippy::too_many_arguments)]
 fn launch(
     dev: &DeviceState,
     id: KernelId,
@@ -22,23 +28,43 @@ fn launch(
     block: u32,
     smem: u32,
     stream: usize,
+    pdl: bool,
     params: &mut [*mut c_void],
 ) -> Result<()> {
     let f = dev.function(id)?;
-    let r = unsafe {
-        sys::cuLaunchKernel(
-            f,
-            grid.0,
-            grid.1,
-            grid.2,
-            block,
-            1,
-            1,
-            smem,
-            stream as sys::CUstream,
-            params.as_mut_ptr(),
-            std::ptr::null_mut(),
-        )
+    let r = if pdl {
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: smem,
+            hStream: stream as sys::CUstream,
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        unsafe { sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut()) }
+    } else {
+        unsafe {
+            sys::cuLaunchKernel(
+                f,
+                grid.0,
+                grid.1,
+                grid.2,
+                block,
+                1,
+                1,
+                smem,
+                stream as sys::CUstream,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
     };
     check(r, &format!("launching {}", id.symbol()))
 }
@@ -61,9 +87,12 @@ pub fn fused_experts(
     workspace_bytes: usize,
     stream: usize,
 ) -> Result<()> {
-    if plan.backend != Backend::CudaGeneric {
+    if !matches!(
+        plan.backend,
+        Backend::CudaGeneric | Backend::CudaDecode | Backend::CudaMma
+    ) {
         return Err(Error::Argument(format!(
-            "backend: the CUDA launcher runs 'cuda_generic', the plan says {:?}",
+            "backend: the CUDA launcher runs the cuda_* backends, the plan says {:?}",
             plan.backend.name()
         )));
     }
@@ -95,7 +124,19 @@ pub fn fused_experts(
     let global_e = p.global_experts as i32;
     let slots = p.slots();
 
-    // 1. Routing metadata.
+    if plan.backend == Backend::CudaDecode {
+        return decode(dev, p, plan, inter, stream);
+    }
+
+    // 1. Routing metadata (and the token tiles of the tensor-core GEMMs).
+    let tile_tokens = if plan.backend == Backend::CudaMma {
+        plan.tokens_per_pass as i32
+    } else {
+        0
+    };
+    let tile_expert = ws(layout.tile_expert);
+    let tile_start = ws(layout.tile_start);
+    let num_tiles = ws(layout.num_tiles);
     {
         let ids = o.topk_ids as u64;
         let ids_i64 = i32::from(p.topk_ids_dtype == DType::I64);
@@ -114,7 +155,11 @@ pub fn fused_experts(
             expert_offsets,
             sorted_slots,
             active_experts,
-            num_active
+            num_active,
+            tile_tokens,
+            tile_expert,
+            tile_start,
+            num_tiles
         );
         let smem = (4 * p.local_experts) as u32;
         launch(
@@ -124,8 +169,28 @@ pub fn fused_experts(
             ROUTE_ALIGN_THREADS as u32,
             smem,
             stream,
+            false,
             &mut args,
         )?;
+    }
+
+    if plan.backend == Backend::CudaMma {
+        mma_gemms(
+            dev,
+            p,
+            plan,
+            [
+                expert_offsets,
+                sorted_slots,
+                tile_expert,
+                tile_start,
+                num_tiles,
+                inter,
+                slot_out,
+            ],
+            stream,
+        )?;
+        return reduce(dev, p, plan, slot_out, slot_expert, stream);
     }
 
     // Grid y: an upper bound on the active experts; surplus CTAs exit at once.
@@ -165,7 +230,16 @@ pub fn fused_experts(
             inter
         );
         let grid = (p.n.div_ceil(rows) as u32, active_bound, 1);
-        launch(dev, plan.kernels[1], grid, block, 0, stream, &mut args)?;
+        launch(
+            dev,
+            plan.kernels[1],
+            grid,
+            block,
+            0,
+            stream,
+            false,
+            &mut args,
+        )?;
     }
 
     // 3. GEMM2 + router weight.
@@ -191,22 +265,206 @@ pub fn fused_experts(
             slot_out
         );
         let grid = (p.k.div_ceil(rows) as u32, active_bound, 1);
-        launch(dev, plan.kernels[2], grid, block, 0, stream, &mut args)?;
-    }
-
-    // 4. Sum over top-k.
-    {
-        let out = o.out as u64;
-        let out_row = s.out_row;
-        let mut args = params!(slot_out, slot_expert, topk, k, out, out_row);
-        let grid = (p.k.div_ceil(REDUCE_THREADS) as u32, p.m as u32, 1);
         launch(
             dev,
-            plan.kernels[3],
+            plan.kernels[2],
             grid,
-            REDUCE_THREADS as u32,
+            block,
             0,
             stream,
+            false,
+            &mut args,
+        )?;
+    }
+
+    reduce(dev, p, plan, slot_out, slot_expert, stream)
+}
+
+/// out[t] = sum over k of y[t*topk + k] (the last kernel of the generic and mma paths).
+fn reduce(
+    dev: &DeviceState,
+    p: &MoeProblem,
+    plan: &Plan,
+    slot_out: u64,
+    slot_expert: u64,
+    stream: usize,
+) -> Result<()> {
+    let out = p.operands.out as u64;
+    let out_row = p.strides.out_row;
+    let (topk, k) = (p.topk as i32, p.k as i32);
+    let mut args = params!(slot_out, slot_expert, topk, k, out, out_row);
+    let grid = (p.k.div_ceil(REDUCE_THREADS) as u32, p.m as u32, 1);
+    let id = *plan.kernels.last().expect("a CUDA plan has kernels");
+    launch(
+        dev,
+        id,
+        grid,
+        REDUCE_THREADS as u32,
+        0,
+        stream,
+        false,
+        &mut args,
+    )
+}
+
+/// The tensor-core GEMMs (cuda/sm80_mma_moe.cu) over the token tiles of route_align.
+/// `bufs` = [expert_offsets, sorted_slots, tile_expert, tile_start, num_tiles, inter, y].
+fn mma_gemms(
+    dev: &DeviceState,
+    p: &MoeProblem,
+    plan: &Plan,
+    bufs: [u64; 7],
+    stream: usize,
+) -> Result<()> {
+    let [expert_offsets, sorted_slots, tile_expert, tile_start, num_tiles, inter, slot_out] = bufs;
+    let o = p.operands;
+    let s = p.strides;
+    let (k, n, topk) = (p.k as i32, p.n as i32, p.topk as i32);
+    let tw = o.topk_weights as u64;
+    let tw_code = p.topk_weights_dtype.scalar_code();
+    let tw_row = s.topk_weights_row;
+    let act = p.activation.code();
+    let on_input = i32::from(p.apply_router_weight_on_input);
+    let tile = plan.tokens_per_pass;
+    let tiles_bound = WorkspaceLayout::max_tiles(p.slots(), p.local_experts, tile) as u32;
+    let smem = crate::oracle::mma_smem_bytes(tile) as u32;
+    {
+        let x = o.hidden_states as u64;
+        let x_row = s.hidden_row;
+        let w1 = o.w1 as u64;
+        let (w1_e, w1_r) = (s.w1_expert, s.w1_row);
+        let mut args = params!(
+            x,
+            x_row,
+            w1,
+            w1_e,
+            w1_r,
+            tw,
+            tw_code,
+            tw_row,
+            expert_offsets,
+            sorted_slots,
+            tile_expert,
+            tile_start,
+            num_tiles,
+            topk,
+            n,
+            k,
+            act,
+            on_input,
+            inter
+        );
+        // GEMM1 CTAs cover 64 gate rows and their 64 up rows.
+        let grid = (p.n.div_ceil(plan.rows_per_cta / 2) as u32, tiles_bound, 1);
+        launch(
+            dev,
+            plan.kernels[1],
+            grid,
+            MMA_THREADS,
+            smem,
+            stream,
+            false,
+            &mut args,
+        )?;
+    }
+    {
+        let w2 = o.w2 as u64;
+        let (w2_e, w2_r) = (s.w2_expert, s.w2_row);
+        let mut args = params!(
+            inter,
+            w2,
+            w2_e,
+            w2_r,
+            tw,
+            tw_code,
+            tw_row,
+            expert_offsets,
+            sorted_slots,
+            tile_expert,
+            tile_start,
+            num_tiles,
+            topk,
+            n,
+            k,
+            on_input,
+            slot_out
+        );
+        let grid = (p.k.div_ceil(plan.rows_per_cta) as u32, tiles_bound, 1);
+        launch(
+            dev,
+            plan.kernels[2],
+            grid,
+            MMA_THREADS,
+            smem,
+            stream,
+            false,
+            &mut args,
+        )?;
+    }
+    Ok(())
+}
+
+/// The two-launch decode path (cuda/decode_moe.cu): only the intermediate of the workspace
+/// is used.
+fn decode(dev: &DeviceState, p: &MoeProblem, plan: &Plan, inter: u64, stream: usize) -> Result<()> {
+    let o = p.operands;
+    let s = p.strides;
+    let (m, k, n, topk) = (p.m as i32, p.k as i32, p.n as i32, p.topk as i32);
+    let (local_e, global_e) = (p.local_experts as i32, p.global_experts as i32);
+    let tw = o.topk_weights as u64;
+    let tw_code = p.topk_weights_dtype.scalar_code();
+    let tw_row = s.topk_weights_row;
+    let ids = o.topk_ids as u64;
+    let ids_i64 = i32::from(p.topk_ids_dtype == DType::I64);
+    let ids_row = s.topk_ids_row;
+    let map = o.expert_map as u64;
+    let act = p.activation.code();
+    let on_input = i32::from(p.apply_router_weight_on_input);
+    let rows = plan.rows_per_cta;
+    let block = (rows * 32) as u32;
+    {
+        let x = o.hidden_states as u64;
+        let x_row = s.hidden_row;
+        let w1 = o.w1 as u64;
+        let (w1_e, w1_r) = (s.w1_expert, s.w1_row);
+        let mut args = params!(
+            x, x_row, w1, w1_e, w1_r, tw, tw_code, tw_row, ids, ids_i64, ids_row, map, m, topk,
+            global_e, local_e, n, k, act, on_input, inter
+        );
+        let grid = (
+            p.n.div_ceil(rows) as u32,
+            p.local_experts.min(p.slots()) as u32,
+            1,
+        );
+        launch(
+            dev,
+            plan.kernels[0],
+            grid,
+            block,
+            0,
+            stream,
+            plan.pdl,
+            &mut args,
+        )?;
+    }
+    {
+        let w2 = o.w2 as u64;
+        let (w2_e, w2_r) = (s.w2_expert, s.w2_row);
+        let out = o.out as u64;
+        let out_row = s.out_row;
+        let mut args = params!(
+            inter, w2, w2_e, w2_r, tw, tw_code, tw_row, ids, ids_i64, ids_row, map, m, topk,
+            global_e, local_e, n, k, on_input, out, out_row
+        );
+        let grid = (p.k.div_ceil(rows) as u32, 1, 1);
+        launch(
+            dev,
+            plan.kernels[1],
+            grid,
+            block,
+            0,
+            stream,
+            plan.pdl,
             &mut args,
         )?;
     }

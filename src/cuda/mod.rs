@@ -245,6 +245,23 @@ impl DeviceState {
             unsafe { sys::cuModuleGetFunction(&mut f, module.1 .0 as sys::CUmodule, sym.as_ptr()) },
             &format!("looking up kernel {}", id.symbol()),
         )?;
+        if let KernelId::MmaGemm1Act(_, tile) | KernelId::MmaGemm2(_, tile) = id {
+            // More than the default 48 KiB of dynamic shared memory must be asked for.
+            let bytes = crate::oracle::mma_smem_bytes(tile) as i32;
+            check(
+                unsafe {
+                    sys::cuFuncSetAttribute(
+                        f,
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        bytes,
+                    )
+                },
+                &format!(
+                    "allowing {bytes} bytes of shared memory for {}",
+                    id.symbol()
+                ),
+            )?;
+        }
         let _ = slot.set(Handle(f as *mut c_void));
         Ok(f)
     }

@@ -5,7 +5,7 @@ mod tensor;
 
 use crate::cuda;
 use crate::error::Error;
-use crate::oracle::{self, Backend};
+use crate::oracle;
 use crate::problem::{Activation, MoeArgs, MoeProblem, WorkspaceLayout};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -40,7 +40,7 @@ impl<T> IntoPy<T> for crate::error::Result<T> {
 /// `workspace_bytes(...)` bytes on the device. Launches on `stream` (a CUstream address,
 /// 0 for the legacy default stream).
 #[pyfunction]
-#[pyo3(signature = (hidden_states, w1, w2, topk_weights, topk_ids, out, *, workspace=None, activation="silu", apply_router_weight_on_input=false, global_num_experts=-1, expert_map=None, check_ids=false, stream=0))]
+#[pyo3(signature = (hidden_states, w1, w2, topk_weights, topk_ids, out, workspace=None, activation="silu", apply_router_weight_on_input=false, global_num_experts=-1, expert_map=None, check_ids=false, stream=0, backend=None))]
 #[allow(clippy::too_many_arguments)]
 fn fused_experts(
     py: Python<'_>,
@@ -57,16 +57,18 @@ fn fused_experts(
     expert_map: Option<&Bound<'_, PyAny>>,
     check_ids: bool,
     stream: usize,
+    backend: Option<&str>,
 ) -> PyResult<()> {
     let activation = Activation::parse(activation).py_err(py)?;
-    let h = tensor::import("hidden_states", hidden_states, stream)?;
-    let t_w1 = tensor::import("w1", w1, stream)?;
-    let t_w2 = tensor::import("w2", w2, stream)?;
-    let t_tw = tensor::import("topk_weights", topk_weights, stream)?;
-    let t_ids = tensor::import("topk_ids", topk_ids, stream)?;
-    let t_out = tensor::import("out", out, stream)?;
+    let forced = oracle::forced_backend(backend).py_err(py)?;
+    let h = tensor::import("hidden_states", hidden_states)?;
+    let t_w1 = tensor::import("w1", w1)?;
+    let t_w2 = tensor::import("w2", w2)?;
+    let t_tw = tensor::import("topk_weights", topk_weights)?;
+    let t_ids = tensor::import("topk_ids", topk_ids)?;
+    let t_out = tensor::import("out", out)?;
     let t_map = match expert_map {
-        Some(m) => Some(tensor::import("expert_map", m, stream)?),
+        Some(m) => Some(tensor::import("expert_map", m)?),
         None => None,
     };
     let problem = MoeProblem::new(&MoeArgs {
@@ -85,6 +87,7 @@ fn fused_experts(
 
     match problem.device {
         crate::problem::Device::Cpu => {
+            oracle::plan_with(&problem, None, forced).py_err(py)?;
             // SAFETY: every address comes from a validated DLPack import alive until return.
             if check_ids {
                 unsafe { crate::cpu::check_ids(&problem) }.py_err(py)?;
@@ -94,15 +97,19 @@ fn fused_experts(
                 .py_err(py)
         }
         _ => {
-            let plan = oracle::plan(&problem, None);
-            debug_assert_eq!(plan.backend, Backend::CudaGeneric);
+            let ordinal = match problem.device {
+                crate::problem::Device::Cuda(i) => i,
+                _ => 0,
+            };
+            let dev = cuda::device(ordinal).py_err(py)?;
+            let plan = oracle::plan_with(&problem, Some(&dev.caps), forced).py_err(py)?;
             if check_ids {
                 cuda::launch::check_ids(&problem, stream).py_err(py)?;
             }
             let need = WorkspaceLayout::for_problem(&problem).total;
             let (ws_addr, ws_bytes) = match workspace {
                 Some(w) => {
-                    let t = tensor::import("workspace", w, stream)?;
+                    let t = tensor::import("workspace", w)?;
                     if t.desc.device != problem.device {
                         return Err(to_pyerr(
                             py,
@@ -158,13 +165,13 @@ fn describe_plan<'py>(
     expert_map: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let activation = Activation::parse(activation).py_err(py)?;
-    let h = tensor::import("hidden_states", hidden_states, 0)?;
-    let t_w1 = tensor::import("w1", w1, 0)?;
-    let t_w2 = tensor::import("w2", w2, 0)?;
-    let t_tw = tensor::import("topk_weights", topk_weights, 0)?;
-    let t_ids = tensor::import("topk_ids", topk_ids, 0)?;
+    let h = tensor::import("hidden_states", hidden_states)?;
+    let t_w1 = tensor::import("w1", w1)?;
+    let t_w2 = tensor::import("w2", w2)?;
+    let t_tw = tensor::import("topk_weights", topk_weights)?;
+    let t_ids = tensor::import("topk_ids", topk_ids)?;
     let t_map = match expert_map {
-        Some(m) => Some(tensor::import("expert_map", m, 0)?),
+        Some(m) => Some(tensor::import("expert_map", m)?),
         None => None,
     };
     let problem = MoeProblem::new(&MoeArgs {

@@ -10,16 +10,19 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use std::ffi::c_void;
 
-/// The consumer stream handed to producers: the stream the op will launch on. Producers
-/// whose current stream is that one (torch's current stream) need no synchronization.
-pub struct ConsumerStream(pub usize);
+/// The consumer stream handed to producers: the stream the op will launch on.
+///
+/// Contract: the inputs are ready on `stream`. The Python shim always passes the
+/// producing library's *current* stream (torch's or cupy's), on which the inputs are
+/// already ordered, so CUDA producers are asked for no synchronization (`stream=-1`).
+/// That saves an event record and wait per tensor, and keeps the import legal during
+/// CUDA-graph capture.
+pub struct ConsumerStream;
 
 unsafe impl DlpackStream for ConsumerStream {
     fn as_python_arg(&self, _py: Python<'_>, device: dlpark::ffi::DLDevice) -> PyResult<StreamArg> {
         if device.device_type == DLDeviceType::CUDA {
-            Ok(dlpark::python::consumer::stream::cuda(
-                self.0 as *mut c_void,
-            ))
+            Ok(dlpark::python::consumer::stream::no_sync())
         } else {
             Ok(dlpark::python::consumer::stream::none())
         }
@@ -27,12 +30,11 @@ unsafe impl DlpackStream for ConsumerStream {
 
     unsafe fn wait_for_producer(
         &self,
-        device: dlpark::ffi::DLDevice,
-        producer: *mut c_void,
+        _device: dlpark::ffi::DLDevice,
+        _producer: *mut c_void,
     ) -> PyResult<bool> {
-        // Same stream (or a CPU tensor): already ordered. Otherwise let the producer's
-        // Python protocol order its stream before ours.
-        Ok(device.device_type != DLDeviceType::CUDA || producer as usize == self.0)
+        // See the contract above: the data is already ordered on the launch stream.
+        Ok(true)
     }
 }
 
@@ -53,8 +55,8 @@ fn dtype_of(code: DLDataTypeCode, bits: u8, lanes: u16) -> DType {
 }
 
 /// Imports `obj` (argument `name`) through DLPack.
-pub fn import(name: &str, obj: &Bound<'_, PyAny>, stream: usize) -> PyResult<Imported> {
-    let consumer = ConsumerStream(stream);
+pub fn import(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<Imported> {
+    let consumer = ConsumerStream;
     let py = obj.py();
     let imported = match from_dlpack(obj.as_borrowed(), Some(&consumer), None) {
         Ok(t) => t,

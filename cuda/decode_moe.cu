@@ -1,0 +1,324 @@
+// Decode fused-experts kernels: the whole op in two launches for few (token, k) slots.
+//
+//   decode_moe_gemm1_act   inter[s, :N] = act(x[t] . w1[e, :N]^T) * (x[t] . w1[e, N:]^T)
+//   decode_moe_gemm2_sum   out[t, :]    = sum over k, in k order, of w[t,k] * inter[s] . w2[e]^T
+//
+// No routing, alignment or reduction kernel of its own:
+// - gemm1: grid x = N row blocks of kRows rows, grid y = an upper bound on the number of
+//   distinct local experts (min(E, S), S = M*topk <= kMaxSlots). Warp 0 of each CTA finds
+//   the y-th distinct expert (in order of first appearance in topk_ids) and its slots with
+//   warp votes; surplus CTAs exit. One warp per output row, gate and up rows together,
+//   every slot of the expert per pass over the row (kTok at a time).
+// - gemm2: grid x = K row blocks of kRows rows. Warp w takes slots w, w+8, ...: for its
+//   slot it computes all kRows rows (kRows independent weight streams, one shared input),
+//   stores the per-slot results in shared memory, and the CTA then sums each token's
+//   slots in k order. No y buffer, no atomics, deterministic.
+//
+// Both kernels may be launched with programmatic dependent launch (sm_90): they wait for
+// the previous kernel in the stream before reading anything, and let the next one start
+// its launch early.
+#include "common/moe_common.cuh"
+
+namespace swapmoe {
+namespace {
+
+constexpr int kRows = 8;          // warps per CTA = output rows per CTA (`DECODE_ROWS_PER_CTA`)
+constexpr int kTok = 4;           // slots per pass over a weight row (`DECODE_TOKENS_PER_PASS`)
+constexpr int kMaxSlots = 512;    // largest M*topk (`DECODE_MAX_SLOTS`)
+constexpr int kMaxExperts = 8192; // largest local E (`MAX_GPU_LOCAL_EXPERTS`)
+constexpr int kThreads = kRows * 32;
+
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Local expert of slot s, or -1 (id out of range, -1 id, expert_map -1 or out of range).
+__device__ __forceinline__ int slot_local_expert(const void* __restrict__ topk_ids, int ids_is_i64,
+                                                 long long ids_row_stride,
+                                                 const int* __restrict__ expert_map, int topk,
+                                                 int global_E, int local_E, int s) {
+  const int m = s / topk, k = s - m * topk;
+  const long long off = (long long)m * ids_row_stride + k;
+  const long long g = ids_is_i64 ? static_cast<const long long*>(topk_ids)[off]
+                                 : (long long)static_cast<const int*>(topk_ids)[off];
+  if (g < 0 || g >= global_E) return -1;
+  const int local = expert_map ? expert_map[g] : (int)g;
+  return (local < 0 || local >= local_E) ? -1 : local;
+}
+
+struct ExpertSlots {
+  unsigned seen[kMaxExperts / 32];  // experts met in earlier 32-slot chunks
+  int local[kMaxSlots];
+  int slots[kMaxSlots];
+  int expert;  // the CTA's expert, or -1
+  int count;   // its number of slots
+};
+
+// Warp 0 finds the `which`-th distinct local expert, in order of first appearance, and
+// its slots in ascending order. Deterministic: chunks of 32 slots are taken in order.
+__device__ void find_expert_slots(ExpertSlots& r, const void* __restrict__ topk_ids, int ids_is_i64,
+                                  long long ids_row_stride, const int* __restrict__ expert_map,
+                                  int M, int topk, int global_E, int local_E, int which) {
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int S = M * topk;
+  const bool multi_chunk = S > 32;
+  if (multi_chunk)
+    for (int w = tid; w < (local_E + 31) / 32; w += kThreads) r.seen[w] = 0u;
+  __syncthreads();
+  if (tid < 32) {
+    int distinct = 0, expert = -1;
+    for (int base = 0; base < S; base += 32) {
+      const int s = base + lane;
+      const int e = s < S ? slot_local_expert(topk_ids, ids_is_i64, ids_row_stride, expert_map, topk,
+                                              global_E, local_E, s)
+                          : -1;
+      if (s < S) r.local[s] = e;
+      const unsigned same = __match_any_sync(0xffffffffu, e);
+      const bool leader = e >= 0 && (same & ((1u << lane) - 1u)) == 0;
+      bool first = leader;
+      if (multi_chunk && leader) {
+        const unsigned bit = 1u << (e & 31);
+        first = (r.seen[e >> 5] & bit) == 0;  // only earlier chunks have set bits
+      }
+      const unsigned firsts = __ballot_sync(0xffffffffu, first);
+      if (first && distinct + __popc(firsts & ((1u << lane) - 1u)) == which) expert = e;
+      distinct += __popc(firsts);
+      __syncwarp();
+      if (multi_chunk && leader) atomicOr(&r.seen[e >> 5], 1u << (e & 31));
+      __syncwarp();
+    }
+    // Broadcast the chosen expert (at most one lane holds it).
+    const unsigned has = __ballot_sync(0xffffffffu, expert >= 0);
+    expert = has ? __shfl_sync(0xffffffffu, expert, __ffs(has) - 1) : -1;
+    int count = 0;
+    if (expert >= 0) {
+      __syncwarp();
+      for (int base = 0; base < S; base += 32) {
+        const int s = base + lane;
+        const bool mine = s < S && r.local[s] == expert;
+        const unsigned m = __ballot_sync(0xffffffffu, mine);
+        if (mine) r.slots[count + __popc(m & ((1u << lane) - 1u))] = s;
+        count += __popc(m);
+      }
+    }
+    if (lane == 0) {
+      r.expert = expert;
+      r.count = count;
+    }
+  }
+  __syncthreads();
+}
+
+template <typename T, int VEC, int NT>
+__device__ __forceinline__ void dot_rows2(const T* __restrict__ wa, const T* __restrict__ wb,
+                                          const T* const (&xr)[kTok], int K, int lane,
+                                          float (&acc_a)[kTok], float (&acc_b)[kTok]) {
+#pragma unroll 4
+  for (int k = lane * VEC; k < K; k += 32 * VEC) {
+    float a[VEC], b[VEC];
+    load_vec_f32<T, VEC>(wa + k, a);
+    load_vec_f32<T, VEC>(wb + k, b);
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+      float xv[VEC];
+      load_vec_f32<T, VEC>(xr[i] + k, xv);
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) {
+        acc_a[i] = fmaf(a[v], xv[v], acc_a[i]);
+        acc_b[i] = fmaf(b[v], xv[v], acc_b[i]);
+      }
+    }
+  }
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void gemm1_act(
+    const T* __restrict__ x, long long x_row_stride, const T* __restrict__ w1,
+    long long w1_expert_stride, long long w1_row_stride, const void* __restrict__ topk_weights,
+    int topk_weights_code, long long topk_weights_row_stride, const void* __restrict__ topk_ids,
+    int ids_is_i64, long long ids_row_stride, const int* __restrict__ expert_map, int M, int topk,
+    int global_E, int local_E, int N, int K, int act, int weight_on_input, T* __restrict__ inter) {
+  __shared__ ExpertSlots r;
+  pdl_wait();
+  pdl_launch_dependents();
+  find_expert_slots(r, topk_ids, ids_is_i64, ids_row_stride, expert_map, M, topk, global_E, local_E,
+                    blockIdx.y);
+  const int e = r.expert;
+  if (e < 0) return;  // fewer distinct experts than grid rows
+  const int row = blockIdx.x * kRows + (threadIdx.x >> 5);
+  if (row >= N) return;  // warp-uniform; no barrier follows
+  const int lane = threadIdx.x & 31;
+  const T* wg = w1 + e * w1_expert_stride + (long long)row * w1_row_stride;
+  const T* wu = w1 + e * w1_expert_stride + (long long)(row + N) * w1_row_stride;
+  const int begin = 0, end = r.count;
+  for (int t0 = begin; t0 < end; t0 += kTok) {
+    const int nt = min(kTok, end - t0);
+    int slot[kTok];
+    const T* xr[kTok];
+#pragma unroll
+    for (int i = 0; i < kTok; ++i) {
+      slot[i] = r.slots[t0 + min(i, nt - 1)];
+      xr[i] = x + (long long)(slot[i] / topk) * x_row_stride;
+    }
+    float g[kTok] = {}, u[kTok] = {};
+    switch (nt) {
+      case 1: dot_rows2<T, VEC, 1>(wg, wu, xr, K, lane, g, u); break;
+      case 2: dot_rows2<T, VEC, 2>(wg, wu, xr, K, lane, g, u); break;
+      case 3: dot_rows2<T, VEC, 3>(wg, wu, xr, K, lane, g, u); break;
+      default: dot_rows2<T, VEC, 4>(wg, wu, xr, K, lane, g, u); break;
+    }
+#pragma unroll
+    for (int i = 0; i < kTok; ++i) {
+      g[i] = warp_sum(g[i]);
+      u[i] = warp_sum(u[i]);
+    }
+    if (lane < nt) {
+      float gi = 0.f, ui = 0.f;
+      int si = 0;
+#pragma unroll
+      for (int i = 0; i < kTok; ++i)
+        if (i == lane) { gi = g[i]; ui = u[i]; si = slot[i]; }
+      if (weight_on_input) {
+        const int t = si / topk, k = si - t * topk;
+        const float w = load_scalar(topk_weights, topk_weights_code,
+                                    (long long)t * topk_weights_row_stride + k);
+        gi *= w;
+        ui *= w;
+      }
+      inter[(long long)si * N + row] = from_f32<T>(activate(act, gi) * ui);
+    }
+  }
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void gemm2_sum(
+    const T* __restrict__ inter, const T* __restrict__ w2, long long w2_expert_stride,
+    long long w2_row_stride, const void* __restrict__ topk_weights, int topk_weights_code,
+    long long topk_weights_row_stride, const void* __restrict__ topk_ids, int ids_is_i64,
+    long long ids_row_stride, const int* __restrict__ expert_map, int M, int topk, int global_E,
+    int local_E, int N, int K, int weight_on_input, T* __restrict__ out, long long out_row_stride) {
+  __shared__ float partial[kMaxSlots][kRows];        // item (slot, segment), row r0 + i
+  __shared__ float partial_folded[kRows][kRows];     // slot s < kRows, row r0 + i
+  __shared__ int slot_expert[kMaxSlots];
+  pdl_wait();
+  pdl_launch_dependents();
+  const int S = M * topk;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int r0 = blockIdx.x * kRows;
+  const int rows = min(kRows, K - r0);
+  for (int s = threadIdx.x; s < S; s += kThreads)
+    slot_expert[s] = slot_local_expert(topk_ids, ids_is_i64, ids_row_stride, expert_map, topk,
+                                       global_E, local_E, s);
+  __syncthreads();
+  // With fewer slots than warps, each slot's N is split into `parts` segments so that every
+  // warp streams weights: item i = (slot i / parts, segment i % parts).
+  const int parts = S >= kRows ? 1 : (kRows + S - 1) / S;
+  const int seg = ((N + parts - 1) / parts + 32 * VEC - 1) / (32 * VEC) * (32 * VEC);
+  for (int item = warp; item < S * parts; item += kRows) {
+    const int s = item / parts, q = item - s * parts;
+    const int e = slot_expert[s];
+    if (e < 0) continue;
+    const T* a = inter + (long long)s * N;
+    const T* w = w2 + e * w2_expert_stride + (long long)r0 * w2_row_stride;
+    const int n_end = min(N, (q + 1) * seg);
+    float acc[kRows] = {};
+#pragma unroll 2
+    for (int n = q * seg + lane * VEC; n < n_end; n += 32 * VEC) {
+      float av[VEC];
+      load_vec_f32<T, VEC>(a + n, av);
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) {
+        if (i < rows) {
+          float wv[VEC];
+          load_vec_f32<T, VEC>(w + (long long)i * w2_row_stride + n, wv);
+#pragma unroll
+          for (int v = 0; v < VEC; ++v) acc[i] = fmaf(wv[v], av[v], acc[i]);
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) acc[i] = warp_sum(acc[i]);
+    if (lane < kRows) {
+      float mine = 0.f;
+#pragma unroll
+      for (int i = 0; i < kRows; ++i)
+        if (i == lane) mine = acc[i];
+      partial[item][lane] = mine;
+    }
+  }
+  __syncthreads();
+  if (parts > 1) {  // fold the segments of each slot, in segment order
+    for (int idx = threadIdx.x; idx < S * kRows; idx += kThreads) {
+      const int s = idx / kRows, i = idx - s * kRows;
+      float v = 0.f;
+      for (int q = 0; q < parts; ++q) v += partial[s * parts + q][i];
+      partial_folded[s][i] = v;
+    }
+    __syncthreads();
+  }
+  const float(*part)[kRows] = parts > 1 ? partial_folded : partial;
+  // out[t, r0 + i] = sum over k in order of weight * partial; one thread per (t, i).
+  for (int idx = threadIdx.x; idx < M * kRows; idx += kThreads) {
+    const int t = idx / kRows, i = idx - t * kRows;
+    if (i >= rows) continue;
+    float sum = 0.f;
+    for (int k = 0; k < topk; ++k) {
+      const int s = t * topk + k;
+      if (slot_expert[s] < 0) continue;
+      const float wgt = weight_on_input ? 1.f
+                                        : load_scalar(topk_weights, topk_weights_code,
+                                                      (long long)t * topk_weights_row_stride + k);
+      sum += wgt * part[s][i];
+    }
+    out[(long long)t * out_row_stride + r0 + i] = from_f32<T>(sum);
+  }
+}
+
+}  // namespace
+}  // namespace swapmoe
+
+#define SWAPMOE_DECODE_GEMM1_ARGS(T)                                                             \
+  const T *x, long long x_row_stride, const T *w1, long long w1_expert_stride,                   \
+      long long w1_row_stride, const void *topk_weights, int topk_weights_code,                  \
+      long long topk_weights_row_stride, const void *topk_ids, int ids_is_i64,                   \
+      long long ids_row_stride, const int *expert_map, int M, int topk, int global_E,            \
+      int local_E, int N, int K, int act, int weight_on_input, T *inter
+#define SWAPMOE_DECODE_GEMM1_CALL                                                                \
+  x, x_row_stride, w1, w1_expert_stride, w1_row_stride, topk_weights, topk_weights_code,         \
+      topk_weights_row_stride, topk_ids, ids_is_i64, ids_row_stride, expert_map, M, topk,        \
+      global_E, local_E, N, K, act, weight_on_input, inter
+#define SWAPMOE_DECODE_GEMM2_ARGS(T)                                                             \
+  const T *inter, const T *w2, long long w2_expert_stride, long long w2_row_stride,              \
+      const void *topk_weights, int topk_weights_code, long long topk_weights_row_stride,        \
+      const void *topk_ids, int ids_is_i64, long long ids_row_stride, const int *expert_map,     \
+      int M, int topk, int global_E, int local_E, int N, int K, int weight_on_input, T *out,     \
+      long long out_row_stride
+#define SWAPMOE_DECODE_GEMM2_CALL                                                                \
+  inter, w2, w2_expert_stride, w2_row_stride, topk_weights, topk_weights_code,                   \
+      topk_weights_row_stride, topk_ids, ids_is_i64, ids_row_stride, expert_map, M, topk,        \
+      global_E, local_E, N, K, weight_on_input, out, out_row_stride
+
+#define SWAPMOE_DECODE_INSTANTIATE(SUFFIX, T, VEC)                                               \
+  extern "C" __global__ void __launch_bounds__(swapmoe::kThreads)                               \
+      decode_moe_gemm1_act_##SUFFIX##_v##VEC(SWAPMOE_DECODE_GEMM1_ARGS(T)) {                     \
+    swapmoe::gemm1_act<T, VEC>(SWAPMOE_DECODE_GEMM1_CALL);                                       \
+  }                                                                                              \
+  extern "C" __global__ void __launch_bounds__(swapmoe::kThreads)                               \
+      decode_moe_gemm2_sum_##SUFFIX##_v##VEC(SWAPMOE_DECODE_GEMM2_ARGS(T)) {                     \
+    swapmoe::gemm2_sum<T, VEC>(SWAPMOE_DECODE_GEMM2_CALL);                                       \
+  }
+
+SWAPMOE_DECODE_INSTANTIATE(f32, float, 1)
+SWAPMOE_DECODE_INSTANTIATE(f32, float, 4)
+SWAPMOE_DECODE_INSTANTIATE(bf16, __nv_bfloat16, 1)
+SWAPMOE_DECODE_INSTANTIATE(bf16, __nv_bfloat16, 8)
+SWAPMOE_DECODE_INSTANTIATE(f16, __half, 1)
+SWAPMOE_DECODE_INSTANTIATE(f16, __half, 8)

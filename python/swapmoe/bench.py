@@ -1,0 +1,1023 @@
+"""Benchmark logic behind ``swapmoe bench`` (the CLI only parses arguments and prints).
+
+GPU timing follows ``docs/PERFORMANCE.md``, the method the vLLM anchor was measured with:
+``layers`` distinct weight copies, one CUDA graph holding ``layers`` calls (one per copy),
+``triton.testing.do_bench(graph.replay, return_mode="median")`` (L2 flushed before each
+replay), divided by ``layers``. Without triton: CUDA events, an explicit 256 MB L2 flush
+before each replay, median of 50. On the CPU the Rust reference path is timed with
+``time.perf_counter`` (median).
+
+The HBM floor of one call:
+``floor_us = (experts_touched * 3*N*K * bytes_per_weight + 2*M*K * bytes_per_act) / read_bw``.
+
+torch, triton, tqdm and matplotlib are imported inside functions, so importing this module
+stays light.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+SCHEMA = "swapmoe.bench/1"
+
+#: name -> (E, topk, hidden K, moe intermediate N), unsharded.
+PRESETS: Dict[str, Tuple[int, int, int, int]] = {
+    "mixtral-8x7b": (8, 2, 4096, 14336),
+    "mixtral-8x22b": (8, 2, 6144, 16384),
+    "qwen3-30b-a3b": (128, 8, 2048, 768),
+    "qwen3-235b-a22b": (128, 8, 4096, 1536),
+    "deepseek-v3": (256, 8, 7168, 2048),
+    "deepseek-v3-tp8": (256, 8, 7168, 256),
+    "gpt-oss-120b": (128, 4, 2880, 2880),
+    "llama4-scout": (16, 1, 5120, 8192),
+}
+
+DEFAULT_M_GPU: Tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096)
+DEFAULT_M_CPU: Tuple[int, ...] = (1, 4, 16)
+#: (E, topk, K, N) of the CPU run when no shape is given.
+CPU_DEFAULT_SHAPE: Tuple[int, int, int, int] = (8, 2, 256, 128)
+GPU_DEFAULT_MODEL = "qwen3-30b-a3b"
+
+#: --dtype -> (torch dtype name, bytes per element)
+DTYPES: Dict[str, Tuple[str, int]] = {"bf16": ("bfloat16", 2), "fp16": ("float16", 2), "fp32": ("float32", 4)}
+#: ||out - ref|| / ||ref|| bound of the correctness check, per dtype (METHOD.md: bf16
+#: operands land between 1e-3 and 1e-2, float32 far under 1e-3).
+TOLERANCE: Dict[str, float] = {"bf16": 1e-2, "fp16": 5e-3, "fp32": 1e-3}
+
+ANCHOR_FILE = "h200_vllm_0.33_triton.json"
+#: weight copies may take at most this share of the free memory
+MEMORY_FRACTION = 0.6
+#: bytes summed for the in-run streaming-read bandwidth (a cap: at most 40% of free memory)
+READ_BW_BYTES = 4 << 30
+#: bytes written to flush L2 when triton is not there
+L2_FLUSH_BYTES = 256 << 20
+
+IMPL_SWAPMOE = "swapmoe"
+IMPL_EAGER = "torch-eager"
+IMPL_GROUPED = "torch-grouped-mm"
+SHORT_NAMES = {IMPL_SWAPMOE: "swapmoe", IMPL_EAGER: "eager", IMPL_GROUPED: "grouped_mm"}
+
+CPU_LABEL = "CPU run: no CUDA device; times are the Rust reference path, not GPU kernels"
+CPU_LABEL_FORCED = "CPU run: --device cpu; times are the Rust reference path, not GPU kernels"
+
+
+class BenchError(Exception):
+    """A bad benchmark request (unknown preset, shape that does not shard, unreadable config)."""
+
+
+# --------------------------------------------------------------------------------------
+# Shapes
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MoeShape:
+    """One MoE layer as one GPU holds it. ``E`` is the local expert count (``E_global/ep``),
+    ``N`` the local moe intermediate size (``N_full/tp``)."""
+
+    name: str
+    E: int
+    topk: int
+    K: int
+    N: int
+    tp: int = 1
+    ep: int = 1
+    source: str = "preset"
+
+    @property
+    def E_global(self) -> int:
+        return self.E * self.ep
+
+    def weight_bytes(self, bytes_per_weight: int) -> int:
+        """Bytes of one copy of w13 [E, 2N, K] plus w2 [E, K, N]."""
+        return self.E * 3 * self.N * self.K * bytes_per_weight
+
+    def key(self) -> Tuple[int, int, int, int]:
+        return (self.E, self.topk, self.K, self.N)
+
+    def describe(self) -> str:
+        s = f"{self.name} (E={self.E}, topk={self.topk}, K={self.K}, N={self.N}"
+        if self.tp > 1:
+            s += f", tp={self.tp}"
+        if self.ep > 1:
+            s += f", ep={self.ep} of E_global={self.E_global}"
+        return s + ")"
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["E_global"] = self.E_global
+        return d
+
+
+def shard_shape(name: str, E: int, topk: int, K: int, N: int, tp: int = 1, ep: int = 1,
+                source: str = "preset") -> MoeShape:
+    """The shape one GPU holds: ``N/tp`` intermediate columns and ``E/ep`` experts."""
+    for what, v in (("E", E), ("topk", topk), ("K", K), ("N", N), ("--tp", tp), ("--ep", ep)):
+        if not isinstance(v, int) or v < 1:
+            raise BenchError(f"{what}: expected a positive integer, got {v!r}")
+    if topk > E:
+        raise BenchError(f"topk: expected at most E={E}, got {topk}")
+    if N % tp:
+        raise BenchError(f"--tp: expected a divisor of N={N}, got {tp}")
+    if E % ep:
+        raise BenchError(f"--ep: expected a divisor of E={E}, got {ep}")
+    suffix = "".join(f"-{k}{v}" for k, v in (("tp", tp), ("ep", ep)) if v > 1)
+    return MoeShape(name + suffix, E // ep, topk, K, N // tp, tp, ep, source)
+
+
+def preset_shape(name: str, tp: int = 1, ep: int = 1) -> MoeShape:
+    """A named preset (see :data:`PRESETS`), sharded by ``tp`` (N) and ``ep`` (E)."""
+    key = name.strip().lower()
+    if key not in PRESETS:
+        raise BenchError(f"--model: expected one of {', '.join(PRESETS)}, got {name!r}")
+    E, topk, K, N = PRESETS[key]
+    return shard_shape(key, E, topk, K, N, tp, ep, "preset")
+
+
+def parse_shape(text: str, tp: int = 1, ep: int = 1) -> MoeShape:
+    """``"E,topk,K,N"`` -> shape."""
+    parts = [p.strip() for p in str(text).split(",")]
+    try:
+        E, topk, K, N = (int(p) for p in parts)
+    except ValueError:
+        raise BenchError(f"--shape: expected four integers E,topk,K,N, got {text!r}") from None
+    return shard_shape(f"shape-{E}x{topk}x{K}x{N}", E, topk, K, N, tp, ep, "shape")
+
+
+_E_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+_TOPK_KEYS = ("num_experts_per_tok", "experts_per_token", "moe_topk")
+_N_KEYS = ("moe_intermediate_size", "intermediate_size")
+_NESTED = ("text_config", "language_config", "llm_config")
+
+
+def _first(cfg: dict, keys: Sequence[str]) -> Tuple[Optional[str], Any]:
+    for k in keys:
+        v = cfg.get(k)
+        if v is not None:
+            return k, v
+    return None, None
+
+
+def hf_config_shape(path: str, tp: int = 1, ep: int = 1) -> MoeShape:
+    """Shape from a Hugging Face ``config.json``: experts from num_experts /
+    num_local_experts / n_routed_experts, topk from num_experts_per_tok, K from
+    hidden_size, N from moe_intermediate_size (else intermediate_size). Keys nested under
+    text_config (Llama 4, multimodal configs) are found too."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            cfg = json.load(f)
+    except OSError as e:
+        raise BenchError(f"--hf-config: cannot read {path}: {e.strerror or e}") from None
+    except json.JSONDecodeError as e:
+        raise BenchError(f"--hf-config: {path} is not valid JSON: {e}") from None
+    if not isinstance(cfg, dict):
+        raise BenchError(f"--hf-config: expected a JSON object in {path}")
+    scopes = [cfg] + [cfg[k] for k in _NESTED if isinstance(cfg.get(k), dict)]
+    for scope in scopes:
+        _, E = _first(scope, _E_KEYS)
+        if E is not None:
+            break
+    else:
+        raise BenchError(f"--hf-config: {path} names no expert count ({', '.join(_E_KEYS)}): not a MoE model?")
+    found = {}
+    for what, keys in (("topk", _TOPK_KEYS), ("K", ("hidden_size",)), ("N", _N_KEYS)):
+        _, v = _first(scope, keys)
+        if v is None:
+            _, v = _first(cfg, keys)
+        if v is None:
+            raise BenchError(f"--hf-config: {path} has no {' / '.join(keys)}")
+        found[what] = v
+    try:
+        E_i, topk, K, N = int(E), int(found["topk"]), int(found["K"]), int(found["N"])
+    except (TypeError, ValueError):
+        raise BenchError(f"--hf-config: non-integer sizes in {path}") from None
+    name = cfg.get("_name_or_path") or scope.get("model_type") or cfg.get("model_type") or "hf-config"
+    name = str(name).rstrip("/").split("/")[-1] or "hf-config"
+    return shard_shape(name, E_i, topk, K, N, tp, ep, f"hf-config:{path}")
+
+
+def parse_m_list(text: str) -> List[int]:
+    """``"1,2,4"`` -> [1, 2, 4] (sorted, unique, positive)."""
+    try:
+        ms = sorted({int(p) for p in str(text).replace(" ", "").split(",") if p})
+    except ValueError:
+        raise BenchError(f"--m: expected comma-separated token counts like 1,8,64, got {text!r}") from None
+    if not ms or ms[0] < 1:
+        raise BenchError(f"--m: expected positive token counts, got {text!r}")
+    return ms
+
+
+# --------------------------------------------------------------------------------------
+# Figures
+# --------------------------------------------------------------------------------------
+
+
+def hbm_floor_us(experts_touched: int, N: int, K: int, M: int, bytes_per_weight: float = 2,
+                 bytes_per_act: float = 2, read_bw: float = 4.42e12) -> float:
+    """Time (µs) to read each touched expert's w13 and w2 once plus the activations in and
+    out, at ``read_bw`` bytes/s (PERFORMANCE.md)."""
+    nbytes = experts_touched * 3 * N * K * bytes_per_weight + 2 * M * K * bytes_per_act
+    return nbytes / read_bw * 1e6
+
+
+def moe_tflops(slots: int, N: int, K: int, time_us: float) -> float:
+    """TF/s of ``slots`` (token, expert) pairs: 2 * slots * 3*N*K / time. ``slots`` is
+    M*topk without expert parallelism."""
+    return 2.0 * slots * 3 * N * K / (time_us * 1e-6) / 1e12
+
+
+# --------------------------------------------------------------------------------------
+# The anchor
+# --------------------------------------------------------------------------------------
+
+
+def find_anchor(path: Optional[str] = None) -> Optional[str]:
+    """``path``, else ``$SWAPMOE_ANCHORS`` (a file or folder), else shared/anchors next to
+    the working directory or the checkout, else the copy shipped in the package."""
+    if path:
+        if os.path.isdir(path):
+            path = os.path.join(path, ANCHOR_FILE)
+        if not os.path.isfile(path):
+            raise BenchError(f"--anchors: no such file {path}")
+        return path
+    here = os.path.dirname(os.path.abspath(__file__))
+    candidates = []
+    env = os.environ.get("SWAPMOE_ANCHORS")
+    if env:
+        candidates.append(env if env.endswith(".json") else os.path.join(env, ANCHOR_FILE))
+    for base in (os.getcwd(), os.path.join(here, "..", "..")):
+        candidates.append(os.path.join(base, "shared", "anchors", ANCHOR_FILE))
+        candidates.append(os.path.join(base, "..", "shared", "anchors", ANCHOR_FILE))
+    candidates.append(os.path.join(here, "data", ANCHOR_FILE))
+    for c in candidates:
+        if os.path.isfile(c):
+            return os.path.normpath(c)
+    return None
+
+
+def load_anchor(path: Optional[str]) -> Optional[dict]:
+    if not path:
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def anchor_row(anchor: Optional[dict], shape: MoeShape, variant: str, M: int) -> Optional[dict]:
+    """The anchor row of this (E, topk, K, N), variant and M, or None. Sharded by expert
+    parallelism, a shape is never the anchor's."""
+    if not anchor or shape.ep != 1:
+        return None
+    for r in anchor.get("rows", ()):
+        if (r.get("E"), r.get("topk"), r.get("K"), r.get("N")) == shape.key() and \
+                r.get("variant") == variant and r.get("M") == M:
+            return r
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# Environment
+# --------------------------------------------------------------------------------------
+
+
+def _version(mod: str) -> Optional[str]:
+    try:
+        from importlib import metadata
+
+        return metadata.version(mod)
+    except Exception:
+        return None
+
+
+def driver_version() -> Optional[int]:
+    from . import _core
+    from .errors import Error
+
+    try:
+        return int(_core.driver_version())
+    except Error:
+        return None
+
+
+def format_driver(v: Optional[int]) -> str:
+    return "none" if v is None else f"{v // 1000}.{(v % 1000) // 10}"
+
+
+def environment() -> dict:
+    """Versions and build of everything the numbers depend on (no GPU needed)."""
+    from . import __version__, build_info
+
+    env: Dict[str, Any] = {
+        "swapmoe": __version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "numpy": _version("numpy"),
+        "torch": None,
+        "torch_cuda": None,
+        "triton": None,
+        "driver_version": driver_version(),
+        "build_info": build_info(),
+    }
+    try:
+        import torch
+
+        env["torch"] = torch.__version__
+        env["torch_cuda"] = torch.version.cuda
+    except ImportError:
+        pass
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except Exception:
+        pass
+    return env
+
+
+# --------------------------------------------------------------------------------------
+# Problem tensors
+# --------------------------------------------------------------------------------------
+
+
+def make_routing(torch: Any, M: int, E_global: int, topk: int, kind: str, gen: Any, device: Any,
+                 zipf_s: float = 1.0) -> Tuple[Any, Any]:
+    """(topk_weights fp32 [M, topk], topk_ids int32 [M, topk]).
+    uniform: topk of softmax(randn(M, E)), as the anchor. skewed: topk distinct experts per
+    token drawn with probability ~ 1/rank^zipf_s (ranks randomly assigned to experts)."""
+    if kind == "uniform":
+        logits = torch.randn(M, E_global, generator=gen, device=device, dtype=torch.float32)
+        tw, ids = torch.topk(torch.softmax(logits, dim=-1), topk, dim=-1)
+    elif kind == "skewed":
+        rank = torch.randperm(E_global, generator=gen, device=device).to(torch.float32) + 1.0
+        p = rank.pow(-float(zipf_s))
+        ids = torch.multinomial(p.expand(M, E_global).contiguous(), topk, replacement=False, generator=gen)
+        tw = torch.softmax(torch.randn(M, topk, generator=gen, device=device, dtype=torch.float32), dim=-1)
+    else:
+        raise BenchError(f"--routing: expected uniform or skewed, got {kind!r}")
+    return tw.float().contiguous(), ids.to(torch.int32).contiguous()
+
+
+def make_expert_map(torch: Any, shape: MoeShape, device: Any) -> Optional[Any]:
+    """expert parallelism: this GPU (rank 0) holds global experts [0, E) of E_global."""
+    if shape.ep == 1:
+        return None
+    emap = torch.full((shape.E_global,), -1, dtype=torch.int32, device=device)
+    emap[: shape.E] = torch.arange(shape.E, dtype=torch.int32, device=device)
+    return emap
+
+
+def local_ids(torch: Any, ids: Any, emap: Optional[Any], E: int) -> Any:
+    """int64 [M*topk] local expert of each slot, E where the slot does no work here."""
+    flat = ids.reshape(-1).long()
+    if emap is not None:
+        G = emap.numel()
+        ok = (flat >= 0) & (flat < G)
+        loc = torch.where(ok, emap.long()[flat.clamp(0, G - 1)], torch.full_like(flat, -1))
+    else:
+        loc = flat
+    return torch.where((loc >= 0) & (loc < E), loc, torch.full_like(loc, E))
+
+
+def make_weights(torch: Any, shape: MoeShape, dtype: Any, gen: Any, device: Any) -> Tuple[Any, Any]:
+    """One copy: w13 [E, 2N, K] (gate rows then up) and w2 [E, K, N], scaled so that the
+    activations stay O(1)."""
+    E, K, N = shape.E, shape.K, shape.N
+    w1 = torch.randn(E, 2 * N, K, generator=gen, device=device, dtype=dtype).mul_(K ** -0.5)
+    w2 = torch.randn(E, K, N, generator=gen, device=device, dtype=dtype).mul_(N ** -0.5)
+    return w1, w2
+
+
+# --------------------------------------------------------------------------------------
+# Implementations: each writes out [M, K] from (x, w1, w2, tw, ids, expert_map)
+# --------------------------------------------------------------------------------------
+
+
+def impl_swapmoe(x, w1, w2, tw, ids, emap, out):
+    import swapmoe
+
+    kw = {} if emap is None else {"expert_map": emap, "global_num_experts": emap.numel()}
+    return swapmoe.fused_experts(x, w1, w2, tw, ids, out=out, **kw)
+
+
+def impl_torch_eager(x, w1, w2, tw, ids, emap, out):
+    """The plain torch pipeline: sort slots by expert, one host sync for the counts, then
+    a GEMM / SiLU-and-mul / GEMM per touched expert and an fp32 index_add."""
+    import torch
+    import torch.nn.functional as F
+
+    M, topk = ids.shape
+    E, N = w1.shape[0], w1.shape[1] // 2
+    loc = local_ids(torch, ids, emap, E)
+    order = torch.argsort(loc, stable=True)
+    counts = torch.bincount(loc, minlength=E + 1).tolist()
+    weights = tw.reshape(-1).float()
+    acc = torch.zeros(M, x.shape[1], dtype=torch.float32, device=x.device)
+    start = 0
+    for e in range(E):
+        c = counts[e]
+        if c:
+            slots = order[start:start + c]
+            tok = slots // topk
+            h = x.index_select(0, tok) @ w1[e].t()
+            a = F.silu(h[:, :N]) * h[:, N:]
+            y = a @ w2[e].t()
+            acc.index_add_(0, tok, y.float() * weights[slots].unsqueeze(1))
+        start += c
+    return out.copy_(acc)
+
+
+def impl_torch_grouped_mm(x, w1, w2, tw, ids, emap, out):
+    """torch._grouped_mm (CUTLASS grouped GEMM) pipeline with no host sync, so it can be
+    captured: sort slots by expert, gather, grouped GEMM, SiLU-and-mul, grouped GEMM,
+    weight, unsort and sum over topk."""
+    import torch
+    import torch.nn.functional as F
+
+    M, topk = ids.shape
+    E, N = w1.shape[0], w1.shape[1] // 2
+    loc = local_ids(torch, ids, emap, E)
+    order = torch.argsort(loc, stable=True)
+    counts = torch.zeros(E + 1, dtype=torch.int32, device=x.device)
+    counts.scatter_add_(0, loc, torch.ones_like(loc, dtype=torch.int32))
+    offs = torch.cumsum(counts[:E], 0, dtype=torch.int32)
+    xs = x.index_select(0, order // topk)
+    h = torch._grouped_mm(xs, w1.transpose(1, 2), offs=offs)
+    a = F.silu(h[:, :N]) * h[:, N:]
+    y = torch._grouped_mm(a, w2.transpose(1, 2), offs=offs)
+    valid = (loc[order] < E).unsqueeze(1)  # rows past offs[-1] are not written by the GEMMs
+    y = torch.where(valid, y.float() * tw.reshape(-1).float()[order].unsqueeze(1), 0.0)
+    ys = torch.empty_like(y).index_copy_(0, order, y)
+    return out.copy_(ys.view(M, topk, -1).sum(dim=1))
+
+
+IMPLS: Dict[str, Tuple[Callable, bool]] = {
+    # name -> (function, can be captured in a CUDA graph)
+    IMPL_SWAPMOE: (impl_swapmoe, True),
+    IMPL_EAGER: (impl_torch_eager, False),
+    IMPL_GROUPED: (impl_torch_grouped_mm, True),
+}
+
+
+def reference64(torch: Any, x, w1, w2, tw, ids, emap) -> Any:
+    """float64 result [M, K] on x's device, one touched expert at a time (the weights of
+    one expert are upcast at a time; memory stays small)."""
+    M, topk = ids.shape
+    E, N = w1.shape[0], w1.shape[1] // 2
+    loc = local_ids(torch, ids, emap, E)
+    weights = tw.reshape(-1).double()
+    xd = x.double()
+    out = torch.zeros(M, x.shape[1], dtype=torch.float64, device=x.device)
+    for e in torch.unique(loc).tolist():
+        if e >= E:
+            continue
+        slots = torch.nonzero(loc == e).flatten()
+        tok = slots // topk
+        h = xd[tok] @ w1[e].double().t()
+        g = h[:, :N]
+        a = g / (1.0 + torch.exp(-g)) * h[:, N:]
+        y = a @ w2[e].double().t()
+        out.index_add_(0, tok, y * weights[slots].unsqueeze(1))
+    return out
+
+
+def check_point(torch: Any, impls: Sequence[str], x, weights, tw, ids, emap, tol: float) -> Dict[str, dict]:
+    """Each implementation's ||out - ref|| / ||ref|| against :func:`reference64`, the
+    output poisoned with NaN first (an unwritten element fails)."""
+    ref = reference64(torch, x, *weights, tw, ids, emap)
+    results: Dict[str, dict] = {}
+    for name in impls:
+        fn = IMPLS[name][0]
+        out = torch.full_like(x, float("nan"))
+        try:
+            fn(x, *weights, tw, ids, emap, out)
+            err = rel_error(torch, out, ref)
+            results[name] = {"rel_err": err, "tol": tol, "ok": err <= tol}
+        except Exception as e:
+            results[name] = {"rel_err": None, "tol": tol, "ok": False, "error": _err(e)}
+    return results
+
+
+def rel_error(torch: Any, out: Any, ref: Any) -> float:
+    """||out - ref|| / ||ref|| in float64; NaN or inf anywhere gives inf."""
+    o = out.double()
+    if not bool(torch.isfinite(o).all()):
+        return math.inf
+    den = float(torch.linalg.vector_norm(ref))
+    num = float(torch.linalg.vector_norm(o - ref))
+    return num / den if den else num
+
+
+# --------------------------------------------------------------------------------------
+# Timers
+# --------------------------------------------------------------------------------------
+
+
+class GpuTimer:
+    """Median ms of fn() with L2 flushed before each call: triton.testing.do_bench when
+    there is triton, else CUDA events with a 256 MB write before each of 50 reps."""
+
+    def __init__(self, torch: Any, device: Any):
+        self.torch = torch
+        self.device = device
+        try:
+            from triton.testing import do_bench
+
+            self._do_bench = do_bench
+            self.method = 'triton.testing.do_bench(return_mode="median"), L2 flushed before each rep'
+        except Exception:
+            self._do_bench = None
+            self._flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=device)
+            self.method = "CUDA events, 256 MB L2 flush before each rep, median of 50 (triton not available)"
+
+    def __call__(self, fn: Callable[[], Any]) -> float:
+        if self._do_bench is not None:
+            return float(self._do_bench(fn, return_mode="median"))
+        torch = self.torch
+        fn()
+        torch.cuda.synchronize(self.device)
+        for _ in range(5):
+            self._flush.zero_()
+            fn()
+        reps = 50
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        for s, e in zip(starts, ends):
+            self._flush.zero_()
+            s.record()
+            fn()
+            e.record()
+        torch.cuda.synchronize(self.device)
+        return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+def cpu_time_us(calls: Sequence[Callable[[], Any]], min_reps: int = 5, max_reps: int = 50,
+                budget_s: float = 0.25) -> float:
+    """Median µs of one call (cycling over the layer copies), by time.perf_counter."""
+    calls[0]()
+    times: List[float] = []
+    deadline = time.perf_counter() + budget_s
+    i = 0
+    while len(times) < min_reps or (len(times) < max_reps and time.perf_counter() < deadline):
+        c = calls[i % len(calls)]
+        t0 = time.perf_counter()
+        c()
+        times.append(time.perf_counter() - t0)
+        i += 1
+    return statistics.median(times) * 1e6
+
+
+def gpu_time_us(torch: Any, calls: Sequence[Callable[[], Any]], timer: GpuTimer, graph: bool) -> Tuple[float, str]:
+    """µs per layer of ``calls`` (one per layer): a CUDA graph of all of them replayed under
+    ``timer``, or the eager loop. Returns (µs, how)."""
+    layers = len(calls)
+    how = "eager"
+    fn: Callable[[], Any]
+    g = None
+    if graph:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for c in calls:
+                c()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        try:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                for c in calls:
+                    c()
+            fn = g.replay
+            how = "graph"
+        except Exception as e:  # a pipeline that cannot be captured is timed eagerly
+            g = None
+            torch.cuda.synchronize()
+            how = f"eager (graph capture failed: {_err(e, 120)})"
+    if g is None:
+        def fn() -> None:
+            for c in calls:
+                c()
+    ms = timer(fn)
+    del g
+    return ms * 1000.0 / layers, how
+
+
+def measure_read_bandwidth(torch: Any, device: Any, timer: GpuTimer, nbytes: int = READ_BW_BYTES) -> Tuple[float, int]:
+    """Streaming read bandwidth (bytes/s): sum over an fp32 tensor of ``nbytes`` (capped at
+    40% of free memory), bytes / median time."""
+    free, _ = torch.cuda.mem_get_info(device)
+    nbytes = min(int(nbytes), int(free * 0.4)) // (1 << 20) * (1 << 20)
+    x = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
+    ms = timer(lambda: x.sum())
+    del x
+    torch.cuda.empty_cache()
+    return nbytes / (ms * 1e-3), nbytes
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip() + f" ({os.cpu_count()} cores)"
+    except OSError:
+        pass
+    return (platform.processor() or platform.machine() or "cpu") + f" ({os.cpu_count()} cores)"
+
+
+def _free_bytes(torch: Any, device: Any) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62
+
+
+# --------------------------------------------------------------------------------------
+# The run
+# --------------------------------------------------------------------------------------
+
+
+def resolve_device(torch: Any, device: Optional[str]) -> Any:
+    d = (device or "auto").strip().lower()
+    if d == "auto":
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    try:
+        dev = torch.device(d)
+    except RuntimeError:
+        raise BenchError(f"--device: expected auto, cpu, cuda or cuda:N, got {device!r}") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise BenchError(f"--device {device}: torch sees no CUDA device")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        if dev.index >= torch.cuda.device_count():
+            raise BenchError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s)")
+    elif dev.type != "cpu":
+        raise BenchError(f"--device: expected auto, cpu, cuda or cuda:N, got {device!r}")
+    return dev
+
+
+def _err(e: BaseException, n: int = 200) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0][:n]}" if text else type(e).__name__
+
+
+def _note(record: dict, text: str, log: Optional[Callable[[str], None]]) -> None:
+    record["notes"].append(text)
+    if log:
+        log(text)
+
+
+def run_bench(
+    shape: Optional[MoeShape] = None,
+    *,
+    dtype: str = "bf16",
+    m_list: Optional[Sequence[int]] = None,
+    routing: str = "uniform",
+    zipf_s: float = 1.0,
+    layers: int = 8,
+    graph: bool = True,
+    baselines: Optional[bool] = None,
+    check: bool = True,
+    check_all: bool = False,
+    device: Optional[str] = "auto",
+    seed: int = 0,
+    anchors: Optional[str] = None,
+    read_bw_tbps: Optional[float] = None,
+    progress: bool = True,
+    log: Optional[Callable[[str], None]] = None,
+) -> dict:
+    """Benchmarks swapmoe (and the baselines) on one shape over ``m_list``; returns the full
+    record (see ``swapmoe bench --json``). Defaults depend on the device: on CUDA the shape
+    is qwen3-30b-a3b, M the decode-to-prefill sweep and baselines on; on the CPU the shape
+    is small, M is 1,4,16 and baselines off."""
+    try:
+        import torch
+    except ImportError:
+        raise BenchError("swapmoe bench needs torch (pip install torch)") from None
+    if dtype not in DTYPES:
+        raise BenchError(f"--dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
+    if routing not in ("uniform", "skewed"):
+        raise BenchError(f"--routing: expected uniform or skewed, got {routing!r}")
+    if layers < 1:
+        raise BenchError(f"--layers: expected a positive integer, got {layers}")
+    t_start = time.perf_counter()
+    dev = resolve_device(torch, device)
+    gpu = dev.type == "cuda"
+    if shape is None:
+        shape = (preset_shape(GPU_DEFAULT_MODEL) if gpu
+                 else shard_shape("cpu-small", *CPU_DEFAULT_SHAPE, source="cpu-default"))
+    ms = sorted(set(int(m) for m in (m_list or (DEFAULT_M_GPU if gpu else DEFAULT_M_CPU))))
+    if not ms or ms[0] < 1:
+        raise BenchError(f"--m: expected positive token counts, got {m_list!r}")
+    if baselines is None:
+        baselines = gpu
+    tdtype = getattr(torch, DTYPES[dtype][0])
+    bpe = DTYPES[dtype][1]
+    variant = dtype  # the anchor's unquantized variant is "bf16"
+
+    env = environment()
+    record: Dict[str, Any] = {
+        "schema": SCHEMA,
+        "mode": "gpu" if gpu else "cpu",
+        "label": None,
+        "device": {"type": dev.type, "index": dev.index, "name": None},
+        "versions": {k: env[k] for k in ("swapmoe", "torch", "torch_cuda", "triton", "numpy", "python")},
+        "driver_version": env["driver_version"],
+        "build_info": env["build_info"],
+        "shape": shape.as_dict(),
+        "dtype": dtype,
+        "bytes_per_weight": bpe,
+        "bytes_per_act": bpe,
+        "routing": {"kind": routing, "seed": seed, **({"zipf_s": zipf_s} if routing == "skewed" else {})},
+        "method": {},
+        "read_bw": None,
+        "anchor": None,
+        "check": None,
+        "implementations": [],
+        "skipped": {},
+        "points": [],
+        "notes": [],
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+    # ---- anchor -------------------------------------------------------------------------
+    anchor_path = find_anchor(anchors)
+    anchor = load_anchor(anchor_path) if anchor_path else None
+    anchor_ok = bool(anchor) and routing == "uniform" and shape.ep == 1 and any(
+        anchor_row(anchor, shape, variant, m) for m in ms)
+    record["anchor"] = {
+        "path": anchor_path,
+        "what": (anchor or {}).get("what"),
+        "device": (anchor or {}).get("device"),
+        "variant": variant,
+        "matched": anchor_ok,
+    }
+    if anchor and not anchor_ok:
+        why = ("skewed routing" if routing != "uniform" else "expert parallelism" if shape.ep > 1
+               else f"no {variant} row for (E, topk, K, N) = {shape.key()}")
+        record["anchor"]["why_not"] = why
+
+    # ---- device, timer, bandwidth ------------------------------------------------------
+    timer: Optional[GpuTimer] = None
+    if gpu:
+        torch.cuda.set_device(dev)
+        import swapmoe
+
+        props = torch.cuda.get_device_properties(dev)
+        record["device"].update(name=props.name, capability=f"{props.major}.{props.minor}",
+                                sm_count=props.multi_processor_count, total_memory=props.total_memory)
+        try:
+            record["device"]["swapmoe_device_info"] = dict(swapmoe._core.device_info(dev.index))
+        except Exception as e:
+            record["device"]["swapmoe_device_info"] = f"{type(e).__name__}: {e}"
+        record["kernels_warmed"] = swapmoe.warmup(dev.index)
+        timer = GpuTimer(torch, dev)
+        if read_bw_tbps:
+            bw, bw_how = float(read_bw_tbps) * 1e12, "given (--read-bw)"
+        else:
+            bw, nbytes = measure_read_bandwidth(torch, dev, timer)
+            bw_how = f"sum over {nbytes / (1 << 30):.2f} GiB fp32, bytes / median time"
+        record["read_bw"] = {"bytes_per_s": bw, "tbps": bw / 1e12, "method": bw_how}
+        if anchor_ok and record["anchor"]["device"] and record["anchor"]["device"] != props.name:
+            _note(record, f"the anchor was measured on {record['anchor']['device']}, this run is on {props.name}", log)
+        record["method"] = {
+            "timer": timer.method,
+            "graph": bool(graph),
+            "layers": layers,
+            "l2_flushed": True,
+            "statistic": "median",
+            "per_layer": f"time of {layers} calls / {layers}",
+        }
+    else:
+        record["device"]["name"] = cpu_name()
+        record["label"] = CPU_LABEL if not torch.cuda.is_available() else CPU_LABEL_FORCED
+        record["method"] = {
+            "timer": "time.perf_counter, median of 5-50 calls (>= 0.25 s per point)",
+            "graph": False,
+            "layers": layers,
+            "l2_flushed": False,
+            "statistic": "median",
+            "per_layer": "one call",
+        }
+        bw = None
+
+    # ---- implementations ----------------------------------------------------------------
+    impls = [IMPL_SWAPMOE]
+    if baselines:
+        impls.append(IMPL_EAGER)
+        if hasattr(torch, "_grouped_mm"):
+            impls.append(IMPL_GROUPED)
+        else:
+            record["skipped"][IMPL_GROUPED] = f"torch {torch.__version__} has no torch._grouped_mm"
+
+    # ---- weights ------------------------------------------------------------------------
+    per_copy = shape.weight_bytes(bpe)
+    free = _free_bytes(torch, dev)
+    copies = min(layers, int(MEMORY_FRACTION * free // per_copy)) if per_copy else layers
+    if copies < 1:
+        raise BenchError(f"one copy of the weights of {shape.describe()} in {dtype} is {per_copy / 2**30:.1f} GiB; "
+                         f"{free / 2**30:.1f} GiB free on {dev} (at most {MEMORY_FRACTION:.0%} may be used)")
+    if copies < layers:
+        _note(record, f"weights: {copies} distinct copies instead of {layers} ({per_copy / 2**30:.2f} GiB each, "
+                      f"{free / 2**30:.1f} GiB free, cap {MEMORY_FRACTION:.0%}); the {layers} calls cycle over them", log)
+    record["method"]["weight_copies"] = copies
+    record["method"]["weight_bytes_per_copy"] = per_copy
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(seed + 1_000_003)
+    weights = [make_weights(torch, shape, tdtype, gen, dev) for _ in range(copies)]
+    emap = make_expert_map(torch, shape, dev)
+
+    bar = None
+    if progress:
+        try:
+            from tqdm import tqdm
+
+            tty = sys.stderr.isatty()
+            # off a terminal (a captured log) redraw rarely, so the bar does not flood the log
+            bar = tqdm(total=len(ms) * len(impls), file=sys.stderr, desc=f"bench {shape.name}", unit="pt",
+                       leave=False, dynamic_ncols=tty, mininterval=0.1 if tty else 30.0)
+        except ImportError:
+            bar = None
+
+    tol = TOLERANCE[dtype]
+    record["aborted"] = None
+    try:
+        for i_m, M in enumerate(ms):
+            gen.manual_seed(seed)
+            tw, ids = make_routing(torch, M, shape.E_global, shape.topk, routing, gen, dev, zipf_s)
+            x = torch.randn(M, shape.K, generator=gen, device=dev, dtype=tdtype)
+            loc = local_ids(torch, ids, emap, shape.E)
+            valid = loc < shape.E
+            touched = int(torch.unique(loc[valid]).numel())
+            slots = int(valid.sum())
+            point: Dict[str, Any] = {"M": M, "experts_touched": touched, "slots": slots, "floor_us": None,
+                                     "anchor_vllm_gemm_us": None, "anchor_experts_touched": None,
+                                     "anchor_floor_us": None, "results": {}, "errors": {}}
+            record["points"].append(point)  # partial points survive an abort
+            if bw:
+                point["floor_us"] = hbm_floor_us(touched, shape.N, shape.K, M, bpe, bpe, bw)
+            row = anchor_row(anchor, shape, variant, M) if anchor_ok else None
+            if row:
+                point["anchor_vllm_gemm_us"] = row.get("vllm_gemm_us")
+                point["anchor_experts_touched"] = row.get("experts_touched")
+                point["anchor_floor_us"] = row.get("floor_us")
+            try:
+                import swapmoe
+
+                plan = swapmoe._core.describe_plan(x, *weights[0], tw, ids, expert_map=emap)
+                point["plan"] = {k: plan.get(k) for k in ("backend", "kernels", "reasons", "workspace_bytes")}
+            except Exception as e:
+                point["plan"] = f"{type(e).__name__}: {e}"
+
+            # correctness on the smallest M (every M with check_all), before any timing
+            if check and (i_m == 0 or check_all):
+                results = check_point(torch, impls, x, weights[0], tw, ids, emap, tol)
+                point["check"] = results
+                for name in list(impls):
+                    if name != IMPL_SWAPMOE and not results[name]["ok"] and i_m == 0:
+                        impls.remove(name)  # a baseline that is wrong is not timed
+                        r = results[name]
+                        record["skipped"][name] = r.get("error") or f"check failed: rel_err {r['rel_err']:.3g} > {tol:g}"
+                        if bar is not None:
+                            bar.total -= len(ms)
+                            bar.refresh()
+                if i_m == 0:
+                    record["check"] = {"M": M, "reference": "float64 torch, one touched expert at a time",
+                                       "results": results, "ok": results[IMPL_SWAPMOE]["ok"], "all_M": bool(check_all)}
+                elif not results[IMPL_SWAPMOE]["ok"]:
+                    record["check"]["ok"] = False
+                if not results[IMPL_SWAPMOE]["ok"]:
+                    record["check"].setdefault("failed_M", []).append(M)
+                    _note(record, f"CHECK FAILED for swapmoe at M={M}: {results[IMPL_SWAPMOE]}", log)
+
+            for name in list(impls):
+                fn, graphable = IMPLS[name]
+                outs = [torch.empty_like(x) for _ in range(layers)]
+                calls = [(lambda f, w, o: (lambda: f(x, w[0], w[1], tw, ids, emap, o)))(fn, weights[i % copies], outs[i])
+                         for i in range(layers)]
+                try:
+                    if gpu:
+                        t_us, how = gpu_time_us(torch, calls, timer, graph and graphable)
+                    else:
+                        t_us, how = cpu_time_us(calls), "perf_counter"
+                except Exception as e:
+                    point["errors"][name] = _err(e, 400)
+                    if name == IMPL_SWAPMOE:
+                        _note(record, f"swapmoe failed at M={M}: {_err(e, 400)}", log)
+                    else:  # a baseline that fails once is dropped
+                        impls.remove(name)
+                        record["skipped"][name] = f"failed at M={M}: {_err(e)}"
+                    if gpu:
+                        torch.cuda.synchronize()  # a sticky CUDA error raises here and aborts the run
+                    continue
+                finally:
+                    del calls, outs
+                    if bar is not None:
+                        bar.update(1)
+                res: Dict[str, Any] = {"time_us": t_us, "how": how, "tflops": moe_tflops(slots, shape.N, shape.K, t_us)}
+                if point["floor_us"] is not None:
+                    res["pct_floor"] = 100.0 * point["floor_us"] / t_us
+                if point["anchor_vllm_gemm_us"]:
+                    res["speedup_vs_anchor"] = point["anchor_vllm_gemm_us"] / t_us
+                point["results"][name] = res
+            sw = point["results"].get(IMPL_SWAPMOE)
+            if sw:
+                sw["speedup_vs"] = {b: r["time_us"] / sw["time_us"] for b, r in point["results"].items()
+                                    if b != IMPL_SWAPMOE}
+            if gpu:
+                torch.cuda.empty_cache()
+    except Exception as e:  # keep what was measured (a sticky CUDA error ends the run)
+        record["aborted"] = f"at M={M}: {_err(e, 400)}"
+        _note(record, f"run aborted {record['aborted']}", log)
+    if bar is not None:
+        bar.close()
+
+    record["implementations"] = [n for n in IMPLS if any(n in p["results"] for p in record["points"])]
+    record["elapsed_s"] = time.perf_counter() - t_start
+    return record
+
+
+# --------------------------------------------------------------------------------------
+# Plot
+# --------------------------------------------------------------------------------------
+
+
+def plot_record(record: dict, path: str) -> None:
+    """Time and % of floor against M (log x), one line per implementation, the floor and
+    the anchor drawn, to a PNG (matplotlib, Agg backend)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    pts = record["points"]
+    Ms = [p["M"] for p in pts]
+    fig, (ax_t, ax_p) = plt.subplots(1, 2, figsize=(12, 4.8))
+    for name in record["implementations"]:
+        xs = [p["M"] for p in pts if name in p["results"]]
+        ax_t.plot(xs, [p["results"][name]["time_us"] for p in pts if name in p["results"]], marker="o", label=name)
+        pct = [(p["M"], p["results"][name].get("pct_floor")) for p in pts if name in p["results"]]
+        pct = [(m, v) for m, v in pct if v is not None]
+        if pct:
+            ax_p.plot([m for m, _ in pct], [v for _, v in pct], marker="o", label=name)
+    floor = [(p["M"], p["floor_us"]) for p in pts if p.get("floor_us") is not None]
+    if floor:
+        ax_t.plot([m for m, _ in floor], [f for _, f in floor], "k--", label="HBM floor")
+    anc = [(p["M"], p["anchor_vllm_gemm_us"]) for p in pts if p.get("anchor_vllm_gemm_us")]
+    if anc:
+        ax_t.plot([m for m, _ in anc], [a for _, a in anc], ls=":", marker="x", color="gray",
+                  label="vLLM 0.33 GEMMs (anchor)")
+        ax_p.plot([m for m, _ in anc], [100.0 * p["floor_us"] / p["anchor_vllm_gemm_us"] for p in pts
+                                         if p.get("anchor_vllm_gemm_us") and p.get("floor_us")],
+                  ls=":", marker="x", color="gray", label="vLLM 0.33 GEMMs (anchor)")
+    sh = record["shape"]
+    title = f"{sh['name']}  E={sh['E']} topk={sh['topk']} K={sh['K']} N={sh['N']}  {record['dtype']}"
+    ax_t.set(xscale="log", yscale="log", xlabel="M (tokens)", ylabel="µs per layer", title=title)
+    ax_p.set(xscale="log", xlabel="M (tokens)", ylabel="% of HBM floor", title=record["device"].get("name") or "")
+    if floor:
+        ax_p.axhline(100.0, color="k", ls="--", lw=1, label="floor (100%)")
+    else:
+        ax_p.text(0.5, 0.5, "% of floor: n/a (CPU run)", ha="center", va="center", transform=ax_p.transAxes)
+    for ax in (ax_t, ax_p):
+        if Ms:
+            ax.set_xlim(min(Ms) / 1.4, max(Ms) * 1.4)
+            ax.set_xticks(Ms)
+            ax.set_xticklabels([str(m) for m in Ms], fontsize=7)
+            ax.minorticks_off()
+        ax.grid(True, which="major", alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    if record.get("label"):
+        fig.suptitle(record["label"], fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=110)
+    plt.close(fig)
+
+
+def write_json(record: dict, path: str) -> None:
+    def default(o: Any) -> Any:
+        if isinstance(o, tuple):
+            return list(o)
+        return str(o)
+
+    def clean(o: Any) -> Any:  # JSON has no inf/nan
+        if isinstance(o, float) and not math.isfinite(o):
+            return None if math.isnan(o) else ("inf" if o > 0 else "-inf")
+        if isinstance(o, dict):
+            return {k: clean(v) for k, v in o.items()}
+        if isinstance(o, (list, tuple)):
+            return [clean(v) for v in o]
+        return o
+
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(clean(record), f, indent=1, default=default)
+        f.write("\n")

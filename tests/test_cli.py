@@ -1,0 +1,520 @@
+"""The command line (`swapmoe bench`, `swapmoe check`) and the benchmark helpers, on the CPU."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from swapmoe import bench as B
+from swapmoe import cli
+
+torch = pytest.importorskip("torch")
+
+# (E, topk, K, N) typed in again from the model cards, not copied from bench.PRESETS
+EXPECTED_PRESETS = {
+    "mixtral-8x7b": (8, 2, 4096, 14336),
+    "mixtral-8x22b": (8, 2, 6144, 16384),
+    "qwen3-30b-a3b": (128, 8, 2048, 768),
+    "qwen3-235b-a22b": (128, 8, 4096, 1536),
+    "deepseek-v3": (256, 8, 7168, 2048),
+    "deepseek-v3-tp8": (256, 8, 7168, 256),
+    "gpt-oss-120b": (128, 4, 2880, 2880),
+    "llama4-scout": (16, 1, 5120, 8192),
+}
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "swapmoe", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+# ---------------------------------------------------------------------------------------
+# argument parsing
+# ---------------------------------------------------------------------------------------
+
+
+def test_parser_defaults():
+    a = cli.build_parser().parse_args(["bench"])
+    assert a.command == "bench"
+    assert (a.model, a.shape, a.hf_config) == (None, None, None)
+    assert (a.tp, a.ep, a.layers, a.seed) == (1, 1, 8, 0)
+    assert a.dtype == "bf16" and a.routing == "uniform" and a.device == "auto"
+    assert a.graph is True and a.check is True and a.check_all is False
+    assert a.baselines is None  # decided by the device: on for GPU, off for CPU
+    assert a.m is None and a.json is None and a.csv is None and a.plot is None
+    assert a.progress is True
+
+
+def test_parser_flags():
+    a = cli.build_parser().parse_args([
+        "bench", "--model", "mixtral-8x7b", "--tp", "2", "--ep", "4", "--dtype", "fp16", "--m", "1,8",
+        "--routing", "skewed", "--layers", "4", "--no-graph", "--baselines", "--no-check", "--json", "o.json",
+        "--csv", "--plot", "p.png", "--device", "cpu", "--no-progress"])
+    assert a.model == "mixtral-8x7b" and (a.tp, a.ep, a.layers) == (2, 4, 4)
+    assert a.dtype == "fp16" and a.m == "1,8" and a.routing == "skewed"
+    assert a.graph is False and a.baselines is True and a.check is False
+    assert a.json == "o.json" and a.csv == "-" and a.plot == "p.png" and a.progress is False
+    assert cli.build_parser().parse_args(["bench", "--out", "x.json", "--csv", "t.csv"]).json == "x.json"
+    assert cli.build_parser().parse_args(["bench", "--csv", "t.csv"]).csv == "t.csv"
+    assert cli.build_parser().parse_args(["bench", "--no-baselines"]).baselines is False
+
+
+@pytest.mark.parametrize("argv", [
+    ["bench", "--model", "qwen3-30b-a3b", "--shape", "8,2,64,32"],
+    ["bench", "--dtype", "fp8"],
+    ["bench", "--routing", "zipf"],
+    ["bench", "--layers", "many"],
+    ["frobnicate"],
+])
+def test_parser_rejects(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2
+
+
+def test_no_command_prints_help(capsys):
+    assert cli.main([]) == 2
+    assert "bench" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, text", [
+    (["bench", "--model", "no-such-model"], "--model"),
+    (["bench", "--model", "qwen3-30b-a3b", "--tp", "5"], "--tp"),
+    (["bench", "--model", "qwen3-30b-a3b", "--ep", "3"], "--ep"),
+    (["bench", "--shape", "8,2,64"], "--shape"),
+    (["bench", "--m", "1,x"], "--m"),
+    (["bench", "--m", "0"], "--m"),
+    (["bench", "--tp", "2"], "--tp"),
+    (["bench", "--hf-config", "/nonexistent/config.json"], "--hf-config"),
+    (["bench", "--device", "tpu"], "--device"),
+])
+def test_bad_values_exit_2_with_message(argv, text, capsys):
+    assert cli.main(argv + ["--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "error" in err and text in err
+
+
+def test_m_list():
+    assert B.parse_m_list("16,1, 4,4") == [1, 4, 16]
+    with pytest.raises(B.BenchError):
+        B.parse_m_list("")
+
+
+# ---------------------------------------------------------------------------------------
+# shapes: presets, sharding, config.json
+# ---------------------------------------------------------------------------------------
+
+
+def test_preset_list_is_complete():
+    assert set(B.PRESETS) == set(EXPECTED_PRESETS)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_PRESETS))
+def test_preset_numbers(name):
+    s = B.preset_shape(name)
+    assert (s.E, s.topk, s.K, s.N) == EXPECTED_PRESETS[name]
+    assert (s.tp, s.ep, s.E_global, s.name) == (1, 1, EXPECTED_PRESETS[name][0], name)
+    E, _, K, N = EXPECTED_PRESETS[name]
+    assert s.weight_bytes(2) == E * 3 * N * K * 2
+    assert B.preset_shape(name.upper()).key() == s.key()
+
+
+def test_tp_divides_n():
+    s = B.preset_shape("deepseek-v3", tp=8)
+    assert s.key() == EXPECTED_PRESETS["deepseek-v3-tp8"] and s.tp == 8
+    assert B.preset_shape("mixtral-8x7b", tp=2).N == 7168
+    with pytest.raises(B.BenchError, match="--tp"):
+        B.preset_shape("qwen3-30b-a3b", tp=5)  # 768 % 5
+
+
+def test_ep_divides_e():
+    s = B.preset_shape("qwen3-30b-a3b", ep=4)
+    assert (s.E, s.E_global, s.ep, s.topk, s.N) == (32, 128, 4, 8, 768)
+    s = B.preset_shape("deepseek-v3", tp=2, ep=8)
+    assert (s.E, s.E_global, s.N, s.K) == (32, 256, 1024, 7168)
+    assert s.name == "deepseek-v3-tp2-ep8"
+    with pytest.raises(B.BenchError, match="--ep"):
+        B.preset_shape("mixtral-8x7b", ep=3)
+    with pytest.raises(B.BenchError):
+        B.preset_shape("mixtral-8x7b", tp=0)
+
+
+def test_parse_shape():
+    s = B.parse_shape("64, 6, 1024, 512", tp=2, ep=4)
+    assert (s.E, s.E_global, s.topk, s.K, s.N, s.source) == (16, 64, 6, 1024, 256, "shape")
+    with pytest.raises(B.BenchError, match="topk"):
+        B.parse_shape("4,8,64,32")
+
+
+def _write(tmp_path, cfg, name="config.json"):
+    p = tmp_path / name
+    p.write_text(json.dumps(cfg))
+    return str(p)
+
+
+@pytest.mark.parametrize("cfg, expect", [
+    # Mixtral: num_local_experts, intermediate_size
+    ({"model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 2, "hidden_size": 4096,
+      "intermediate_size": 14336}, (8, 2, 4096, 14336)),
+    # Qwen3-MoE: the dense intermediate_size must lose to moe_intermediate_size
+    ({"model_type": "qwen3_moe", "num_experts": 128, "num_experts_per_tok": 8, "hidden_size": 2048,
+      "intermediate_size": 6144, "moe_intermediate_size": 768}, (128, 8, 2048, 768)),
+    # DeepSeek-V3: n_routed_experts
+    ({"model_type": "deepseek_v3", "n_routed_experts": 256, "num_experts_per_tok": 8, "hidden_size": 7168,
+      "intermediate_size": 18432, "moe_intermediate_size": 2048}, (256, 8, 7168, 2048)),
+    # gpt-oss: experts_per_token
+    ({"model_type": "gpt_oss", "num_local_experts": 128, "experts_per_token": 4, "hidden_size": 2880,
+      "intermediate_size": 2880}, (128, 4, 2880, 2880)),
+    # Llama 4: everything under text_config
+    ({"model_type": "llama4", "text_config": {"num_local_experts": 16, "num_experts_per_tok": 1,
+                                              "hidden_size": 5120, "intermediate_size": 8192,
+                                              "intermediate_size_mlp": 16384}}, (16, 1, 5120, 8192)),
+])
+def test_hf_config(tmp_path, cfg, expect):
+    s = B.hf_config_shape(_write(tmp_path, cfg))
+    assert s.key() == expect
+    assert s.source.startswith("hf-config:")
+
+
+def test_hf_config_sharded_and_named(tmp_path):
+    cfg = {"_name_or_path": "Qwen/Qwen3-30B-A3B", "num_experts": 128, "num_experts_per_tok": 8,
+           "hidden_size": 2048, "moe_intermediate_size": 768}
+    s = B.hf_config_shape(_write(tmp_path, cfg), tp=4, ep=2)
+    assert (s.E, s.E_global, s.N, s.K, s.topk) == (64, 128, 192, 2048, 8)
+    assert s.name.startswith("Qwen3-30B-A3B")
+
+
+def test_hf_config_errors(tmp_path):
+    with pytest.raises(B.BenchError, match="expert count"):
+        B.hf_config_shape(_write(tmp_path, {"hidden_size": 4096, "intermediate_size": 11008}))
+    with pytest.raises(B.BenchError, match="hidden_size"):
+        B.hf_config_shape(_write(tmp_path, {"num_experts": 8, "num_experts_per_tok": 2,
+                                            "moe_intermediate_size": 64}))
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(B.BenchError, match="not valid JSON"):
+        B.hf_config_shape(str(bad))
+
+
+# ---------------------------------------------------------------------------------------
+# floor, TF/s, anchor
+# ---------------------------------------------------------------------------------------
+
+
+def test_floor_qwen3_by_hand():
+    # 8 experts touched, M=1, bf16, 4.42 TB/s: (8*3*768*2048*2 + 2*1*2048*2) B / 4.42e12 B/s
+    hand = (8 * 3 * 768 * 2048 * 2 + 2 * 1 * 2048 * 2) / 4.42e12 * 1e6
+    got = B.hbm_floor_us(8, 768, 2048, 1, 2, 2, 4.42e12)
+    assert got == pytest.approx(hand, rel=1e-12)
+    assert got == pytest.approx(17.08, abs=0.01)
+
+
+def test_floor_by_hand_other_cases():
+    # mixtral bf16, 2 experts, M=1: 2*3*14336*4096*2 = 704.6 MB -> 159.4 us at 4.421 TB/s
+    assert B.hbm_floor_us(2, 14336, 4096, 1, 2, 2, 4.421e12) == pytest.approx(159.383, abs=0.01)
+    # fp32 weights and activations count 4 bytes each
+    assert B.hbm_floor_us(1, 10, 20, 3, 4, 4, 1e12) == pytest.approx((3 * 10 * 20 * 4 + 2 * 3 * 20 * 4) / 1e6)
+    # activations only when no expert is touched
+    assert B.hbm_floor_us(0, 768, 2048, 64, 2, 2, 1e12) == pytest.approx(2 * 64 * 2048 * 2 / 1e6)
+
+
+def test_floor_matches_every_anchor_row():
+    path = B.find_anchor()
+    assert path and os.path.isfile(path)
+    anchor = B.load_anchor(path)
+    for r in anchor["rows"]:
+        bpw = 2 if r["variant"] == "bf16" else 1  # fp8 weights, bf16 activations
+        f = B.hbm_floor_us(r["experts_touched"], r["N"], r["K"], r["M"], bpw, 2, anchor["read_tbps"] * 1e12)
+        assert f == pytest.approx(r["floor_us"], rel=1e-4), r
+
+
+def test_tflops():
+    # qwen3 M=1024 topk 8 in 1 ms: 2*8192*3*768*2048 / 1e-3 s
+    assert B.moe_tflops(8192, 768, 2048, 1000.0) == pytest.approx(2 * 8192 * 3 * 768 * 2048 / 1e-3 / 1e12)
+
+
+def test_anchor_rows_match_shapes():
+    anchor = B.load_anchor(B.find_anchor())
+    r = B.anchor_row(anchor, B.preset_shape("qwen3-30b-a3b"), "bf16", 1)
+    assert r and r["shape"] == "qwen3-30b-a3b" and r["vllm_gemm_us"] > 0
+    # deepseek-v3 with --tp 8 is the anchor's deepseek-v3-tp8 shape
+    r = B.anchor_row(anchor, B.preset_shape("deepseek-v3", tp=8), "bf16", 64)
+    assert r and r["shape"] == "deepseek-v3-tp8"
+    assert B.anchor_row(anchor, B.preset_shape("qwen3-30b-a3b"), "fp16", 1) is None
+    assert B.anchor_row(anchor, B.preset_shape("qwen3-30b-a3b"), "bf16", 3) is None
+    assert B.anchor_row(anchor, B.preset_shape("qwen3-30b-a3b", ep=2), "bf16", 1) is None
+    assert B.anchor_row(anchor, B.preset_shape("gpt-oss-120b"), "bf16", 1) is None
+    assert B.anchor_row(None, B.preset_shape("qwen3-30b-a3b"), "bf16", 1) is None
+
+
+def test_anchor_override(tmp_path, monkeypatch):
+    src = B.find_anchor()
+    assert B.find_anchor(src) == src
+    assert B.find_anchor(os.path.dirname(src)) == os.path.join(os.path.dirname(src), B.ANCHOR_FILE)
+    with pytest.raises(B.BenchError):
+        B.find_anchor(str(tmp_path / "missing.json"))
+    mine = tmp_path / "a.json"
+    mine.write_text(json.dumps({"rows": []}))
+    monkeypatch.setenv("SWAPMOE_ANCHORS", str(mine))
+    assert B.find_anchor() == str(mine)
+
+
+# ---------------------------------------------------------------------------------------
+# routing, reference, baselines (CPU)
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["uniform", "skewed"])
+def test_routing(kind):
+    g = torch.Generator().manual_seed(0)
+    tw, ids = B.make_routing(torch, 64, 32, 4, kind, g, torch.device("cpu"))
+    assert tw.shape == ids.shape == (64, 4)
+    assert tw.dtype == torch.float32 and ids.dtype == torch.int32
+    assert int(ids.min()) >= 0 and int(ids.max()) < 32
+    assert all(len(set(row)) == 4 for row in ids.tolist())  # distinct experts per token
+    assert bool((tw > 0).all())
+
+
+def test_skewed_routing_is_skewed():
+    g = torch.Generator().manual_seed(0)
+    _, ids = B.make_routing(torch, 4096, 64, 1, "skewed", g, torch.device("cpu"), zipf_s=1.2)
+    counts = torch.bincount(ids.flatten().long(), minlength=64).sort(descending=True).values
+    assert counts[0] > 8 * counts[32]
+
+
+def _problem(ep=1, M=5, dtype=torch.float32, seed=1):
+    shape = B.shard_shape("t", 8, 3, 64, 32, 1, ep)
+    g = torch.Generator().manual_seed(seed)
+    dev = torch.device("cpu")
+    tw, ids = B.make_routing(torch, M, shape.E_global, shape.topk, "uniform", g, dev)
+    x = torch.randn(M, shape.K, generator=g, dtype=dtype)
+    w1, w2 = B.make_weights(torch, shape, dtype, g, dev)
+    return shape, x, w1, w2, tw, ids, B.make_expert_map(torch, shape, dev)
+
+
+@pytest.mark.parametrize("ep", [1, 2])
+def test_reference64_matches_numpy_reference(ep):
+    from swapmoe.reference import fused_experts_ref
+
+    shape, x, w1, w2, tw, ids, emap = _problem(ep)
+    got = B.reference64(torch, x, w1, w2, tw, ids, emap).numpy()
+    kw = {} if emap is None else {"expert_map": emap.numpy(), "global_num_experts": shape.E_global}
+    want = fused_experts_ref(x.numpy(), w1.numpy(), w2.numpy(), tw.numpy(), ids.numpy(), **kw)
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+    if ep > 1:
+        assert B.make_expert_map(torch, shape, torch.device("cpu")).tolist()[: shape.E] == list(range(shape.E))
+
+
+@pytest.mark.parametrize("ep", [1, 2])
+@pytest.mark.parametrize("name", [B.IMPL_SWAPMOE, B.IMPL_EAGER, B.IMPL_GROUPED])
+def test_implementations_match_reference(name, ep):
+    if name == B.IMPL_GROUPED and not hasattr(torch, "_grouped_mm"):
+        pytest.skip("no torch._grouped_mm")
+    shape, x, w1, w2, tw, ids, emap = _problem(ep, M=7, dtype=torch.bfloat16)
+    res = B.check_point(torch, [name], x, (w1, w2), tw, ids, emap, B.TOLERANCE["bf16"])[name]
+    assert res["ok"], res
+    assert res["rel_err"] < 1e-2
+
+
+def test_check_point_catches_unwritten_output(monkeypatch):
+    shape, x, w1, w2, tw, ids, emap = _problem()
+
+    def lazy(x, w1, w2, tw, ids, emap, out):
+        out[:-1] = 0  # leaves the poisoned last row
+        return out
+
+    monkeypatch.setitem(B.IMPLS, "lazy", (lazy, True))
+    res = B.check_point(torch, ["lazy"], x, (w1, w2), tw, ids, emap, 1e-3)["lazy"]
+    assert not res["ok"] and math.isinf(res["rel_err"])
+
+
+# ---------------------------------------------------------------------------------------
+# CPU runs end to end
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cpu_run")
+    j, p = str(d / "f.json"), str(d / "p.png")
+    rc = cli.main(["bench", "--device", "cpu", "--m", "1,2", "--json", j, "--plot", p, "--no-progress"])
+    with open(j) as f:
+        return rc, json.load(f), p
+
+
+def test_cpu_run_json_schema(cpu_run):
+    rc, rec, _ = cpu_run
+    assert rc == 0
+    for key in ("schema", "mode", "label", "device", "versions", "driver_version", "build_info", "shape",
+                "dtype", "routing", "method", "read_bw", "anchor", "check", "implementations", "points",
+                "notes", "skipped", "elapsed_s"):
+        assert key in rec, key
+    assert rec["schema"] == B.SCHEMA and rec["mode"] == "cpu"
+    assert rec["label"].startswith("CPU run:")
+    assert rec["device"]["type"] == "cpu" and rec["device"]["name"]
+    for k in ("swapmoe", "torch", "triton", "numpy", "python"):
+        assert k in rec["versions"]
+    assert rec["versions"]["swapmoe"] and rec["versions"]["torch"]
+    assert rec["build_info"]["version"] == rec["versions"]["swapmoe"]
+    assert {"targets", "modules", "nvcc_version"} <= set(rec["build_info"])
+    assert rec["shape"]["E"] == 8 and rec["shape"]["topk"] == 2 and rec["shape"]["K"] == 256
+    assert rec["shape"]["N"] == 128
+    assert rec["read_bw"] is None  # no HBM on a CPU run
+    assert {"timer", "graph", "layers", "weight_copies", "l2_flushed", "statistic"} <= set(rec["method"])
+    assert rec["check"]["ok"] and rec["check"]["M"] == 1
+    assert rec["check"]["results"]["swapmoe"]["rel_err"] < 1e-2
+    assert rec["implementations"] == ["swapmoe"]  # baselines are off by default on the CPU
+    assert [p["M"] for p in rec["points"]] == [1, 2]
+    for p in rec["points"]:
+        assert 1 <= p["experts_touched"] <= 8 and p["slots"] == p["M"] * 2
+        assert p["floor_us"] is None and p["anchor_vllm_gemm_us"] is None
+        r = p["results"]["swapmoe"]
+        assert r["time_us"] > 0 and r["tflops"] > 0 and "pct_floor" not in r
+        assert p["plan"]["backend"] == "cpu"
+
+
+def test_cpu_run_plot_is_png(cpu_run):
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.image as mpimg
+
+    _, _, p = cpu_run
+    with open(p, "rb") as f:
+        assert f.read(8) == PNG_SIGNATURE
+    img = mpimg.imread(p)
+    assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
+
+
+def test_cpu_run_table_and_csv(capsys, tmp_path):
+    rc = cli.main(["bench", "--device", "cpu", "--shape", "4,2,64,32", "--m", "3", "--layers", "2",
+                   "--no-progress", "--baselines"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "CPU run: no CUDA device; times are the Rust reference path, not GPU kernels" in out or \
+        "CPU run: --device cpu" in out
+    assert "E=4 topk=2 K=64 N=32" in out and "swapmoe_us" in out and "eager_us" in out
+    rc = cli.main(["bench", "--device", "cpu", "--shape", "4,2,64,32", "--m", "1,3", "--layers", "2",
+                   "--no-progress", "--csv", "--no-check"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert rc == 0 and lines[0].startswith("M,experts_touched,slots,floor_us")
+    assert [ln.split(",")[0] for ln in lines[1:]] == ["1", "3"]
+    assert float(lines[1].split(",")[lines[0].split(",").index("swapmoe_us")]) > 0
+
+
+def test_cpu_run_ep_and_hf_config(tmp_path):
+    cfg = _write(tmp_path, {"num_local_experts": 8, "num_experts_per_tok": 2, "hidden_size": 64,
+                            "intermediate_size": 64})
+    j = str(tmp_path / "r.json")
+    rc = cli.main(["bench", "--device", "cpu", "--hf-config", cfg, "--tp", "2", "--ep", "2", "--m", "4",
+                   "--layers", "2", "--no-progress", "--json", j, "--baselines", "--routing", "skewed"])
+    rec = json.load(open(j))
+    assert rc == 0 and rec["check"]["ok"]
+    assert (rec["shape"]["E"], rec["shape"]["E_global"], rec["shape"]["N"]) == (4, 8, 32)
+    assert rec["points"][0]["slots"] <= 4 * 2
+    assert set(rec["implementations"]) >= {"swapmoe", "torch-eager"}
+
+
+def test_default_cpu_bench_subprocess():
+    r = run_cli("bench", "--no-progress", "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    assert "CPU run:" in r.stdout and "cpu-small" in r.stdout
+    assert [ln.split()[0] for ln in r.stdout.splitlines()[-3:]] == ["1", "4", "16"]
+
+
+# ---------------------------------------------------------------------------------------
+# GPU-shaped records print and plot (the GPU run itself is not tested here)
+# ---------------------------------------------------------------------------------------
+
+
+def _fake_gpu_record():
+    shape = B.preset_shape("qwen3-30b-a3b")
+    anchor = B.load_anchor(B.find_anchor())
+    bw = 4.4e12
+    rec = {
+        "schema": B.SCHEMA, "mode": "gpu", "label": None,
+        "device": {"type": "cuda", "index": 0, "name": "NVIDIA H200", "capability": "9.0", "sm_count": 132},
+        "versions": {"swapmoe": "0.1.0", "torch": "2.11.0+cu130", "triton": "3.6.0"},
+        "driver_version": 13000, "build_info": {}, "shape": shape.as_dict(), "dtype": "bf16",
+        "bytes_per_weight": 2, "bytes_per_act": 2, "routing": {"kind": "uniform", "seed": 0},
+        "method": {"timer": "do_bench", "graph": True, "layers": 8, "weight_copies": 8, "l2_flushed": True},
+        "read_bw": {"bytes_per_s": bw, "tbps": bw / 1e12, "method": "sum over 4 GiB"},
+        "anchor": {"path": "x", "matched": True, "variant": "bf16", "device": "NVIDIA H200"},
+        "check": {"M": 1, "ok": True, "results": {"swapmoe": {"rel_err": 3e-3, "tol": 1e-2, "ok": True}}},
+        "implementations": ["swapmoe", "torch-grouped-mm"], "skipped": {"torch-eager": "test"},
+        "points": [], "notes": [], "aborted": None,
+    }
+    for M in (1, 64, 4096):
+        row = B.anchor_row(anchor, shape, "bf16", M)
+        floor = B.hbm_floor_us(row["experts_touched"], shape.N, shape.K, M, 2, 2, bw)
+        res = {}
+        for name, t in (("swapmoe", row["vllm_gemm_us"] / 1.5), ("torch-grouped-mm", row["vllm_gemm_us"] * 2)):
+            res[name] = {"time_us": t, "how": "graph", "pct_floor": 100 * floor / t,
+                         "tflops": B.moe_tflops(M * 8, shape.N, shape.K, t),
+                         "speedup_vs_anchor": row["vllm_gemm_us"] / t}
+        res["swapmoe"]["speedup_vs"] = {"torch-grouped-mm": 3.0}
+        rec["points"].append({"M": M, "experts_touched": row["experts_touched"], "slots": M * 8,
+                              "floor_us": floor, "anchor_vllm_gemm_us": row["vllm_gemm_us"],
+                              "anchor_experts_touched": row["experts_touched"], "results": res, "errors": {}})
+    return rec
+
+
+def test_gpu_record_table(tmp_path):
+    rec = _fake_gpu_record()
+    text = cli.format_table(rec)
+    assert "NVIDIA H200 (sm_90, 132 SMs), driver 13.0" in text
+    assert "CUDA graph of 8 layers" in text and "read bw 4.400 TB/s" in text
+    head = next(ln for ln in text.splitlines() if ln.split()[:1] == ["M"])
+    assert head.split() == ["M", "touched", "floor_us", "swapmoe_us", "%floor", "TF/s", "vllm_us", "x_vllm",
+                            "grouped_mm_us", "x_grouped_mm"]
+    row1 = text.splitlines()[text.splitlines().index(head) + 1].split()
+    assert row1[0] == "1" and row1[7] == "1.50x" and row1[9] == "3.00x"
+    assert "skipped: torch-eager" in text
+    csv = cli.csv_text(rec).splitlines()
+    assert "swapmoe_x_torch-grouped-mm" in csv[0] and len(csv) == 4
+    p = str(tmp_path / "g.png")
+    B.plot_record(rec, p)
+    assert open(p, "rb").read(8) == PNG_SIGNATURE
+    j = str(tmp_path / "g.json")
+    bad = copy.deepcopy(rec)
+    bad["points"][0]["results"]["swapmoe"]["pct_floor"] = float("inf")
+    B.write_json(bad, j)
+    assert json.load(open(j))["points"][0]["results"]["swapmoe"]["pct_floor"] == "inf"
+
+
+# ---------------------------------------------------------------------------------------
+# swapmoe check, python -m, light import
+# ---------------------------------------------------------------------------------------
+
+
+def test_check_main(capsys):
+    assert cli.main(["check"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("swapmoe ")
+    for key in ("nvcc:", "embedded targets:", "modules:", "cuda driver:", "torch:", "vllm:"):
+        assert key in out, key
+    if not torch.cuda.is_available():
+        assert "no CUDA driver" in out or "devices:" in out
+
+
+def test_check_subprocess():
+    r = run_cli("check")
+    assert r.returncode == 0, r.stderr
+    assert "vllm:" in r.stdout and "embedded targets:" in r.stdout
+
+
+def test_import_stays_light():
+    code = ("import sys, swapmoe, swapmoe.cli, swapmoe.bench; "
+            "print(sorted(m for m in ('torch', 'triton', 'matplotlib', 'tqdm') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"

@@ -1,0 +1,483 @@
+"""Every bad input raises the right typed exception, and its message names the argument
+and the expected and given values. Runs each case with numpy and with torch CPU inputs."""
+
+from __future__ import annotations
+
+import ctypes
+import numpy as np
+import pytest
+
+import swapmoe
+from conftest import Case, call, check_close, make_problem, poison, reference, same_bits, snapshot, to_f64, to_inputs, torch
+
+M, E, N, K, TOPK = 5, 8, 40, 48, 2
+LIBS = ["numpy", pytest.param("torch", marks=pytest.mark.skipif(torch is None, reason="needs torch"))]
+
+BASE = {
+    swapmoe.ShapeError: ValueError,
+    swapmoe.DTypeError: TypeError,
+    swapmoe.DeviceError: ValueError,
+    swapmoe.ArgumentError: ValueError,
+}
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def cast(t, dtype: str):
+    if isinstance(t, np.ndarray):
+        return t.astype({"bfloat16": np.float16}.get(dtype, dtype))
+    return t.to(getattr(torch, dtype))
+
+
+def compact(t):
+    return np.ascontiguousarray(t) if isinstance(t, np.ndarray) else t.contiguous()
+
+
+def swap_last2(t):
+    return np.swapaxes(t, -1, -2) if isinstance(t, np.ndarray) else t.transpose(-1, -2)
+
+
+def last_dim_strided(t):
+    """Same shape and values, but a transposed layout (last-dim stride != 1)."""
+    return swap_last2(compact(swap_last2(t)))
+
+
+def zeros(lib, shape, dtype):
+    if lib == "numpy":
+        return np.zeros(shape, dtype=dtype)
+    return torch.zeros(shape, dtype=getattr(torch, dtype))
+
+
+@pytest.fixture
+def args(request, rng):
+    """Valid keyword arguments for a call: M=5, E=8, N=40, K=48, topk=2, float32."""
+    lib = request.param if hasattr(request, "param") else "numpy"
+    case = Case(M, E, TOPK, N, K)
+    inp = to_inputs(make_problem(rng, case), case, lib, "float32")
+    return dict(hidden_states=inp["x"], w1=inp["w1"], w2=inp["w2"], topk_weights=inp["tw"], topk_ids=inp["ids"])
+
+
+def expect(cls, kwargs, *needles):
+    """Calls the op; it must raise cls (a swapmoe.Error and the fitting builtin) with
+    every needle in its message. Returns the message."""
+    with pytest.raises(cls) as info:
+        swapmoe.fused_experts(**kwargs)
+    err = info.value
+    assert type(err) is cls, type(err)
+    assert isinstance(err, swapmoe.Error)
+    assert isinstance(err, BASE[cls])
+    msg = str(err)
+    for needle in needles:
+        assert needle in msg, f"{needle!r} not in {msg!r}"
+    return msg
+
+
+def lib_of(kwargs):
+    return "numpy" if isinstance(kwargs["hidden_states"], np.ndarray) else "torch"
+
+
+# --------------------------------------------------------------------------- classes
+
+
+def test_exception_hierarchy():
+    assert issubclass(swapmoe.ShapeError, ValueError)
+    assert issubclass(swapmoe.DTypeError, TypeError)
+    assert issubclass(swapmoe.DeviceError, ValueError)
+    assert issubclass(swapmoe.ArgumentError, ValueError)
+    assert issubclass(swapmoe.CudaError, RuntimeError)
+    for cls in (swapmoe.ShapeError, swapmoe.DTypeError, swapmoe.DeviceError, swapmoe.ArgumentError, swapmoe.CudaError):
+        assert issubclass(cls, swapmoe.Error)
+    assert not issubclass(swapmoe.Error, (ValueError, TypeError, RuntimeError))
+
+
+# --------------------------------------------------------------------------- ndim
+
+NDIM = [
+    ("hidden_states", lambda a: a["hidden_states"][None], ["hidden_states", "2-D", "[1, 5, 48]"]),
+    ("hidden_states", lambda a: a["hidden_states"][0], ["hidden_states", "2-D", "got shape [48]"]),
+    ("w1", lambda a: a["w1"][0], ["w1", "3-D", "[E, 2N, K]", "[80, 48]"]),
+    ("w2", lambda a: a["w2"][None], ["w2", "3-D", "[1, 8, 48, 40]"]),
+    ("topk_weights", lambda a: a["topk_weights"][:, 0], ["topk_weights", "2-D", "[5]"]),
+    ("topk_ids", lambda a: a["topk_ids"][None], ["topk_ids", "2-D", "[1, 5, 2]"]),
+    ("out", lambda a: a["hidden_states"][0] * 0, ["out", "2-D", "[48]"]),
+    ("expert_map", lambda a: zeros(lib_of(a), (1, E), "int32"), ["expert_map", "1-D", "[1, 8]"]),
+]
+
+
+@pytest.mark.parametrize("args", LIBS, indirect=True)
+@pytest.mark.parametrize("name,make,needles", NDIM, ids=[f"{n}-{i}" for i, (n, _, _) in enumerate(NDIM)])
+def test_wrong_ndim(args, name, make, needles):
+    args[name] = make(args)
+    expect(swapmoe.ShapeError, args, *needles)
+
+
+# --------------------------------------------------------------------------- dtype
+
+DTYPE = [
+    ("w1", "float16", ["w1", "expected float32 (the dtype of hidden_states)", "got float16"]),
+    ("w2", "bfloat16", ["w2", "expected float32 (the dtype of hidden_states)", "got"]),
+    ("out", "float16", ["out", "expected float32", "got float16"]),
+    ("hidden_states", "float64", ["hidden_states", "bfloat16, float16 or float32", "got float64"]),
+    ("hidden_states", "int32", ["hidden_states", "bfloat16, float16 or float32", "got int32"]),
+    ("topk_ids", "float32", ["topk_ids", "int32 or int64", "got float32"]),
+    ("topk_ids", "int16", ["topk_ids", "int32 or int64", "got int16"]),
+    ("topk_weights", "int32", ["topk_weights", "float32, bfloat16 or float16", "got int32"]),
+    ("topk_weights", "int64", ["topk_weights", "float32, bfloat16 or float16", "got int64"]),
+    ("topk_weights", "float64", ["topk_weights", "float32, bfloat16 or float16", "got float64"]),
+    ("expert_map", "int64", ["expert_map", "expected int32", "got int64"]),
+]
+
+
+@pytest.mark.parametrize("args", LIBS, indirect=True)
+@pytest.mark.parametrize("name,dtype,needles", DTYPE, ids=[f"{n}-{d}" for n, d, _ in DTYPE])
+def test_wrong_dtype(args, name, dtype, needles):
+    if name == "out":
+        args["out"] = cast(args["hidden_states"], dtype)
+    elif name == "expert_map":
+        args["expert_map"] = cast(zeros(lib_of(args), (E,), "int32"), dtype)
+    elif name == "hidden_states" and dtype == "int32":
+        args[name] = cast(args[name] * 10, dtype)
+    else:
+        args[name] = cast(args[name], dtype)
+    expect(swapmoe.DTypeError, args, *needles)
+
+
+@pytest.mark.parametrize("args", ["torch"], indirect=True)
+def test_bf16_hidden_with_fp32_weights(args):
+    if torch is None:
+        pytest.skip("needs torch")
+    args["hidden_states"] = args["hidden_states"].bfloat16()
+    expect(swapmoe.DTypeError, args, "w1", "expected bfloat16 (the dtype of hidden_states)", "got float32")
+
+
+# --------------------------------------------------------------------------- shapes
+
+SHAPE = [
+    ("w2_N", lambda a: {"w2": compact(a["w2"][..., :-1])}, ["w2", "expected shape [8, 48, 40]", "got [8, 48, 39]"]),
+    ("w2_E", lambda a: {"w2": a["w2"][:4]}, ["w2", "expected shape [8, 48, 40]", "got [4, 48, 40]"]),
+    ("w2_K", lambda a: {"w2": a["w2"][:, :47]}, ["w2", "expected shape [8, 48, 40]", "got [8, 47, 40]"]),
+    ("w1_K", lambda a: {"w1": a["w1"][..., :47]}, ["w1", "K = 48", "got [8, 80, 47]"]),
+    ("w1_odd", lambda a: {"w1": a["w1"][:, :79]}, ["w1", "even 2N", "got [8, 79, 48]"]),
+    ("w1_E0", lambda a: {"w1": a["w1"][:0]}, ["w1", "E >= 1", "got [0, 80, 48]"]),
+    ("ids_vs_weights", lambda a: {"topk_ids": compact(a["topk_ids"][:, :1])}, ["topk_ids", "expected shape [5, 2]", "got [5, 1]"]),
+    ("ids_rows", lambda a: {"topk_ids": a["topk_ids"][:4]}, ["topk_ids", "expected shape [5, 2]", "got [4, 2]"]),
+    (
+        "weights_rows",
+        lambda a: {"topk_weights": a["topk_weights"][:4], "topk_ids": a["topk_ids"][:4]},
+        ["topk_weights", "M = 5", "got [4, 2]"],
+    ),
+    ("topk0", lambda a: {"topk_weights": a["topk_weights"][:, :0], "topk_ids": a["topk_ids"][:, :0]}, ["topk_weights", "topk >= 1", "[5, 0]"]),
+    ("out_cols", lambda a: {"out": zeros(lib_of(a), (5, 49), "float32")}, ["out", "expected shape [5, 48]", "got [5, 49]"]),
+    ("out_rows", lambda a: {"out": zeros(lib_of(a), (6, 48), "float32")}, ["out", "expected shape [5, 48]", "got [6, 48]"]),
+    (
+        "K0",
+        lambda a: {"hidden_states": a["hidden_states"][:, :0], "w1": a["w1"][..., :0], "w2": a["w2"][:, :0]},
+        ["hidden_states", "K >= 1", "[5, 0]"],
+    ),
+    ("empty_map", lambda a: {"expert_map": zeros(lib_of(a), (0,), "int32")}, ["expert_map", "at least one entry"]),
+]
+
+
+@pytest.mark.parametrize("args", LIBS, indirect=True)
+@pytest.mark.parametrize("name,change,needles", SHAPE, ids=[s[0] for s in SHAPE])
+def test_mismatched_shape(args, name, change, needles):
+    args.update(change(args))
+    expect(swapmoe.ShapeError, args, *needles)
+
+
+# --------------------------------------------------------------------------- layout
+
+LAYOUT = ["hidden_states", "w1", "w2", "topk_weights", "topk_ids", "out"]
+
+
+@pytest.mark.parametrize("args", LIBS, indirect=True)
+@pytest.mark.parametrize("name", LAYOUT)
+def test_last_dim_not_contiguous(args, name):
+    if name == "out":
+        args["out"] = last_dim_strided(args["hidden_states"] * 0)
+    else:
+        args[name] = last_dim_strided(args[name])
+    shape = list(args[name].shape)
+    msg = expect(swapmoe.ShapeError, args, name, "last dimension to be contiguous (stride 1)")
+    assert f"for shape [{', '.join(map(str, shape))}]" in msg
+
+
+@pytest.mark.parametrize("args", LIBS, indirect=True)
+def test_transposed_w1_names_strides(args):
+    args["w1"] = last_dim_strided(args["w1"])
+    expect(swapmoe.ShapeError, args, "w1", "got strides [3840, 1, 80] for shape [8, 80, 48]")
+
+
+@pytest.mark.parametrize("name", ["hidden_states", "topk_ids"])
+def test_negative_strides(args, name):
+    args[name] = args[name][::-1]
+    step = -args[name].strides[0] // args[name].itemsize
+    expect(swapmoe.ShapeError, args, name, "non-negative strides", f"got stride -{step} on dimension 0")
+
+
+@pytest.mark.parametrize("args", LIBS, indirect=True)
+def test_overlapping_out_rows_rejected(args):
+    x = args["hidden_states"]
+    if isinstance(x, np.ndarray):
+        # a writable view whose M rows are one row of memory
+        args["out"] = np.lib.stride_tricks.as_strided(np.zeros(K, np.float32), (M, K), (0, 4))
+    else:
+        args["out"] = torch.zeros(1, K).expand(M, K)
+    expect(swapmoe.ShapeError, args, "out")
+
+
+# --------------------------------------------------------------------------- arguments
+
+
+@pytest.mark.parametrize("args", LIBS, indirect=True)
+@pytest.mark.parametrize("activation", ["relu", "SiLU", "gelu_tanh", ""])
+def test_unknown_activation(args, activation):
+    args["activation"] = activation
+    expect(swapmoe.ArgumentError, args, "activation", "'silu', 'gelu'", f'got "{activation}"')
+
+
+@pytest.mark.parametrize("args", LIBS, indirect=True)
+def test_router_weight_on_input_needs_topk1(args):
+    args["apply_router_weight_on_input"] = True
+    expect(swapmoe.ShapeError, args, "apply_router_weight_on_input", "topk == 1", "got topk = 2")
+
+
+@pytest.mark.parametrize("args", LIBS, indirect=True)
+@pytest.mark.parametrize("g", [0, 7, 9, -2])
+def test_global_num_experts_vs_E(args, g):
+    args["global_num_experts"] = g
+    expect(swapmoe.ShapeError, args, "global_num_experts", "expected 8 (w1.shape[0]", f"got {g}")
+
+
+@pytest.mark.parametrize("args", LIBS, indirect=True)
+@pytest.mark.parametrize("g", [8, 9, 11])
+def test_global_num_experts_vs_expert_map(args, g):
+    args["expert_map"] = zeros(lib_of(args), (10,), "int32")
+    args["global_num_experts"] = g
+    expect(swapmoe.ShapeError, args, "global_num_experts", "expected 10 (expert_map.shape[0])", f"got {g}")
+
+
+@pytest.mark.parametrize("args", LIBS, indirect=True)
+def test_global_num_experts_consistent_is_accepted(args):
+    """The matching value (and -1) pass: the checks above are not blanket refusals."""
+    lib = lib_of(args)
+    base = snapshot(swapmoe.fused_experts(**args))
+    assert same_bits(snapshot(swapmoe.fused_experts(**args, global_num_experts=E)), base)
+    emap = np.full(10, -1, np.int32)
+    emap[:E] = np.arange(E)  # identity on the ids in use, two extra unmapped ids
+    if lib == "torch":
+        emap = torch.from_numpy(emap)
+    got = swapmoe.fused_experts(**args, global_num_experts=10, expert_map=emap)
+    assert same_bits(snapshot(got), base)
+
+
+@pytest.mark.parametrize("args", LIBS, indirect=True)
+@pytest.mark.parametrize("name", ["w1", "w2", "topk_weights", "topk_ids", "out", "expert_map"])
+def test_python_list_argument(args, name):
+    if name == "out":
+        args["out"] = (args["hidden_states"] * 0).tolist()
+    elif name == "expert_map":
+        args["expert_map"] = list(range(E))
+    else:
+        args[name] = args[name].tolist()
+    expect(swapmoe.DTypeError, args, name, "supports DLPack", "got list")
+
+
+@pytest.mark.parametrize("args", LIBS, indirect=True)
+def test_none_weight(args):
+    args["w2"] = None
+    expect(swapmoe.DTypeError, args, "w2", "got NoneType")
+
+
+@pytest.mark.parametrize("args", LIBS, indirect=True)
+def test_python_list_hidden_states(args):
+    args["hidden_states"] = args["hidden_states"].tolist()
+    expect(swapmoe.DTypeError, args, "hidden_states", "got list")
+
+
+def test_read_only_out(args):
+    out = np.zeros((M, K), np.float32)
+    out.flags.writeable = False
+    args["out"] = out
+    expect(swapmoe.ArgumentError, args, "out", "writable", "read-only")
+    assert (out == 0).all()
+
+
+# --------------------------------------------------------------------------- devices
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    pass
+
+
+_DELETER = ctypes.CFUNCTYPE(None, ctypes.POINTER(_DLManagedTensor))
+_DLManagedTensor._fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", _DELETER)]
+
+
+@_DELETER
+def _no_delete(_):
+    pass
+
+
+_CAPSULE_NEW = ctypes.pythonapi.PyCapsule_New
+_CAPSULE_NEW.restype = ctypes.py_object
+_CAPSULE_NEW.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+
+
+class FakeDeviceTensor:
+    """A DLPack producer describing a numpy array's memory as living on another device
+    (type 2 = CUDA, 7 = Vulkan, ...). swapmoe validates devices before it touches any
+    memory, so device errors can be tested without the device."""
+
+    def __init__(self, arr: np.ndarray, device_type: int, device_id: int = 0):
+        self.arr = np.ascontiguousarray(arr)
+        self.device = (device_type, device_id)
+        self._keep = []
+
+    def __dlpack_device__(self):
+        return self.device
+
+    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+        a = self.arr
+        shape = (ctypes.c_int64 * a.ndim)(*a.shape)
+        strides = (ctypes.c_int64 * a.ndim)(*[s // a.itemsize for s in a.strides])
+        code = {"f": 2, "i": 0, "u": 1}[a.dtype.kind]
+        m = _DLManagedTensor()
+        m.dl_tensor = _DLTensor(a.ctypes.data, _DLDevice(*self.device), a.ndim, _DLDataType(code, a.itemsize * 8, 1), shape, strides, 0)
+        m.manager_ctx = None
+        m.deleter = _no_delete
+        self._keep.append((m, shape, strides))
+        return _CAPSULE_NEW(ctypes.addressof(m), b"dltensor", None)
+
+
+def test_fake_device_tensor_on_cpu_works(args):
+    """The fake producer is sound: claiming device CPU (type 1), it computes normally."""
+    ref = swapmoe.fused_experts(**args)
+    args["w1"] = FakeDeviceTensor(args["w1"], 1)
+    got = swapmoe.fused_experts(**args)
+    assert same_bits(got, ref) and np.abs(ref).max() > 0
+
+
+@pytest.mark.parametrize("args", LIBS, indirect=True)
+@pytest.mark.parametrize("name", ["w1", "w2", "topk_weights", "topk_ids", "out", "expert_map"])
+def test_cpu_hidden_with_cuda_tensor(args, name):
+    lib = lib_of(args)
+    if name == "out":
+        base = np.zeros((M, K), np.float32)
+    elif name == "expert_map":
+        base = np.arange(E, dtype=np.int32)
+    else:
+        base = args[name] if lib == "numpy" else args[name].numpy()
+    args[name] = FakeDeviceTensor(base, 2, 1)
+    expect(swapmoe.DeviceError, args, name, "expected device cpu (the device of hidden_states)", "got cuda:1")
+
+
+def test_cuda_hidden_with_cpu_weights(args):
+    args["hidden_states"] = FakeDeviceTensor(args["hidden_states"], 2, 0)
+    args["out"] = FakeDeviceTensor(np.zeros((M, K), np.float32), 2, 0)
+    expect(swapmoe.DeviceError, args, "w1", "expected device cuda:0 (the device of hidden_states)", "got cpu")
+
+
+def test_unsupported_device(args):
+    args["hidden_states"] = FakeDeviceTensor(args["hidden_states"], 7, 0)
+    args["out"] = np.zeros((M, K), np.float32)
+    expect(swapmoe.DeviceError, args, "hidden_states", "a CPU or CUDA tensor", "dlpack-device(type=7, id=0)")
+
+
+# --------------------------------------------------------------------------- check_ids
+
+
+BAD_IDS = [("int32", b) for b in (8, 9, -2, -(2**31), 2**31 - 1)] + [("int64", b) for b in (8, -2, 2**31, 2**32 + 1, -(2**40))]
+
+
+@pytest.mark.parametrize("args", LIBS, indirect=True)
+@pytest.mark.parametrize("id_dtype,bad", BAD_IDS)
+def test_check_ids_bad_id(args, id_dtype, bad):
+    ids = cast(args["topk_ids"], id_dtype)
+    ids[2, 1] = bad
+    args["topk_ids"] = ids
+    out = poison(args["hidden_states"])
+    args["out"] = out
+    args["check_ids"] = True
+    expect(swapmoe.ShapeError, args, "topk_ids", "[0, 8) (global_num_experts) or -1", f"got {bad} at [2, 1]")
+    assert np.isnan(to_f64(out)).all(), "output written although the ids were rejected"
+    # Without check_ids the same call runs: the bad id contributes nothing.
+    args["check_ids"] = False
+    assert swapmoe.fused_experts(**args) is out
+    assert np.isfinite(to_f64(out)).all()
+
+
+@pytest.mark.parametrize("args", LIBS, indirect=True)
+def test_check_ids_names_first_bad_id(args):
+    ids = args["topk_ids"]
+    ids[1, 0] = 50
+    ids[3, 1] = 60
+    args["check_ids"] = True
+    expect(swapmoe.ShapeError, args, "got 50 at [1, 0]")
+
+
+@pytest.mark.parametrize("args", LIBS, indirect=True)
+def test_check_ids_with_expert_map_range(args):
+    """With a map of 10 entries ids 8 and 9 are valid, 10 is not."""
+    lib = lib_of(args)
+    emap = zeros(lib, (10,), "int32") - 1
+    emap[1] = 3
+    emap[9] = 0
+    ids = args["topk_ids"]
+    ids[0, 0] = 9
+    ids[0, 1] = 8
+    swapmoe.fused_experts(**args, expert_map=emap, check_ids=True)
+    ids[4, 0] = 10
+    args.update(expert_map=emap, check_ids=True)
+    expect(swapmoe.ShapeError, args, "topk_ids", "[0, 10)", "got 10 at [4, 0]")
+
+
+@pytest.mark.parametrize("args", LIBS, indirect=True)
+@pytest.mark.parametrize("entry", [8, 100, -2])
+def test_check_ids_bad_expert_map_entry(args, entry):
+    lib = lib_of(args)
+    emap = zeros(lib, (E,), "int32") - 1
+    emap[0] = 1
+    emap[2] = entry
+    args.update(expert_map=emap, check_ids=True)
+    expect(swapmoe.ShapeError, args, "expert_map", "entries in [-1, 8) (w1.shape[0] local experts)", f"got {entry} at index 2")
+
+
+@pytest.mark.parametrize("lib", LIBS)
+@pytest.mark.parametrize("ep", [False, True], ids=["no_map", "ep"])
+def test_check_ids_passes_valid_ids(lib, ep, rng):
+    """Valid ids (with -1 entries, and -1 map entries) pass check_ids and give the same
+    bits as check_ids=False, matching the reference."""
+    case = Case(17, 8, 3, 40, 48, ep=ep)
+    prob = make_problem(rng, case)
+    prob["ids"][::3, 1] = -1
+    prob["ids"][5] = -1
+    inp = to_inputs(prob, case, lib, "float32")
+    checked = call(inp, case, check_ids=True, out=poison(inp["x"]))
+    plain = call(inp, case, check_ids=False)
+    assert same_bits(snapshot(checked), snapshot(plain))
+    check_close(checked, reference(inp, case), "float32")
+    assert (to_f64(checked)[5] == 0).all()
+    if ep:
+        assert (prob["expert_map"] == -1).any()

@@ -1,0 +1,372 @@
+"""Correctness of the CUDA path against the float64 reference (computed on the CPU), plus
+CUDA graphs, torch.compile, streams, determinism and CUDA-side errors. Every test is
+marked ``gpu`` and skipped when torch sees no CUDA device."""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+import numpy as np
+import pytest
+
+import swapmoe
+from conftest import (
+    TOLERANCE,
+    Case,
+    call,
+    check_close,
+    has_cuda,
+    make_problem,
+    poison,
+    reference,
+    run_case,
+    same_bits,
+    snapshot,
+    to_f64,
+    to_inputs,
+    torch,
+)
+from swapmoe.reference import rel_error
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch is None, reason="needs torch")]
+
+DEV = "cuda"
+
+# Broad but smaller than the CPU grid. K and N that are not multiples of the 16-byte
+# vector (scalar loads), misaligned views, decode-sized (M*topk <= 512) and larger
+# problems, expert maps, invalid and duplicate ids, every output mode.
+GPU_GRID = [
+    Case(1, 1, 1, 40, 48),
+    Case(3, 8, 2, 64, 64, "gelu", id_dtype="int64", layout="strided", out="poison"),
+    Case(16, 8, 8, 40, 200, out="inplace"),
+    Case(33, 64, 6, 96, 200, "gelu", id_dtype="int64", out="poison"),
+    Case(128, 64, 8, 40, 48, ids="concentrated", layout="strided", out="poison"),
+    Case(128, 128, 8, 64, 64, ep=True, out="poison", tw_dtype="bfloat16"),
+    Case(33, 256, 8, 40, 48, "gelu", ids="concentrated", id_dtype="int64", out="inplace"),
+    Case(16, 256, 6, 40, 64, ep=True, layout="strided", out="poison"),
+    Case(1, 256, 8, 64, 64, out="poison"),
+    Case(3, 128, 2, 96, 48, "gelu", ids="invalid", id_dtype="int64", out="poison"),
+    Case(33, 8, 6, 96, 64, ids="invalid", ep=True, id_dtype="int64", layout="strided", out="poison"),
+    Case(128, 256, 1, 64, 48, ids="invalid", ep=True, layout="strided", out="poison", tw_dtype="float16"),
+    Case(80, 16, 8, 37, 50, "gelu", ids="dup", out="poison"),  # odd N and K: scalar loads
+    Case(7, 8, 2, 20, 33, ids="invalid", out="inplace"),
+    Case(96, 32, 6, 64, 256, layout="misaligned", out="poison"),  # unaligned rows/addresses
+    Case(5, 8, 8, 64, 64, "gelu", ep=True, layout="misaligned", out="inplace"),
+    Case(200, 8, 2, 40, 48, ids="none", out="poison"),
+    Case(300, 64, 4, 96, 200, ids="concentrated", ep=True, out="poison"),
+]
+
+DECODE_M = [1, 2, 3, 4, 5, 8, 16, 17, 32, 64, 65]  # 8 to 520 slots: both sides of the decode cut-over
+
+
+def _ids(cases):
+    return [c.id for c in cases]
+
+
+@pytest.fixture(autouse=True)
+def _cuda_sync():
+    yield
+    if has_cuda():
+        torch.cuda.synchronize()  # surfaces asynchronous faults in the test that caused them
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("case", GPU_GRID, ids=_ids(GPU_GRID))
+def test_grid_cuda(case, dtype, rng):
+    run_case(case, "torch", dtype, rng, device=DEV)
+
+
+HAS_BACKEND_ARG = "backend" in inspect.signature(swapmoe.fused_experts).parameters
+FORCED = [
+    Case(1, 128, 8, 128, 256, out="poison"),
+    Case(17, 64, 6, 37, 50, "gelu", ids="invalid", ep=True, out="poison"),
+    Case(64, 128, 8, 128, 256, ids="concentrated", layout="misaligned", out="inplace"),
+]
+
+
+@pytest.mark.skipif(not HAS_BACKEND_ARG, reason="this build has no backend= argument")
+@pytest.mark.parametrize("backend", ["cuda_decode", "cuda_generic"])
+@pytest.mark.parametrize("case", FORCED, ids=_ids(FORCED))
+def test_forced_backends(case, backend, rng):
+    """Decode-sized problems on each CUDA backend (the oracle picks only one of them)."""
+    run_case(case, "torch", "bfloat16", rng, device=DEV, backend=backend)
+
+
+@pytest.mark.parametrize("ids", ["uniform", "concentrated"])
+@pytest.mark.parametrize("M", DECODE_M)
+def test_decode_sizes_bf16(M, ids, rng):
+    """Every decode batch size on a Mixtral/Qwen-like shape (E=128, topk=8, K=256, N=128)."""
+    run_case(Case(M, 128, 8, 128, 256, ids=ids, out="poison"), "torch", "bfloat16", rng, device=DEV)
+
+
+@pytest.mark.parametrize(
+    "case,dtype",
+    [
+        (Case(512, 128, 8, 128, 256, out="poison"), "bfloat16"),
+        (Case(512, 128, 8, 128, 256, "gelu", ids="concentrated", ep=True), "float16"),
+        (Case(512, 64, 6, 96, 200, ids="invalid", id_dtype="int64", layout="strided", out="poison"), "bfloat16"),
+        (Case(512, 8, 2, 64, 64, out="inplace"), "float32"),
+    ],
+    ids=lambda v: v.id if isinstance(v, Case) else v,
+)
+def test_prefill(case, dtype, rng):
+    run_case(case, "torch", dtype, rng, device=DEV)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        Case(16, 8, 1, 40, 48, on_input=True, out="poison"),
+        Case(600, 64, 1, 96, 200, "gelu", on_input=True, ep=True, ids="invalid", out="poison"),
+    ],
+    ids=lambda c: c.id,
+)
+def test_router_weight_on_input_cuda(case, dtype, rng):
+    run_case(case, "torch", dtype, rng, device=DEV)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_m0_cuda(dtype, rng):
+    case = Case(0, 8, 2, 40, 48)
+    inp = to_inputs(make_problem(rng, case), case, "torch", dtype, DEV)
+    out = call(inp, case)
+    assert tuple(out.shape) == (0, 48) and out.is_cuda and out.dtype == getattr(torch, dtype)
+    given = poison(inp["x"])
+    assert call(inp, case, out=given) is given
+
+
+@pytest.mark.parametrize("M", [3, 200])
+def test_all_ids_invalid_give_zeros_cuda(M, rng):
+    case = Case(M, 8, 4, 40, 48, ep=True)
+    prob = make_problem(rng, case)
+    G = case.global_experts
+    bad = [-1, G, G + 3, -7] + [int(i) for i in np.flatnonzero(prob["expert_map"] < 0)]
+    prob["ids"] = rng.choice(np.array(bad), size=prob["ids"].shape)
+    inp = to_inputs(prob, case, "torch", "bfloat16", DEV)
+    out = call(inp, case, out=poison(inp["x"]))
+    torch.cuda.synchronize()
+    assert (to_f64(out) == 0).all()
+
+
+@pytest.mark.parametrize("M", [6, 150])
+@pytest.mark.parametrize("where", ["x", "w1", "w2"])
+def test_nan_propagates_cuda(M, where, rng):
+    case = Case(M, 8, 2, 40, 48)
+    prob = make_problem(rng, case)
+    t = int(rng.integers(M))
+    e = int(prob["ids"][t, 1])
+    if where == "x":
+        prob["x"][t, 5] = np.nan
+    elif where == "w1":
+        prob["w1"][e, 3, 7] = np.nan
+    else:
+        prob["w2"][e, 11, 2] = np.nan
+    inp = to_inputs(prob, case, "torch", "float32", DEV)
+    ref = reference(inp, case)
+    nan_ref = np.isnan(ref)
+    assert nan_ref[t].any() and not nan_ref.all()
+    o = to_f64(call(inp, case))
+    assert np.array_equal(np.isnan(o), nan_ref)
+    assert rel_error(o[~nan_ref], ref[~nan_ref]) <= TOLERANCE["float32"]
+
+
+@pytest.mark.parametrize("M", [6, 150])
+def test_nan_in_unused_experts_does_not_leak_cuda(M, rng):
+    case = Case(M, 16, 2, 40, 48, ids="concentrated")
+    prob = make_problem(rng, case)
+    unused = sorted(set(range(case.E)) - set(prob["ids"].ravel().tolist()))
+    assert unused
+    prob["w1"][unused] = np.nan
+    prob["w2"][unused] = np.nan
+    inp = to_inputs(prob, case, "torch", "bfloat16", DEV)
+    ref = reference(inp, case)
+    out = call(inp, case, out=poison(inp["x"]))
+    check_close(out, ref, "bfloat16")
+
+
+@pytest.mark.parametrize("M", [1, 37, 300])
+def test_poisoned_out_fully_overwritten(M, rng):
+    case = Case(M, 16, 6, 40, 200, ids="invalid", ep=True, out="poison")
+    out, _, _ = run_case(case, "torch", "bfloat16", rng, device=DEV)
+    assert not torch.isnan(out).any()
+
+
+# --------------------------------------------------------------------------- determinism
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("M", [8, 64, 400])
+def test_deterministic_cuda(M, dtype, rng):
+    case = Case(M, 64, 8, 64, 256, ids="concentrated")
+    inp = to_inputs(make_problem(rng, case), case, "torch", dtype, DEV)
+    first = snapshot(call(inp, case))
+    for _ in range(3):
+        assert same_bits(snapshot(call(inp, case)), first)
+
+
+def test_cuda_matches_cpu_path(rng):
+    """The CUDA and CPU paths agree to the float32 tolerance."""
+    case = Case(40, 16, 4, 64, 96, "gelu", ids="invalid", ep=True)
+    prob = make_problem(rng, case)
+    gpu = call(to_inputs(prob, case, "torch", "float32", DEV), case).cpu()
+    cpu = call(to_inputs(prob, case, "torch", "float32"), case)
+    assert rel_error(to_f64(gpu), to_f64(cpu)) <= TOLERANCE["float32"]
+
+
+# --------------------------------------------------------------------------- graphs
+
+
+def _fresh_into(inp: dict, prob: dict, case: Case) -> None:
+    """Copy a fresh problem's x, tw, ids into the captured input buffers."""
+    for name in ("x", "tw", "ids"):
+        inp[name].copy_(torch.from_numpy(np.ascontiguousarray(prob[name])).to(inp[name].dtype))
+
+
+@pytest.mark.parametrize("with_out", [False, True], ids=["functional", "out"])
+@pytest.mark.parametrize("M", [4, 100])
+def test_cuda_graph_capture_and_replay(M, with_out, rng):
+    case = Case(M, 32, 6, 64, 128, ids="concentrated")
+    prob = make_problem(rng, case)
+    inp = to_inputs(prob, case, "torch", "bfloat16", DEV)
+    assert swapmoe.warmup(0) > 0
+    out_buf = torch.empty_like(inp["x"])
+    eager = call(inp, case)  # one eager call before capture
+    torch.cuda.synchronize()
+    check_close(eager, reference(inp, case), "bfloat16")
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = call(inp, case, out=out_buf) if with_out else call(inp, case)
+    for _ in range(2):
+        fresh = make_problem(rng, case)
+        fresh["w1"], fresh["w2"] = prob["w1"], prob["w2"]
+        _fresh_into(inp, fresh, case)
+        if with_out:
+            out_buf.fill_(math.nan)
+        graph.replay()
+        torch.cuda.synchronize()
+        check_close(captured, reference(inp, case), "bfloat16", what="graph replay")
+
+
+def test_check_ids_refused_during_capture(rng):
+    case = Case(4, 8, 2, 40, 48)
+    inp = to_inputs(make_problem(rng, case), case, "torch", "bfloat16", DEV)
+    swapmoe.warmup(0)
+    call(inp, case)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(swapmoe.ArgumentError, match="check_ids"):
+        with torch.cuda.graph(graph):
+            call(inp, case, check_ids=True)
+    torch.cuda.synchronize()
+    check_close(call(inp, case), reference(inp, case), "bfloat16")  # the device is fine
+
+
+# --------------------------------------------------------------------------- torch.compile
+
+
+@pytest.mark.parametrize("with_out", [False, True], ids=["functional", "out"])
+def test_compile_fullgraph_cuda(with_out, rng):
+    torch._dynamo.reset()
+    case = Case(24, 16, 4, 64, 128, "gelu", ep=True)
+    inp = to_inputs(make_problem(rng, case), case, "torch", "bfloat16", DEV)
+
+    def f(x, w1, w2, tw, ids, emap, out):
+        y = swapmoe.fused_experts(x, w1, w2, tw, ids, activation="gelu", expert_map=emap, out=out)
+        return y * 2
+
+    args = (inp["x"], inp["w1"], inp["w2"], inp["tw"], inp["ids"], inp["expert_map"])
+    eager_out = poison(inp["x"]) if with_out else None
+    compiled_out = poison(inp["x"]) if with_out else None
+    eager = f(*args, eager_out)
+    got = torch.compile(f, fullgraph=True)(*args, compiled_out)
+    torch.cuda.synchronize()
+    assert torch.equal(got, eager)
+    if with_out:
+        assert torch.equal(compiled_out, eager_out)
+    check_close(eager / 2, reference(inp, case), "bfloat16")
+
+
+# --------------------------------------------------------------------------- streams
+
+
+@pytest.mark.parametrize("M", [4, 300])
+def test_launches_on_current_stream(M, rng):
+    """Work queued on a side stream before the call (a long sleep, then the input and
+    output writes) must be ordered before the op: it runs on the current stream."""
+    case = Case(M, 16, 4, 64, 128)
+    prob = make_problem(rng, case)
+    inp = to_inputs(prob, case, "torch", "bfloat16", DEV)
+    ref = reference(inp, case)
+    staged_x = inp["x"].clone()
+    inp["x"].zero_()
+    out = torch.empty_like(staged_x)
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)  # tens of ms of device time on the side stream
+        inp["x"].copy_(staged_x)
+        out.fill_(math.nan)
+        got = call(inp, case, out=out)
+    side.synchronize()
+    assert got is out
+    check_close(out, ref, "bfloat16", what="side stream")
+
+
+# --------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize("M", [3, 200])
+@pytest.mark.parametrize("bad", [8, -3, 2**32 + 1])
+def test_check_ids_cuda(M, bad, rng):
+    case = Case(M, 8, 2, 40, 48, id_dtype="int64")
+    inp = to_inputs(make_problem(rng, case), case, "torch", "bfloat16", DEV)
+    inp["ids"][M - 1, 1] = bad
+    with pytest.raises(swapmoe.ShapeError) as info:
+        call(inp, case, check_ids=True)
+    msg = str(info.value)
+    assert "topk_ids" in msg and f"got {bad} at [{M - 1}, 1]" in msg, msg
+
+
+def test_check_ids_cuda_bad_expert_map(rng):
+    case = Case(5, 8, 2, 40, 48)
+    inp = to_inputs(make_problem(rng, case), case, "torch", "float32", DEV)
+    emap = torch.arange(8, dtype=torch.int32, device=DEV)
+    emap[3] = 9
+    with pytest.raises(swapmoe.ShapeError, match=r"expert_map.*got 9 at index 3"):
+        call(inp, case, expert_map=emap, check_ids=True)
+
+
+def test_check_ids_cuda_passes_valid(rng):
+    case = Case(50, 8, 4, 40, 48, ep=True)
+    prob = make_problem(rng, case)
+    prob["ids"][::4, 2] = -1
+    inp = to_inputs(prob, case, "torch", "float32", DEV)
+    got = call(inp, case, check_ids=True)
+    assert torch.equal(got, call(inp, case))
+    check_close(got, reference(inp, case), "float32")
+
+
+@pytest.mark.parametrize("name", ["w1", "w2", "topk_weights", "topk_ids", "out", "expert_map"])
+def test_mixed_devices(name, rng):
+    case = Case(5, 8, 2, 40, 48, ep=True)
+    inp = to_inputs(make_problem(rng, case), case, "torch", "float32", DEV)
+    args = dict(
+        hidden_states=inp["x"], w1=inp["w1"], w2=inp["w2"], topk_weights=inp["tw"], topk_ids=inp["ids"],
+        expert_map=inp["expert_map"], out=torch.empty_like(inp["x"]),
+    )
+    args[name] = args[name].cpu()
+    with pytest.raises(swapmoe.DeviceError) as info:
+        swapmoe.fused_experts(**args)
+    msg = str(info.value)
+    assert name in msg and "expected device cuda:0" in msg and "got cpu" in msg, msg
+    assert isinstance(info.value, ValueError) and isinstance(info.value, swapmoe.Error)
+
+
+def test_cpu_hidden_with_cuda_weights(rng):
+    case = Case(5, 8, 2, 40, 48)
+    inp = to_inputs(make_problem(rng, case), case, "torch", "float32")
+    with pytest.raises(swapmoe.DeviceError, match=r"w1: expected device cpu.*got cuda:0"):
+        swapmoe.fused_experts(inp["x"], inp["w1"].to(DEV), inp["w2"], inp["tw"], inp["ids"])
