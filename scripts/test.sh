@@ -17,6 +17,8 @@ cargo test --no-default-features
 echo "== pip install . (builds the extension and the CUDA kernels)"
 python -m pip install -q --force-reinstall --no-deps .
 python -c "import swapmoe; print('built:', swapmoe.build_info())"
+echo "== stubtest (python/swapmoe/_core.pyi matches the extension)"
+(cd /tmp && python -m mypy.stubtest swapmoe._core --ignore-missing-stub)
 echo "== pytest"
 # The package source lives in python/, so the installed package (with _core) is imported.
 set +e

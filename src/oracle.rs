@@ -15,10 +15,12 @@ pub const DECODE_ROWS_PER_CTA: usize = 8;
 pub const DECODE_TOKENS_PER_PASS: usize = 4;
 /// Largest M*topk the decode kernels hold in shared memory (`kMaxSlots`).
 pub const DECODE_MAX_SLOTS: usize = 512;
-/// Largest M*topk for which the heuristic picks the decode kernels: their GEMM2 CTAs read
-/// every slot's weight rows, so beyond a few slots per expert the expert-major generic
-/// kernels read fewer bytes through L2.
-pub const DECODE_HEURISTIC_MAX_SLOTS: usize = 64;
+/// Largest M*topk for which the heuristic picks the decode kernels. Measured on the H200
+/// (benches/NOTES.md, v3): at M*topk = 64 the tensor-core path is 1.1-1.5x faster.
+pub const DECODE_HEURISTIC_MAX_SLOTS: usize = 32;
+/// Largest expected slots per active expert for the decode kernels: their GEMM2 reads a
+/// slot's weight rows once per slot, not once per expert.
+pub const DECODE_HEURISTIC_MAX_SLOTS_PER_EXPERT: f64 = 2.0;
 /// Weight rows per CTA of the tensor-core kernels (`kBM` in cuda/sm80_mma_moe.cu); GEMM1
 /// takes 64 gate rows and their 64 up rows.
 pub const MMA_ROWS_PER_CTA: usize = 128;
@@ -266,14 +268,15 @@ pub fn plan(p: &MoeProblem, caps: Option<&DeviceCaps>) -> Plan {
         return c.build(Backend::Cpu);
     }
     let slots = p.slots();
-    if slots <= DECODE_HEURISTIC_MAX_SLOTS {
+    let per_expert = expected_slots_per_expert(slots, p.local_experts);
+    if slots <= DECODE_HEURISTIC_MAX_SLOTS && per_expert <= DECODE_HEURISTIC_MAX_SLOTS_PER_EXPERT {
         c.reasons.push(format!(
-            "cuda_decode: M*topk = {slots} <= {DECODE_HEURISTIC_MAX_SLOTS}, so each GEMM CTA routes for itself and GEMM2 sums over top-k: 2 launches instead of 4"
+            "cuda_decode: M*topk = {slots} <= {DECODE_HEURISTIC_MAX_SLOTS} and ~{per_expert:.1} slots per expert, so each GEMM CTA routes for itself and GEMM2 sums over top-k: 2 launches instead of 4"
         ));
         return c.build(Backend::CudaDecode);
     }
     c.reasons.push(format!(
-        "cuda_decode: rejected, M*topk = {slots} > {DECODE_HEURISTIC_MAX_SLOTS}: its GEMM2 would re-read weight rows per slot"
+        "cuda_decode: rejected, M*topk = {slots} (limit {DECODE_HEURISTIC_MAX_SLOTS}) with ~{per_expert:.1} slots per expert (limit {DECODE_HEURISTIC_MAX_SLOTS_PER_EXPERT}): its GEMM2 would re-read weight rows per slot"
     ));
     match c.eligible(Backend::CudaMma) {
         Ok(()) => {
@@ -291,6 +294,17 @@ pub fn plan(p: &MoeProblem, caps: Option<&DeviceCaps>) -> Plan {
             c.build(Backend::CudaGeneric)
         }
     }
+}
+
+/// Expected slots per distinct expert when `slots` ids fall uniformly on `experts`
+/// (the host cannot look at the ids without a sync).
+pub fn expected_slots_per_expert(slots: usize, experts: usize) -> f64 {
+    if slots == 0 || experts == 0 {
+        return 0.0;
+    }
+    let e = experts as f64;
+    let distinct = e * (1.0 - (1.0 - 1.0 / e).powi(slots.min(i32::MAX as usize) as i32));
+    slots as f64 / distinct.max(1.0)
 }
 
 /// What the oracle knows about one problem while it decides.
@@ -522,7 +536,7 @@ mod tests {
 
     #[test]
     fn decode_for_few_slots_with_pdl_on_hopper() {
-        let p = problem(8, 128, 8, 2048, 768, DType::BF16);
+        let p = problem(4, 128, 8, 2048, 768, DType::BF16);
         let plan = plan(&p, Some(&h200()));
         assert_eq!(plan.backend, Backend::CudaDecode);
         assert!(plan.pdl);
@@ -539,6 +553,27 @@ mod tests {
             sm_count: 108,
         };
         assert!(!super::plan(&p, Some(&a100)).pdl);
+    }
+
+    #[test]
+    fn decode_limits_on_slots_and_slots_per_expert() {
+        // qwen3 M=8: 64 slots -> tensor cores; mixtral M=4: 8 slots on 8 experts (~1.5 per
+        // expert) -> decode; mixtral M=8: ~2.3 per expert -> tensor cores.
+        assert_eq!(
+            plan(&problem(8, 128, 8, 2048, 768, DType::BF16), None).backend,
+            Backend::CudaMma
+        );
+        assert_eq!(
+            plan(&problem(4, 8, 2, 4096, 14336, DType::BF16), None).backend,
+            Backend::CudaDecode
+        );
+        assert_eq!(
+            plan(&problem(8, 8, 2, 4096, 14336, DType::BF16), None).backend,
+            Backend::CudaMma
+        );
+        assert!((expected_slots_per_expert(8, 8) - 1.52).abs() < 0.01);
+        assert!((expected_slots_per_expert(1, 128) - 1.0).abs() < 1e-9);
+        assert_eq!(expected_slots_per_expert(0, 8), 0.0);
     }
 
     #[test]

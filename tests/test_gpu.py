@@ -93,6 +93,24 @@ def test_forced_backends(case, backend, rng):
     run_case(case, "torch", "bfloat16", rng, device=DEV, backend=backend)
 
 
+MMA_CASES = [
+    Case(1, 128, 8, 128, 256, out="poison"),
+    Case(17, 64, 6, 40, 56, "gelu", ids="invalid", ep=True, out="poison"),
+    Case(64, 128, 8, 128, 256, ids="concentrated", out="inplace"),
+    Case(70, 8, 3, 72, 136, ids="dup", out="poison"),
+    Case(300, 8, 2, 200, 136, out="poison"),  # 128-token tiles, N and K tails
+    Case(1000, 4, 2, 64, 64, ids="invalid", out="poison"),
+]
+
+
+@pytest.mark.skipif(not HAS_BACKEND_ARG, reason="this build has no backend= argument")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("case", MMA_CASES, ids=_ids(MMA_CASES))
+def test_tensor_core_backend(case, dtype, rng):
+    """The mma.sync tensor-core kernels (token tiles 16, 64, 128) on their own."""
+    run_case(case, "torch", dtype, rng, device=DEV, backend="cuda_mma")
+
+
 @pytest.mark.parametrize("ids", ["uniform", "concentrated"])
 @pytest.mark.parametrize("M", DECODE_M)
 def test_decode_sizes_bf16(M, ids, rng):

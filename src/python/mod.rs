@@ -41,6 +41,9 @@ impl<T> IntoPy<T> for crate::error::Result<T> {
 /// 0 for the legacy default stream).
 #[pyfunction]
 #[pyo3(signature = (hidden_states, w1, w2, topk_weights, topk_ids, out, workspace=None, activation="silu", apply_router_weight_on_input=false, global_num_experts=-1, expert_map=None, check_ids=false, stream=0, backend=None))]
+#[pyo3(
+    text_signature = "(hidden_states, w1, w2, topk_weights, topk_ids, out, workspace=None, activation='silu', apply_router_weight_on_input=False, global_num_experts=-1, expert_map=None, check_ids=False, stream=0, backend=None)"
+)]
 #[allow(clippy::too_many_arguments)]
 fn fused_experts(
     py: Python<'_>,
