@@ -8,6 +8,7 @@ import math
 import os
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -48,6 +49,7 @@ def test_parser_defaults():
     assert (a.model, a.shape, a.hf_config) == (None, None, None)
     assert (a.tp, a.ep, a.layers, a.seed) == (1, 1, 8, 0)
     assert a.dtype == "bf16" and a.routing == "uniform" and a.device == "auto"
+    assert a.quant == "none" and a.read_bw is None and a.gemm_tflops is None
     assert a.graph is True and a.check is True and a.check_all is False
     assert a.baselines is None  # decided by the device: on for GPU, off for CPU
     assert a.m is None and a.json is None and a.csv is None and a.plot is None
@@ -66,11 +68,15 @@ def test_parser_flags():
     assert cli.build_parser().parse_args(["bench", "--out", "x.json", "--csv", "t.csv"]).json == "x.json"
     assert cli.build_parser().parse_args(["bench", "--csv", "t.csv"]).csv == "t.csv"
     assert cli.build_parser().parse_args(["bench", "--no-baselines"]).baselines is False
+    a = cli.build_parser().parse_args(["bench", "--quant", "fp8_block128", "--gemm-tflops", "750"])
+    assert a.quant == "fp8_block128" and a.gemm_tflops == 750.0
 
 
 @pytest.mark.parametrize("argv", [
     ["bench", "--model", "qwen3-30b-a3b", "--shape", "8,2,64,32"],
     ["bench", "--dtype", "fp8"],
+    ["bench", "--quant", "fp8"],
+    ["bench", "--quant", "int4"],
     ["bench", "--routing", "zipf"],
     ["bench", "--layers", "many"],
     ["frobnicate"],
@@ -101,6 +107,30 @@ def test_bad_values_exit_2_with_message(argv, text, capsys):
     assert cli.main(argv + ["--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "error" in err and text in err
+
+
+@pytest.mark.parametrize("quant", ["fp8_tensor", "fp8_channel", "fp8_block128"])
+def test_fp8_quant_exits_2_before_timing(quant, capsys, monkeypatch):
+    def no_timing(*a, **k):
+        raise AssertionError("nothing may be timed for an FP8 --quant")
+
+    monkeypatch.setattr(B, "cpu_time_us", no_timing)
+    monkeypatch.setattr(B, "gpu_time_us", no_timing)
+    assert cli.main(["bench", "--quant", quant, "--no-progress"]) == 2
+    cap = capsys.readouterr()
+    assert cap.out == ""
+    lines = cap.err.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert "FP8 fused experts are not implemented yet in this build" in lines[0] and quant in lines[0]
+    with pytest.raises(B.BenchError, match="not implemented yet"):
+        B.run_bench(quant=quant, device="cpu", progress=False)
+
+
+def test_fp8_quant_subprocess_exit_code():
+    r = run_cli("bench", "--quant", "fp8_tensor", "--no-progress")
+    assert r.returncode == 2 and r.stdout == ""
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert "FP8 fused experts are not implemented yet in this build" in r.stderr
 
 
 def test_m_list():
@@ -227,19 +257,69 @@ def test_floor_by_hand_other_cases():
     assert B.hbm_floor_us(0, 768, 2048, 64, 2, 2, 1e12) == pytest.approx(2 * 64 * 2048 * 2 / 1e6)
 
 
+def test_weight_bytes_from_quant():
+    assert B.weight_bytes_per_element("none", "bf16") == 2
+    assert B.weight_bytes_per_element("none", "fp16") == 2
+    assert B.weight_bytes_per_element("none", "fp32") == 4
+    for q in ("fp8_tensor", "fp8_channel", "fp8_block128"):
+        for dt in ("bf16", "fp16", "fp32"):
+            assert B.weight_bytes_per_element(q, dt) == 1
+    assert set(B.QUANTS) == {"none", "fp8_tensor", "fp8_channel", "fp8_block128"}
+    with pytest.raises(B.BenchError, match="--quant"):
+        B.weight_bytes_per_element("int4", "bf16")
+    assert B.anchor_variant("none", "bf16") == "bf16" and B.anchor_variant("none", "fp16") == "fp16"
+    assert B.anchor_variant("fp8_tensor", "bf16") == "fp8-tensor"
+    assert B.anchor_variant("fp8_block128", "bf16") == "fp8-block128"
+    assert B.anchor_variant("fp8_channel", "bf16") is None
+
+
+def test_floor_bytes_per_weight_from_quant():
+    # qwen3, 8 experts touched, M=1, bf16 activations: FP8 weights are 1 byte, activations stay 2
+    fp8 = (8 * 3 * 768 * 2048 * 1 + 2 * 1 * 2048 * 2) / 4.42e12 * 1e6
+    bf16 = (8 * 3 * 768 * 2048 * 2 + 2 * 1 * 2048 * 2) / 4.42e12 * 1e6
+    for q in ("fp8_tensor", "fp8_channel", "fp8_block128"):
+        assert B.hbm_floor_us(8, 768, 2048, 1, 2, 2, 4.42e12, quant=q) == pytest.approx(fp8, rel=1e-12)
+    assert B.hbm_floor_us(8, 768, 2048, 1, 2, 2, 4.42e12, quant="none") == pytest.approx(bf16, rel=1e-12)
+    assert B.hbm_floor_us(8, 768, 2048, 1, 2, 2, 4.42e12) == pytest.approx(bf16, rel=1e-12)
+    # unquantized fp32: the dtype's 4 bytes
+    want = (3 * 10 * 20 * 4 + 2 * 3 * 20 * 4) / 1e6
+    assert B.hbm_floor_us(1, 10, 20, 3, 4, 4, 1e12, quant="none") == pytest.approx(want)
+    with pytest.raises(B.BenchError):
+        B.hbm_floor_us(1, 10, 20, 3, 2, 2, 1e12, quant="fp4")
+
+
 def test_floor_matches_every_anchor_row():
     path = B.find_anchor()
     assert path and os.path.isfile(path)
     anchor = B.load_anchor(path)
+    quant_of = {B.anchor_variant(q, "bf16"): q for q in B.QUANTS}
     for r in anchor["rows"]:
-        bpw = 2 if r["variant"] == "bf16" else 1  # fp8 weights, bf16 activations
-        f = B.hbm_floor_us(r["experts_touched"], r["N"], r["K"], r["M"], bpw, 2, anchor["read_tbps"] * 1e12)
+        q = quant_of[r["variant"]]  # fp8 weights from the quant, bf16 activations
+        f = B.hbm_floor_us(r["experts_touched"], r["N"], r["K"], r["M"], 2, 2, anchor["read_tbps"] * 1e12, quant=q)
         assert f == pytest.approx(r["floor_us"], rel=1e-4), r
+        bpw = B.weight_bytes_per_element(q, "bf16")
+        assert bpw == (2 if r["variant"] == "bf16" else 1)
+        assert B.hbm_floor_us(r["experts_touched"], r["N"], r["K"], r["M"], bpw, 2,
+                              anchor["read_tbps"] * 1e12) == pytest.approx(r["floor_us"], rel=1e-4)
 
 
 def test_tflops():
     # qwen3 M=1024 topk 8 in 1 ms: 2*8192*3*768*2048 / 1e-3 s
     assert B.moe_tflops(8192, 768, 2048, 1000.0) == pytest.approx(2 * 8192 * 3 * 768 * 2048 / 1e-3 / 1e12)
+
+
+def test_gemm_ceiling_formula():
+    # the GPU timer is replaced by one that runs the GEMM once and says 2 ms
+    seen = []
+
+    def timer(fn):
+        seen.append(fn())
+        return 2.0
+
+    tf = B.measure_gemm_tflops(torch, torch.device("cpu"), timer, n=64)
+    assert tf == pytest.approx(2 * 64 ** 3 / 2e-3 / 1e12)
+    assert seen[0].shape == (64, 64) and seen[0].dtype == torch.bfloat16
+    assert B.GEMM_N == 8192
 
 
 def test_anchor_rows_match_shapes():
@@ -355,8 +435,8 @@ def test_cpu_run_json_schema(cpu_run):
     rc, rec, _ = cpu_run
     assert rc == 0
     for key in ("schema", "mode", "label", "device", "versions", "driver_version", "build_info", "shape",
-                "dtype", "routing", "method", "read_bw", "anchor", "check", "implementations", "points",
-                "notes", "skipped", "elapsed_s"):
+                "dtype", "quant", "bytes_per_weight", "routing", "method", "read_bw", "gemm_tflops", "anchor",
+                "check", "implementations", "points", "notes", "skipped", "elapsed_s"):
         assert key in rec, key
     assert rec["schema"] == B.SCHEMA and rec["mode"] == "cpu"
     assert rec["label"].startswith("CPU run:")
@@ -368,7 +448,8 @@ def test_cpu_run_json_schema(cpu_run):
     assert {"targets", "modules", "nvcc_version"} <= set(rec["build_info"])
     assert rec["shape"]["E"] == 8 and rec["shape"]["topk"] == 2 and rec["shape"]["K"] == 256
     assert rec["shape"]["N"] == 128
-    assert rec["read_bw"] is None  # no HBM on a CPU run
+    assert rec["read_bw"] is None and rec["gemm_tflops"] is None  # no HBM, no GPU GEMM on a CPU run
+    assert rec["quant"] == "none" and rec["dtype"] == "bf16" and rec["bytes_per_weight"] == 2
     assert {"timer", "graph", "layers", "weight_copies", "l2_flushed", "statistic"} <= set(rec["method"])
     assert rec["check"]["ok"] and rec["check"]["M"] == 1
     assert rec["check"]["results"]["swapmoe"]["rel_err"] < 1e-2
@@ -378,7 +459,7 @@ def test_cpu_run_json_schema(cpu_run):
         assert 1 <= p["experts_touched"] <= 8 and p["slots"] == p["M"] * 2
         assert p["floor_us"] is None and p["anchor_vllm_gemm_us"] is None
         r = p["results"]["swapmoe"]
-        assert r["time_us"] > 0 and r["tflops"] > 0 and "pct_floor" not in r
+        assert r["time_us"] > 0 and r["tflops"] > 0 and "pct_floor" not in r and "pct_gemm" not in r
         assert p["plan"]["backend"] == "cpu"
 
 
@@ -403,11 +484,16 @@ def test_cpu_run_table_and_csv(capsys, tmp_path):
     assert "CPU run: no CUDA device; times are the Rust reference path, not GPU kernels" in out or \
         "CPU run: --device cpu" in out
     assert "E=4 topk=2 K=64 N=32" in out and "swapmoe_us" in out and "eager_us" in out
+    head = next(ln for ln in out.splitlines() if ln.split()[:1] == ["M"]).split()
+    assert head[:5] == ["M", "touched", "plan", "swapmoe_us", "TF/s"]  # no floor / %gemm columns on the CPU
+    row = out.splitlines()[[ln.split()[:1] for ln in out.splitlines()].index(["M"]) + 1].split()
+    assert row[0] == "3" and row[2] == "cpu"
     rc = cli.main(["bench", "--device", "cpu", "--shape", "4,2,64,32", "--m", "1,3", "--layers", "2",
                    "--no-progress", "--csv", "--no-check"])
     lines = capsys.readouterr().out.strip().splitlines()
     assert rc == 0 and lines[0].startswith("M,experts_touched,slots,floor_us")
     assert [ln.split(",")[0] for ln in lines[1:]] == ["1", "3"]
+    assert lines[0].split(",")[5] == "plan" and lines[1].split(",")[5] == "cpu"
     assert float(lines[1].split(",")[lines[0].split(",").index("swapmoe_us")]) > 0
 
 
@@ -432,55 +518,258 @@ def test_default_cpu_bench_subprocess():
 
 
 # ---------------------------------------------------------------------------------------
+# the vLLM baseline, with a fake vllm module (vLLM is not installed here)
+# ---------------------------------------------------------------------------------------
+
+VLLM_MOD = "vllm.model_executor.layers.fused_moe.fused_moe"
+
+
+def _fake_vllm_fused_experts(calls, wrong=False, fail=None):
+    """vLLM's fused_experts semantics in plain torch: w1 [E, 2N, K] (gate then up), w2
+    [E, K, N], expert_map global -> local (-1: not here); a new output tensor."""
+
+    def fused_experts(hidden_states, w1, w2, topk_weights, topk_ids, activation="silu",
+                      apply_router_weight_on_input=False, global_num_experts=-1, expert_map=None,
+                      quant_config=None):
+        calls.append({"global_num_experts": global_num_experts, "expert_map": expert_map,
+                      "dtype": hidden_states.dtype, "shape": tuple(hidden_states.shape)})
+        if fail is not None:
+            raise fail
+        ids = topk_ids.long()
+        if expert_map is not None:
+            assert expert_map.numel() == global_num_experts
+            ids = expert_map.long()[ids]
+        N = w1.shape[1] // 2
+        out = torch.zeros(hidden_states.shape, dtype=torch.float32)
+        for m in range(ids.shape[0]):
+            for k in range(ids.shape[1]):
+                e = int(ids[m, k])
+                if e < 0:
+                    continue
+                h = w1[e].float() @ hidden_states[m].float()
+                y = w2[e].float() @ (torch.nn.functional.silu(h[:N]) * h[N:])
+                out[m] += float(topk_weights[m, k]) * y
+        if wrong:
+            out *= 1.5
+        return out.to(hidden_states.dtype)
+
+    return fused_experts
+
+
+def _install_fake_vllm(monkeypatch, fused_experts, version="0.33.0-fake"):
+    parts = VLLM_MOD.split(".")
+    for i in range(1, len(parts) + 1):
+        name = ".".join(parts[:i])
+        mod = types.ModuleType(name)
+        if i == 1:
+            mod.__version__ = version
+        if i == len(parts) and fused_experts is not None:
+            mod.fused_experts = fused_experts
+        monkeypatch.setitem(sys.modules, name, mod)
+
+
+def test_load_vllm_fused_experts(monkeypatch):
+    calls = []
+    fe = _fake_vllm_fused_experts(calls)
+    _install_fake_vllm(monkeypatch, fe)
+    fn, info = B.load_vllm_fused_experts()
+    assert fn is fe and info == "0.33.0-fake"
+
+
+def test_load_vllm_not_importable(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm raises ImportError
+    fn, why = B.load_vllm_fused_experts()
+    assert fn is None and why.startswith("vllm not importable (ModuleNotFoundError")
+
+
+def test_load_vllm_without_fused_experts(monkeypatch):
+    _install_fake_vllm(monkeypatch, None)
+    fn, why = B.load_vllm_fused_experts()
+    assert fn is None and "fused_experts not found" in why
+
+
+def test_load_vllm_import_breaks(monkeypatch):
+    # vllm imports, its fused_moe module raises (an install that is there but broken)
+    _install_fake_vllm(monkeypatch, None)
+    monkeypatch.delitem(sys.modules, VLLM_MOD)
+    import importlib
+
+    real = importlib.import_module
+
+    def imp(name, *a, **k):
+        if name == VLLM_MOD:
+            raise RuntimeError("CUDA platform could not be detected")
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(importlib, "import_module", imp)
+    fn, why = B.load_vllm_fused_experts()
+    assert fn is None and "RuntimeError: CUDA platform could not be detected" in why
+
+
+@pytest.mark.parametrize("ep", [1, 2])
+def test_vllm_impl_matches_reference(ep):
+    calls = []
+    impl = B.make_vllm_impl(_fake_vllm_fused_experts(calls))
+    shape, x, w1, w2, tw, ids, emap = _problem(ep, M=6, dtype=torch.bfloat16)
+    table = dict(B.IMPLS, **{B.IMPL_VLLM: (impl, True)})
+    res = B.check_point(torch, [B.IMPL_VLLM], x, (w1, w2), tw, ids, emap, B.TOLERANCE["bf16"], table)
+    assert res[B.IMPL_VLLM]["ok"], res
+    if ep == 1:
+        assert calls[-1]["expert_map"] is None and calls[-1]["global_num_experts"] == -1
+    else:
+        assert calls[-1]["global_num_experts"] == shape.E_global and calls[-1]["expert_map"] is emap
+    # timing passes out=None: vLLM's own output comes back, no copy
+    y = impl(x, w1, w2, tw, ids, emap, None)
+    assert y.shape == x.shape and y.dtype == x.dtype
+    out = torch.full_like(x, float("nan"))
+    assert impl(x, w1, w2, tw, ids, emap, out) is out and bool(torch.isfinite(out).all())
+
+
+def test_vllm_impl_failure_is_reported():
+    impl = B.make_vllm_impl(_fake_vllm_fused_experts([], fail=RuntimeError("no triton on cpu")))
+    _, x, w1, w2, tw, ids, emap = _problem()
+    table = dict(B.IMPLS, **{B.IMPL_VLLM: (impl, True)})
+    res = B.check_point(torch, [B.IMPL_VLLM], x, (w1, w2), tw, ids, emap, 1e-3, table)[B.IMPL_VLLM]
+    assert not res["ok"] and res["error"] == "RuntimeError: no triton on cpu"
+
+
+@pytest.mark.parametrize("ep", [1, 2])
+def test_cpu_run_with_fake_vllm(monkeypatch, tmp_path, capsys, ep):
+    calls = []
+    _install_fake_vllm(monkeypatch, _fake_vllm_fused_experts(calls))
+    j = str(tmp_path / "v.json")
+    rc = cli.main(["bench", "--device", "cpu", "--shape", "8,2,64,32", "--ep", str(ep), "--m", "1,3",
+                   "--layers", "2", "--no-progress", "--baselines", "--json", j])
+    out = capsys.readouterr().out
+    rec = json.load(open(j))
+    assert rc == 0 and rec["check"]["ok"]
+    assert rec["implementations"][:2] == ["swapmoe", "vllm-fused"]
+    assert B.IMPL_VLLM not in rec["skipped"]
+    assert rec["versions"]["vllm"] == "0.33.0-fake"
+    assert rec["check"]["results"]["vllm-fused"]["ok"]
+    for p in rec["points"]:
+        r = p["results"]["vllm-fused"]
+        assert r["time_us"] > 0 and r["how"] == "perf_counter"
+        assert p["results"]["swapmoe"]["speedup_vs"]["vllm-fused"] == pytest.approx(
+            r["time_us"] / p["results"]["swapmoe"]["time_us"])
+    assert calls and all(c["dtype"] == torch.bfloat16 for c in calls)
+    if ep == 2:
+        assert all(c["global_num_experts"] == 8 and c["expert_map"].numel() == 8 for c in calls)
+    head = next(ln for ln in out.splitlines() if ln.split()[:1] == ["M"]).split()
+    assert "vllm_fused_us" in head and "x_vllm_fused" in head
+    assert head.index("vllm_fused_us") < head.index("gmm_us") < head.index("eager_us")  # vLLM first among the baselines
+    assert "vllm 0.33.0-fake" in out
+    csv = cli.csv_text(rec).splitlines()[0].split(",")
+    assert "vllm-fused_us" in csv and "swapmoe_x_vllm-fused" in csv
+
+
+@pytest.mark.parametrize("kind", ["raises", "wrong"])
+def test_cpu_run_drops_a_failing_vllm(monkeypatch, tmp_path, capsys, kind):
+    fe = (_fake_vllm_fused_experts([], fail=RuntimeError("triton: no GPU")) if kind == "raises"
+          else _fake_vllm_fused_experts([], wrong=True))
+    _install_fake_vllm(monkeypatch, fe)
+    j = str(tmp_path / "v.json")
+    rc = cli.main(["bench", "--device", "cpu", "--shape", "8,2,64,32", "--m", "1,2", "--layers", "2",
+                   "--no-progress", "--baselines", "--json", j])
+    out = capsys.readouterr().out
+    rec = json.load(open(j))
+    assert rc == 0 and rec["check"]["ok"]  # swapmoe is fine; the baseline is dropped
+    assert "vllm-fused" not in rec["implementations"]
+    why = rec["skipped"]["vllm-fused"]
+    assert ("RuntimeError: triton: no GPU" in why) if kind == "raises" else why.startswith("check failed")
+    assert f"skipped: vllm-fused: {why}" in out and "vllm_fused_us" not in out
+
+
+def test_cpu_run_drops_vllm_failing_at_timing(monkeypatch, tmp_path):
+    # with --no-check the first failure happens while timing: dropped with the M it failed at
+    _install_fake_vllm(monkeypatch, _fake_vllm_fused_experts([], fail=ValueError("bad shape")))
+    j = str(tmp_path / "v.json")
+    rc = cli.main(["bench", "--device", "cpu", "--shape", "8,2,64,32", "--m", "1,2", "--layers", "2",
+                   "--no-progress", "--baselines", "--no-check", "--json", j])
+    rec = json.load(open(j))
+    assert rc == 0 and "vllm-fused" not in rec["implementations"]
+    assert rec["skipped"]["vllm-fused"] == "failed at M=1: ValueError: bad shape"
+    assert rec["points"][0]["errors"]["vllm-fused"] == "ValueError: bad shape"
+    assert "vllm-fused" not in rec["points"][1]["errors"]
+
+
+def test_cpu_run_without_vllm_lists_the_reason(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    j = str(tmp_path / "v.json")
+    rc = cli.main(["bench", "--device", "cpu", "--shape", "4,2,64,32", "--m", "1", "--layers", "2",
+                   "--no-progress", "--baselines", "--json", j])
+    rec = json.load(open(j))
+    assert rc == 0 and rec["skipped"]["vllm-fused"].startswith("vllm not importable")
+    assert "vllm" not in rec["versions"]
+
+
+# ---------------------------------------------------------------------------------------
 # GPU-shaped records print and plot (the GPU run itself is not tested here)
 # ---------------------------------------------------------------------------------------
 
 
-def _fake_gpu_record():
+def _fake_gpu_record(gemm=750.0):
     shape = B.preset_shape("qwen3-30b-a3b")
     anchor = B.load_anchor(B.find_anchor())
     bw = 4.4e12
     rec = {
         "schema": B.SCHEMA, "mode": "gpu", "label": None,
         "device": {"type": "cuda", "index": 0, "name": "NVIDIA H200", "capability": "9.0", "sm_count": 132},
-        "versions": {"swapmoe": "0.1.0", "torch": "2.11.0+cu130", "triton": "3.6.0"},
-        "driver_version": 13000, "build_info": {}, "shape": shape.as_dict(), "dtype": "bf16",
+        "versions": {"swapmoe": "0.1.0", "torch": "2.11.0+cu130", "triton": "3.6.0", "vllm": "0.33.0"},
+        "driver_version": 13000, "build_info": {}, "shape": shape.as_dict(), "dtype": "bf16", "quant": "none",
         "bytes_per_weight": 2, "bytes_per_act": 2, "routing": {"kind": "uniform", "seed": 0},
-        "method": {"timer": "do_bench", "graph": True, "layers": 8, "weight_copies": 8, "l2_flushed": True},
+        "method": {"timer": "do_bench", "graph": True, "layers": 8, "weight_copies": 8, "l2_flushed": True,
+                   "gemm_ceiling": "torch.matmul of two 8192x8192 bf16 matrices"},
         "read_bw": {"bytes_per_s": bw, "tbps": bw / 1e12, "method": "sum over 4 GiB"},
+        "gemm_tflops": gemm,
         "anchor": {"path": "x", "matched": True, "variant": "bf16", "device": "NVIDIA H200"},
         "check": {"M": 1, "ok": True, "results": {"swapmoe": {"rel_err": 3e-3, "tol": 1e-2, "ok": True}}},
-        "implementations": ["swapmoe", "torch-grouped-mm"], "skipped": {"torch-eager": "test"},
+        "implementations": ["swapmoe", "vllm-fused", "torch-grouped-mm", "torch-eager"], "skipped": {},
         "points": [], "notes": [], "aborted": None,
     }
+    backends = {1: "cuda_decode", 64: "cuda_mma", 4096: "cuda_mma"}
     for M in (1, 64, 4096):
         row = B.anchor_row(anchor, shape, "bf16", M)
         floor = B.hbm_floor_us(row["experts_touched"], shape.N, shape.K, M, 2, 2, bw)
         res = {}
-        for name, t in (("swapmoe", row["vllm_gemm_us"] / 1.5), ("torch-grouped-mm", row["vllm_gemm_us"] * 2)):
+        for name, t in (("swapmoe", row["vllm_gemm_us"] / 1.5), ("vllm-fused", row["vllm_gemm_us"] * 1.2),
+                        ("torch-grouped-mm", row["vllm_gemm_us"] * 2), ("torch-eager", row["vllm_gemm_us"] * 75)):
             res[name] = {"time_us": t, "how": "graph", "pct_floor": 100 * floor / t,
                          "tflops": B.moe_tflops(M * 8, shape.N, shape.K, t),
                          "speedup_vs_anchor": row["vllm_gemm_us"] / t}
-        res["swapmoe"]["speedup_vs"] = {"torch-grouped-mm": 3.0}
+            if gemm:
+                res[name]["pct_gemm"] = 100 * res[name]["tflops"] / gemm
+        res["swapmoe"]["speedup_vs"] = {"vllm-fused": 1.8, "torch-grouped-mm": 3.0, "torch-eager": 112.5}
         rec["points"].append({"M": M, "experts_touched": row["experts_touched"], "slots": M * 8,
                               "floor_us": floor, "anchor_vllm_gemm_us": row["vllm_gemm_us"],
-                              "anchor_experts_touched": row["experts_touched"], "results": res, "errors": {}})
+                              "anchor_experts_touched": row["experts_touched"], "results": res, "errors": {},
+                              "plan": {"backend": backends[M], "kernels": ["k"], "reasons": [],
+                                       "workspace_bytes": 0}})
     return rec
 
 
 def test_gpu_record_table(tmp_path):
     rec = _fake_gpu_record()
     text = cli.format_table(rec)
-    assert "NVIDIA H200 (sm_90, 132 SMs), driver 13.0" in text
+    assert "NVIDIA H200 (sm_90, 132 SMs), driver 13.0" in text and "vllm 0.33.0" in text
     assert "CUDA graph of 8 layers" in text and "read bw 4.400 TB/s" in text
+    assert "bf16 GEMM ceiling: 750 TF/s (torch.matmul of two 8192x8192 bf16 matrices)" in text
     head = next(ln for ln in text.splitlines() if ln.split()[:1] == ["M"])
-    assert head.split() == ["M", "touched", "floor_us", "swapmoe_us", "%floor", "TF/s", "vllm_us", "x_vllm",
-                            "grouped_mm_us", "x_grouped_mm"]
-    row1 = text.splitlines()[text.splitlines().index(head) + 1].split()
-    assert row1[0] == "1" and row1[7] == "1.50x" and row1[9] == "3.00x"
-    assert "skipped: torch-eager" in text
+    assert head.split() == ["M", "touched", "plan", "floor_us", "swapmoe_us", "%floor", "TF/s", "%gemm",
+                            "anchor_us", "x_anchor", "vllm_fused_us", "x_vllm_fused", "gmm_us", "x_gmm",
+                            "eager_us", "x_eager"]
+    lines = text.splitlines()
+    rows = [ln.split() for ln in lines[lines.index(head) + 1:lines.index(head) + 4]]
+    assert [r[2] for r in rows] == ["cuda_decode", "cuda_mma", "cuda_mma"]
+    assert rows[0][0] == "1" and rows[0][9] == "1.50x" and rows[0][11] == "1.80x" and rows[0][13] == "3.00x"
+    assert rows[0][15] == "112.50x"
+    p4096 = rec["points"][2]["results"]["swapmoe"]
+    assert rows[2][7] == f"{p4096['tflops'] / 750 * 100:.0f}%"
+    assert len(head) <= 160  # every column there can be, still one line on a wide terminal
+    assert "vllm_fused = vLLM's fused_experts, the whole op; gmm = torch._grouped_mm pipeline" in text
     csv = cli.csv_text(rec).splitlines()
-    assert "swapmoe_x_torch-grouped-mm" in csv[0] and len(csv) == 4
+    assert "swapmoe_x_torch-grouped-mm" in csv[0] and "swapmoe_x_vllm-fused" in csv[0] and len(csv) == 4
+    assert "swapmoe_pct_gemm" in csv[0] and csv[1].split(",")[5] == "cuda_decode"
     p = str(tmp_path / "g.png")
     B.plot_record(rec, p)
     assert open(p, "rb").read(8) == PNG_SIGNATURE
@@ -488,7 +777,22 @@ def test_gpu_record_table(tmp_path):
     bad = copy.deepcopy(rec)
     bad["points"][0]["results"]["swapmoe"]["pct_floor"] = float("inf")
     B.write_json(bad, j)
-    assert json.load(open(j))["points"][0]["results"]["swapmoe"]["pct_floor"] == "inf"
+    got = json.load(open(j))
+    assert got["points"][0]["results"]["swapmoe"]["pct_floor"] == "inf" and got["gemm_tflops"] == 750.0
+    assert got["points"][0]["plan"]["backend"] == "cuda_decode"
+
+
+def test_gpu_record_table_without_gemm_ceiling():
+    # the ceiling could not be measured: no %gemm column, the header says so; a failed plan shows "err"
+    rec = _fake_gpu_record(gemm=None)
+    rec["points"][1]["plan"] = "SwapmoeError: no plan"
+    text = cli.format_table(rec)
+    assert "bf16 GEMM ceiling: n/a" in text
+    head = next(ln for ln in text.splitlines() if ln.split()[:1] == ["M"]).split()
+    assert "%gemm" not in head and head[2] == "plan"
+    lines = text.splitlines()
+    row = lines[[ln.split()[:1] for ln in lines].index(["M"]) + 2].split()
+    assert row[0] == "64" and row[2] == "err"
 
 
 # ---------------------------------------------------------------------------------------
@@ -518,3 +822,23 @@ def test_import_stays_light():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
+
+
+def test_with_routing_cpu_run_times_fused_moe(tmp_path):
+    """--with-routing adds swapmoe.fused_moe from the same logits; it passes the float64
+    check (same routing as the precomputed ids) and gets a time."""
+    from swapmoe import bench as B
+
+    rec = B.run_bench(None, device="cpu", m_list=[1, 3], with_routing=True, progress=False)
+    assert rec["method"]["with_routing"] is True
+    assert B.IMPL_ROUTED in rec["implementations"]
+    assert rec["check"]["results"][B.IMPL_ROUTED]["ok"]
+    for p in rec["points"]:
+        assert p["results"][B.IMPL_ROUTED]["time_us"] > 0
+
+
+def test_with_routing_needs_uniform_routing():
+    from swapmoe import bench as B
+
+    with pytest.raises(B.BenchError, match="with-routing"):
+        B.run_bench(None, device="cpu", m_list=[1], with_routing=True, routing="skewed", progress=False)

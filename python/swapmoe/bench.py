@@ -8,7 +8,14 @@ before each replay, median of 50. On the CPU the Rust reference path is timed wi
 ``time.perf_counter`` (median).
 
 The HBM floor of one call:
-``floor_us = (experts_touched * 3*N*K * bytes_per_weight + 2*M*K * bytes_per_act) / read_bw``.
+``floor_us = (experts_touched * 3*N*K * bytes_per_weight + 2*M*K * bytes_per_act) / read_bw``,
+``bytes_per_weight`` 1 for the FP8 ``--quant`` variants, the dtype's size otherwise. The
+bf16 GEMM ceiling (``torch.matmul`` of two 8192x8192 bf16 matrices, same timer) is measured
+in the same run; ``%gemm`` is a point's TF/s over it.
+
+Baselines timed the same way (GPU default): the torch eager pipeline, the
+``torch._grouped_mm`` pipeline and, when ``import vllm`` works, vLLM's own
+``fused_experts`` (the whole op: align, GEMMs, activation, sum).
 
 torch, triton, tqdm and matplotlib are imported inside functions, so importing this module
 stays light.
@@ -48,6 +55,15 @@ GPU_DEFAULT_MODEL = "qwen3-30b-a3b"
 
 #: --dtype -> (torch dtype name, bytes per element)
 DTYPES: Dict[str, Tuple[str, int]] = {"bf16": ("bfloat16", 2), "fp16": ("float16", 2), "fp32": ("float32", 4)}
+#: --quant -> (bytes per weight element, or None for the dtype's size; the anchor's variant
+#: name, or None for the dtype's own name / no anchor row). FP8 activations stay in the dtype.
+QUANTS: Dict[str, Tuple[Optional[int], Optional[str]]] = {
+    "none": (None, None),
+    "fp8_tensor": (1, "fp8-tensor"),
+    "fp8_channel": (1, None),
+    "fp8_block128": (1, "fp8-block128"),
+}
+FP8_NOT_IMPLEMENTED = "FP8 fused experts are not implemented yet in this build (only --quant none can be timed)"
 #: ||out - ref|| / ||ref|| bound of the correctness check, per dtype (METHOD.md: bf16
 #: operands land between 1e-3 and 1e-2, float32 far under 1e-3).
 TOLERANCE: Dict[str, float] = {"bf16": 1e-2, "fp16": 5e-3, "fp32": 1e-3}
@@ -57,13 +73,24 @@ ANCHOR_FILE = "h200_vllm_0.33_triton.json"
 MEMORY_FRACTION = 0.6
 #: bytes summed for the in-run streaming-read bandwidth (a cap: at most 40% of free memory)
 READ_BW_BYTES = 4 << 30
+#: size of the square bf16 torch.matmul that measures the GEMM ceiling
+GEMM_N = 8192
 #: bytes written to flush L2 when triton is not there
 L2_FLUSH_BYTES = 256 << 20
 
 IMPL_SWAPMOE = "swapmoe"
 IMPL_EAGER = "torch-eager"
 IMPL_GROUPED = "torch-grouped-mm"
-SHORT_NAMES = {IMPL_SWAPMOE: "swapmoe", IMPL_EAGER: "eager", IMPL_GROUPED: "grouped_mm"}
+IMPL_VLLM = "vllm-fused"
+IMPL_ROUTED = "swapmoe-fused-moe"
+SHORT_NAMES = {IMPL_SWAPMOE: "swapmoe", IMPL_EAGER: "eager", IMPL_GROUPED: "gmm", IMPL_VLLM: "vllm_fused",
+               IMPL_ROUTED: "fused_moe"}
+#: the order of implementations in the record, the table and the CSV
+IMPL_ORDER = (IMPL_SWAPMOE, IMPL_ROUTED, IMPL_VLLM, IMPL_GROUPED, IMPL_EAGER)
+#: implementations that allocate and return their output (vLLM's fused_experts): timed
+#: without a copy into a given ``out``, as a model runs them
+RETURNS_OUTPUT = frozenset({IMPL_VLLM})
+VLLM_FUSED_EXPERTS = "vllm.model_executor.layers.fused_moe.fused_moe.fused_experts"
 
 CPU_LABEL = "CPU run: no CUDA device; times are the Rust reference path, not GPU kernels"
 CPU_LABEL_FORCED = "CPU run: --device cpu; times are the Rust reference path, not GPU kernels"
@@ -220,10 +247,36 @@ def parse_m_list(text: str) -> List[int]:
 # --------------------------------------------------------------------------------------
 
 
+def check_quant(quant: str) -> str:
+    """``quant`` if it names a variant (see :data:`QUANTS`), else :class:`BenchError`."""
+    if quant not in QUANTS:
+        raise BenchError(f"--quant: expected one of {', '.join(QUANTS)}, got {quant!r}")
+    return quant
+
+
+def weight_bytes_per_element(quant: str, dtype: str) -> int:
+    """Bytes per stored weight element: 1 for the FP8 variants, the dtype's size otherwise."""
+    nbytes = QUANTS[check_quant(quant)][0]
+    return DTYPES[dtype][1] if nbytes is None else nbytes
+
+
+def anchor_variant(quant: str, dtype: str) -> Optional[str]:
+    """The anchor's variant name for this run: the dtype unquantized, ``fp8-tensor`` /
+    ``fp8-block128`` quantized, None where the anchor has no such variant (fp8_channel)."""
+    check_quant(quant)
+    return dtype if quant == "none" else QUANTS[quant][1]
+
+
 def hbm_floor_us(experts_touched: int, N: int, K: int, M: int, bytes_per_weight: float = 2,
-                 bytes_per_act: float = 2, read_bw: float = 4.42e12) -> float:
+                 bytes_per_act: float = 2, read_bw: float = 4.42e12, quant: Optional[str] = None) -> float:
     """Time (µs) to read each touched expert's w13 and w2 once plus the activations in and
-    out, at ``read_bw`` bytes/s (PERFORMANCE.md)."""
+    out, at ``read_bw`` bytes/s (PERFORMANCE.md). ``bytes_per_weight`` is the dtype's size;
+    a ``quant`` other than None/"none" (see :data:`QUANTS`) replaces it with the quantized
+    size (1 byte for FP8)."""
+    if quant is not None:
+        q = QUANTS[check_quant(quant)][0]
+        if q is not None:
+            bytes_per_weight = q
     nbytes = experts_touched * 3 * N * K * bytes_per_weight + 2 * M * K * bytes_per_act
     return nbytes / read_bw * 1e6
 
@@ -347,12 +400,15 @@ def environment() -> dict:
 
 
 def make_routing(torch: Any, M: int, E_global: int, topk: int, kind: str, gen: Any, device: Any,
-                 zipf_s: float = 1.0) -> Tuple[Any, Any]:
+                 zipf_s: float = 1.0, logits_out: Optional[list] = None) -> Tuple[Any, Any]:
     """(topk_weights fp32 [M, topk], topk_ids int32 [M, topk]).
     uniform: topk of softmax(randn(M, E)), as the anchor. skewed: topk distinct experts per
-    token drawn with probability ~ 1/rank^zipf_s (ranks randomly assigned to experts)."""
+    token drawn with probability ~ 1/rank^zipf_s (ranks randomly assigned to experts).
+    With ``logits_out`` (uniform only), the router logits are appended to it."""
     if kind == "uniform":
         logits = torch.randn(M, E_global, generator=gen, device=device, dtype=torch.float32)
+        if logits_out is not None:
+            logits_out.append(logits)
         tw, ids = torch.topk(torch.softmax(logits, dim=-1), topk, dim=-1)
     elif kind == "skewed":
         rank = torch.randperm(E_global, generator=gen, device=device).to(torch.float32) + 1.0
@@ -404,6 +460,19 @@ def impl_swapmoe(x, w1, w2, tw, ids, emap, out):
 
     kw = {} if emap is None else {"expert_map": emap, "global_num_experts": emap.numel()}
     return swapmoe.fused_experts(x, w1, w2, tw, ids, out=out, **kw)
+
+
+def make_routed_impl(logits: Any, topk: int) -> Callable:
+    """swapmoe.fused_moe from the router logits (softmax top-k without renormalize: the same
+    routing as make_routing's uniform ids, so the check and experts touched are shared)."""
+
+    def impl_fused_moe(x, w1, w2, tw, ids, emap, out):
+        import swapmoe
+
+        kw = {} if emap is None else {"expert_map": emap, "global_num_experts": emap.numel()}
+        return swapmoe.fused_moe(x, w1, w2, logits, topk, renormalize=False, scoring="softmax", out=out, **kw)
+
+    return impl_fused_moe
 
 
 def impl_torch_eager(x, w1, w2, tw, ids, emap, out):
@@ -458,11 +527,46 @@ def impl_torch_grouped_mm(x, w1, w2, tw, ids, emap, out):
 
 
 IMPLS: Dict[str, Tuple[Callable, bool]] = {
-    # name -> (function, can be captured in a CUDA graph)
+    # name -> (function, can be captured in a CUDA graph). vLLM's is added per run by
+    # run_bench when vllm imports (see load_vllm_fused_experts).
     IMPL_SWAPMOE: (impl_swapmoe, True),
     IMPL_EAGER: (impl_torch_eager, False),
     IMPL_GROUPED: (impl_torch_grouped_mm, True),
 }
+
+
+def load_vllm_fused_experts() -> Tuple[Optional[Callable], str]:
+    """(vLLM's ``fused_experts``, vLLM's version) when ``import vllm`` and the import of
+    :data:`VLLM_FUSED_EXPERTS` work, else (None, the reason). vLLM is imported with stdout
+    sent to stderr, so the loggers it sets up do not mix into a CSV on stdout."""
+    import contextlib
+    import importlib
+
+    mod_name, _, fn_name = VLLM_FUSED_EXPERTS.rpartition(".")
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            vllm = importlib.import_module("vllm")
+            mod = importlib.import_module(mod_name)
+    except Exception as e:  # not installed, or installed and broken
+        return None, f"vllm not importable ({_err(e)})"
+    fn = getattr(mod, fn_name, None)
+    if not callable(fn):
+        return None, f"vllm {getattr(vllm, '__version__', '?')}: {VLLM_FUSED_EXPERTS} not found"
+    return fn, str(getattr(vllm, "__version__", None) or _version("vllm") or "unknown")
+
+
+def make_vllm_impl(fused_experts: Callable) -> Callable:
+    """An implementation (same arguments as the others) that calls vLLM's
+    ``fused_experts(hidden_states, w1, w2, topk_weights, topk_ids)`` with ``expert_map`` and
+    ``global_num_experts`` under expert parallelism. vLLM allocates its output; with
+    ``out=None`` (timing) that is returned as is, else it is copied into ``out`` (check)."""
+
+    def impl_vllm_fused(x, w1, w2, tw, ids, emap, out):
+        kw = {} if emap is None else {"expert_map": emap, "global_num_experts": emap.numel()}
+        y = fused_experts(x, w1, w2, tw, ids, **kw)
+        return y if out is None else out.copy_(y)
+
+    return impl_vllm_fused
 
 
 def reference64(torch: Any, x, w1, w2, tw, ids, emap) -> Any:
@@ -487,13 +591,16 @@ def reference64(torch: Any, x, w1, w2, tw, ids, emap) -> Any:
     return out
 
 
-def check_point(torch: Any, impls: Sequence[str], x, weights, tw, ids, emap, tol: float) -> Dict[str, dict]:
+def check_point(torch: Any, impls: Sequence[str], x, weights: Tuple[Any, Any], tw, ids, emap, tol: float,
+                table: Optional[Dict[str, Tuple[Callable, bool]]] = None) -> Dict[str, dict]:
     """Each implementation's ||out - ref|| / ||ref|| against :func:`reference64`, the
-    output poisoned with NaN first (an unwritten element fails)."""
+    output poisoned with NaN first (an unwritten element fails). ``table`` maps names to
+    implementations (default :data:`IMPLS`)."""
+    table = IMPLS if table is None else table
     ref = reference64(torch, x, *weights, tw, ids, emap)
     results: Dict[str, dict] = {}
     for name in impls:
-        fn = IMPLS[name][0]
+        fn = table[name][0]
         out = torch.full_like(x, float("nan"))
         try:
             fn(x, *weights, tw, ids, emap, out)
@@ -620,6 +727,20 @@ def measure_read_bandwidth(torch: Any, device: Any, timer: GpuTimer, nbytes: int
     return nbytes / (ms * 1e-3), nbytes
 
 
+def measure_gemm_tflops(torch: Any, device: Any, timer: GpuTimer, n: int = GEMM_N) -> float:
+    """bf16 GEMM ceiling (TF/s): ``torch.matmul`` of two random n x n bf16 matrices into a
+    preallocated output, 2*n^3 / median time under ``timer``."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed(12345)
+    a = torch.randn(n, n, generator=gen, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, generator=gen, device=device, dtype=torch.bfloat16)
+    c = torch.empty(n, n, device=device, dtype=torch.bfloat16)
+    ms = timer(lambda: torch.matmul(a, b, out=c))
+    del a, b, c
+    torch.cuda.empty_cache()
+    return 2.0 * n ** 3 / (ms * 1e-3) / 1e12
+
+
 def cpu_name() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -680,6 +801,7 @@ def run_bench(
     shape: Optional[MoeShape] = None,
     *,
     dtype: str = "bf16",
+    quant: str = "none",
     m_list: Optional[Sequence[int]] = None,
     routing: str = "uniform",
     zipf_s: float = 1.0,
@@ -692,19 +814,27 @@ def run_bench(
     seed: int = 0,
     anchors: Optional[str] = None,
     read_bw_tbps: Optional[float] = None,
+    gemm_tflops: Optional[float] = None,
     progress: bool = True,
     log: Optional[Callable[[str], None]] = None,
+    with_routing: bool = False,
 ) -> dict:
     """Benchmarks swapmoe (and the baselines) on one shape over ``m_list``; returns the full
     record (see ``swapmoe bench --json``). Defaults depend on the device: on CUDA the shape
     is qwen3-30b-a3b, M the decode-to-prefill sweep and baselines on; on the CPU the shape
-    is small, M is 1,4,16 and baselines off."""
+    is small, M is 1,4,16 and baselines off. A ``quant`` other than "none" raises
+    :class:`BenchError` (no FP8 kernels yet) before anything is timed."""
+    check_quant(quant)
+    if quant != "none":
+        raise BenchError(f"--quant {quant}: {FP8_NOT_IMPLEMENTED}")
+    if with_routing and routing != "uniform":
+        raise BenchError("--with-routing: needs --routing uniform (fused_moe routes from logits)")
+    if dtype not in DTYPES:
+        raise BenchError(f"--dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
     try:
         import torch
     except ImportError:
         raise BenchError("swapmoe bench needs torch (pip install torch)") from None
-    if dtype not in DTYPES:
-        raise BenchError(f"--dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
     if routing not in ("uniform", "skewed"):
         raise BenchError(f"--routing: expected uniform or skewed, got {routing!r}")
     if layers < 1:
@@ -721,8 +851,9 @@ def run_bench(
     if baselines is None:
         baselines = gpu
     tdtype = getattr(torch, DTYPES[dtype][0])
-    bpe = DTYPES[dtype][1]
-    variant = dtype  # the anchor's unquantized variant is "bf16"
+    bpe = DTYPES[dtype][1]  # activations, and weights unquantized
+    bpw = weight_bytes_per_element(quant, dtype)
+    variant = anchor_variant(quant, dtype)  # the anchor's unquantized variant is "bf16"
 
     env = environment()
     record: Dict[str, Any] = {
@@ -735,11 +866,13 @@ def run_bench(
         "build_info": env["build_info"],
         "shape": shape.as_dict(),
         "dtype": dtype,
-        "bytes_per_weight": bpe,
+        "quant": quant,
+        "bytes_per_weight": bpw,
         "bytes_per_act": bpe,
         "routing": {"kind": routing, "seed": seed, **({"zipf_s": zipf_s} if routing == "skewed" else {})},
         "method": {},
         "read_bw": None,
+        "gemm_tflops": None,
         "anchor": None,
         "check": None,
         "implementations": [],
@@ -752,7 +885,7 @@ def run_bench(
     # ---- anchor -------------------------------------------------------------------------
     anchor_path = find_anchor(anchors)
     anchor = load_anchor(anchor_path) if anchor_path else None
-    anchor_ok = bool(anchor) and routing == "uniform" and shape.ep == 1 and any(
+    anchor_ok = bool(anchor) and variant is not None and routing == "uniform" and shape.ep == 1 and any(
         anchor_row(anchor, shape, variant, m) for m in ms)
     record["anchor"] = {
         "path": anchor_path,
@@ -763,6 +896,7 @@ def run_bench(
     }
     if anchor and not anchor_ok:
         why = ("skewed routing" if routing != "uniform" else "expert parallelism" if shape.ep > 1
+               else f"no {quant} variant in the anchor" if variant is None
                else f"no {variant} row for (E, topk, K, N) = {shape.key()}")
         record["anchor"]["why_not"] = why
 
@@ -787,6 +921,17 @@ def run_bench(
             bw, nbytes = measure_read_bandwidth(torch, dev, timer)
             bw_how = f"sum over {nbytes / (1 << 30):.2f} GiB fp32, bytes / median time"
         record["read_bw"] = {"bytes_per_s": bw, "tbps": bw / 1e12, "method": bw_how}
+        if gemm_tflops:
+            gemm, gemm_how = float(gemm_tflops), "given (--gemm-tflops)"
+        else:
+            gemm_how = f"torch.matmul of two {GEMM_N}x{GEMM_N} bf16 matrices, 2*n^3 / median time"
+            try:
+                gemm = measure_gemm_tflops(torch, dev, timer)
+            except Exception as e:  # no room for 3 x 128 MiB, or no bf16 GEMM: %gemm is n/a
+                gemm = None
+                _note(record, f"bf16 GEMM ceiling not measured: {_err(e)}", log)
+                torch.cuda.synchronize()
+        record["gemm_tflops"] = gemm
         if anchor_ok and record["anchor"]["device"] and record["anchor"]["device"] != props.name:
             _note(record, f"the anchor was measured on {record['anchor']['device']}, this run is on {props.name}", log)
         record["method"] = {
@@ -796,6 +941,7 @@ def run_bench(
             "l2_flushed": True,
             "statistic": "median",
             "per_layer": f"time of {layers} calls / {layers}",
+            "gemm_ceiling": gemm_how,
         }
     else:
         record["device"]["name"] = cpu_name()
@@ -809,15 +955,26 @@ def run_bench(
             "per_layer": "one call",
         }
         bw = None
+        gemm = None
 
     # ---- implementations ----------------------------------------------------------------
+    table: Dict[str, Tuple[Callable, bool]] = dict(IMPLS)
     impls = [IMPL_SWAPMOE]
+    if with_routing:
+        impls.append(IMPL_ROUTED)
     if baselines:
-        impls.append(IMPL_EAGER)
+        fe, vllm_info = load_vllm_fused_experts()
+        if fe is not None:
+            table[IMPL_VLLM] = (make_vllm_impl(fe), True)
+            impls.append(IMPL_VLLM)
+            record["versions"]["vllm"] = vllm_info
+        else:
+            record["skipped"][IMPL_VLLM] = vllm_info
         if hasattr(torch, "_grouped_mm"):
             impls.append(IMPL_GROUPED)
         else:
             record["skipped"][IMPL_GROUPED] = f"torch {torch.__version__} has no torch._grouped_mm"
+        impls.append(IMPL_EAGER)
 
     # ---- weights ------------------------------------------------------------------------
     per_copy = shape.weight_bytes(bpe)
@@ -829,6 +986,7 @@ def run_bench(
     if copies < layers:
         _note(record, f"weights: {copies} distinct copies instead of {layers} ({per_copy / 2**30:.2f} GiB each, "
                       f"{free / 2**30:.1f} GiB free, cap {MEMORY_FRACTION:.0%}); the {layers} calls cycle over them", log)
+    record["method"]["with_routing"] = bool(with_routing)
     record["method"]["weight_copies"] = copies
     record["method"]["weight_bytes_per_copy"] = per_copy
     gen = torch.Generator(device=dev)
@@ -853,7 +1011,11 @@ def run_bench(
     try:
         for i_m, M in enumerate(ms):
             gen.manual_seed(seed)
-            tw, ids = make_routing(torch, M, shape.E_global, shape.topk, routing, gen, dev, zipf_s)
+            logits_box: list = []
+            tw, ids = make_routing(torch, M, shape.E_global, shape.topk, routing, gen, dev, zipf_s,
+                                   logits_out=logits_box if with_routing else None)
+            if with_routing:
+                table[IMPL_ROUTED] = (make_routed_impl(logits_box[0], shape.topk), True)
             x = torch.randn(M, shape.K, generator=gen, device=dev, dtype=tdtype)
             loc = local_ids(torch, ids, emap, shape.E)
             valid = loc < shape.E
@@ -864,8 +1026,8 @@ def run_bench(
                                      "anchor_floor_us": None, "results": {}, "errors": {}}
             record["points"].append(point)  # partial points survive an abort
             if bw:
-                point["floor_us"] = hbm_floor_us(touched, shape.N, shape.K, M, bpe, bpe, bw)
-            row = anchor_row(anchor, shape, variant, M) if anchor_ok else None
+                point["floor_us"] = hbm_floor_us(touched, shape.N, shape.K, M, bpe, bpe, bw, quant=quant)
+            row = anchor_row(anchor, shape, variant, M) if anchor_ok and variant else None
             if row:
                 point["anchor_vllm_gemm_us"] = row.get("vllm_gemm_us")
                 point["anchor_experts_touched"] = row.get("experts_touched")
@@ -880,7 +1042,7 @@ def run_bench(
 
             # correctness on the smallest M (every M with check_all), before any timing
             if check and (i_m == 0 or check_all):
-                results = check_point(torch, impls, x, weights[0], tw, ids, emap, tol)
+                results = check_point(torch, impls, x, weights[0], tw, ids, emap, tol, table)
                 point["check"] = results
                 for name in list(impls):
                     if name != IMPL_SWAPMOE and not results[name]["ok"] and i_m == 0:
@@ -900,12 +1062,13 @@ def run_bench(
                     _note(record, f"CHECK FAILED for swapmoe at M={M}: {results[IMPL_SWAPMOE]}", log)
 
             for name in list(impls):
-                fn, graphable = IMPLS[name]
-                outs = [torch.empty_like(x) for _ in range(layers)]
+                fn, graphable = table[name]
+                outs = [None if name in RETURNS_OUTPUT else torch.empty_like(x) for _ in range(layers)]
                 calls = [(lambda f, w, o: (lambda: f(x, w[0], w[1], tw, ids, emap, o)))(fn, weights[i % copies], outs[i])
                          for i in range(layers)]
                 try:
                     if gpu:
+                        assert timer is not None
                         t_us, how = gpu_time_us(torch, calls, timer, graph and graphable)
                     else:
                         t_us, how = cpu_time_us(calls), "perf_counter"
@@ -926,6 +1089,8 @@ def run_bench(
                 res: Dict[str, Any] = {"time_us": t_us, "how": how, "tflops": moe_tflops(slots, shape.N, shape.K, t_us)}
                 if point["floor_us"] is not None:
                     res["pct_floor"] = 100.0 * point["floor_us"] / t_us
+                if gemm:
+                    res["pct_gemm"] = 100.0 * res["tflops"] / gemm
                 if point["anchor_vllm_gemm_us"]:
                     res["speedup_vs_anchor"] = point["anchor_vllm_gemm_us"] / t_us
                 point["results"][name] = res
@@ -941,7 +1106,8 @@ def run_bench(
     if bar is not None:
         bar.close()
 
-    record["implementations"] = [n for n in IMPLS if any(n in p["results"] for p in record["points"])]
+    order = list(IMPL_ORDER) + [n for n in table if n not in IMPL_ORDER]
+    record["implementations"] = [n for n in order if any(n in p["results"] for p in record["points"])]
     record["elapsed_s"] = time.perf_counter() - t_start
     return record
 

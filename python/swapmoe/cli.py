@@ -1,13 +1,14 @@
-"""Command line: ``swapmoe bench`` (timing against the HBM floor, the vLLM anchor and torch
-baselines) and ``swapmoe check`` (what this install sees). The benchmark itself lives in
-:mod:`swapmoe.bench`; this module parses arguments and prints."""
+"""Command line: ``swapmoe bench`` (timing against the HBM floor, the bf16 GEMM ceiling, the
+vLLM anchor, vLLM's fused_experts and torch baselines) and ``swapmoe check`` (what this
+install sees). The benchmark itself lives in :mod:`swapmoe.bench`; this module parses
+arguments and prints."""
 
 from __future__ import annotations
 
 import argparse
 import math
 import sys
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import bench as B
 
@@ -40,12 +41,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser(
         "bench",
-        help="time swapmoe against the HBM floor, vLLM's anchor and torch baselines",
+        help="time swapmoe against the HBM floor, vLLM's anchor, vLLM's fused_experts and torch baselines",
         description=(
             "Times swapmoe.fused_experts per layer. On a GPU: a CUDA graph of --layers calls, each on its own "
             "weight copy, replayed under triton.testing.do_bench (L2 flushed, median), divided by --layers; "
-            "the HBM floor uses a streaming read bandwidth measured in the same run. Without a CUDA device the "
-            "Rust CPU path is timed on a small shape instead."),
+            "the HBM floor uses a streaming read bandwidth and %gemm a bf16 GEMM ceiling, both measured in the "
+            "same run. Without a CUDA device the Rust CPU path is timed on a small shape instead."),
         formatter_class=_HelpFormatter,
     )
     src = b.add_mutually_exclusive_group()
@@ -58,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="expert parallel: divides E; routing stays over all experts and an expert_map keeps "
                         "this rank's share")
     b.add_argument("--dtype", choices=list(B.DTYPES), default="bf16", help="weights and activations")
+    b.add_argument("--quant", choices=list(B.QUANTS), default="none",
+                   help="weight quantization; the FP8 variants are not implemented yet in this build and exit 2")
     b.add_argument("--m", metavar="M,M,...", default=None,
                    help="token counts (GPU default %s; CPU default %s)" % (
                        ",".join(map(str, B.DEFAULT_M_GPU)), ",".join(map(str, B.DEFAULT_M_CPU))))
@@ -68,18 +71,23 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--graph", action=argparse.BooleanOptionalAction, default=True,
                    help="capture the layers in a CUDA graph, else time the eager loop (default: graph)")
     b.add_argument("--baselines", action=argparse.BooleanOptionalAction, default=None,
-                   help="also time the torch eager pipeline and the torch._grouped_mm pipeline "
-                        "(default: on for GPU runs, off for CPU runs)")
+                   help="also time vLLM's fused_experts (when vllm imports), the torch._grouped_mm pipeline "
+                        "and the torch eager pipeline (default: on for GPU runs, off for CPU runs)")
     b.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
                    help="check every implementation against a float64 reference at the smallest M before "
                         "timing (default: on)")
     b.add_argument("--check-all", action="store_true", help="check at every M, not only the smallest")
+    b.add_argument("--with-routing", action="store_true",
+                   help="also time swapmoe.fused_moe from the router logits (GPU router + fused experts) "
+                        "next to fused_experts on precomputed ids (needs --routing uniform)")
     b.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     b.add_argument("--seed", type=int, default=0, help="routing and activation seed")
     b.add_argument("--anchors", metavar="PATH", default=None,
                    help=f"anchor JSON (default: $SWAPMOE_ANCHORS, shared/anchors/{B.ANCHOR_FILE}, or the packaged copy)")
     b.add_argument("--read-bw", type=float, default=None, metavar="TB/s",
                    help="use this read bandwidth for the floor instead of measuring it")
+    b.add_argument("--gemm-tflops", type=float, default=None, metavar="TF/s",
+                   help="use this bf16 GEMM ceiling for %%gemm instead of measuring it")
     b.add_argument("--json", "--out", dest="json", metavar="PATH", help="write the full record as JSON")
     b.add_argument("--csv", nargs="?", const="-", default=None, metavar="PATH",
                    help="CSV instead of the table on stdout, or to PATH")
@@ -128,16 +136,19 @@ def header_lines(rec: dict) -> List[str]:
         shape += f" ep={sh['ep']} (E_global={sh['E_global']})"
     r = rec["routing"]
     routing = r["kind"] + (f" (zipf s={r['zipf_s']})" if r["kind"] == "skewed" else "") + f", seed {r['seed']}"
-    lines.append(f"swapmoe {v['swapmoe']} bench: {sh['name']}  {shape}  {rec['dtype']}  routing {routing}")
+    quant = rec.get("quant") or "none"
+    dtype = rec["dtype"] + ("" if quant == "none" else f" {quant}")
+    lines.append(f"swapmoe {v['swapmoe']} bench: {sh['name']}  {shape}  {dtype}  routing {routing}")
     m = rec["method"]
+    vllm = f", vllm {v['vllm']}" if v.get("vllm") else ""
     if rec["mode"] == "cpu":
         lines.append(rec["label"])
-        lines.append(f"device: {rec['device']['name']}; torch {v['torch']}; {m['timer']}; "
-                     f"{m['weight_copies']} weight copies; HBM floor: n/a")
+        lines.append(f"device: {rec['device']['name']}; torch {v['torch']}{vllm}; {m['timer']}; "
+                     f"{m['weight_copies']} weight copies; HBM floor and GEMM ceiling: n/a")
     else:
         d = rec["device"]
         lines.append(f"device: {d['name']} (sm_{d['capability'].replace('.', '')}, {d['sm_count']} SMs), "
-                     f"driver {B.format_driver(rec['driver_version'])}; torch {v['torch']}, triton {v['triton']}")
+                     f"driver {B.format_driver(rec['driver_version'])}; torch {v['torch']}, triton {v['triton']}{vllm}")
         copies = m["weight_copies"]
         layout = (f"CUDA graph of {m['layers']} layers" if m["graph"] else f"eager loop of {m['layers']} layers")
         layout += f" ({copies} weight copies)" if copies == m["layers"] else f" (cycling over {copies} weight copies)"
@@ -145,10 +156,13 @@ def header_lines(rec: dict) -> List[str]:
         bw = rec["read_bw"]
         lines.append(f"floor: (experts_touched*3*N*K*{rec['bytes_per_weight']} + 2*M*K*{rec['bytes_per_act']}) B / "
                      f"read bw {bw['tbps']:.3f} TB/s ({bw['method']})")
+        gemm = rec.get("gemm_tflops")
+        lines.append(f"bf16 GEMM ceiling: {gemm:.0f} TF/s ({m.get('gemm_ceiling')}); %gemm = TF/s / ceiling"
+                     if gemm else "bf16 GEMM ceiling: n/a (not measured)")
     a = rec.get("anchor") or {}
     if a.get("matched"):
         lines.append(f"anchor: vLLM 0.33 Triton fused_moe, 2 GEMM kernels only ({a.get('device')}, "
-                     f"{a.get('variant')}); x_vllm = anchor / swapmoe")
+                     f"{a.get('variant')}); x_anchor = anchor / swapmoe")
     elif a.get("path"):
         lines.append(f"anchor: n/a ({a.get('why_not')})")
     else:
@@ -171,21 +185,46 @@ def header_lines(rec: dict) -> List[str]:
     return lines
 
 
+def _plan(p: dict) -> str:
+    """The oracle's backend of a point ("err" where describe_plan failed)."""
+    plan = p.get("plan")
+    if isinstance(plan, dict):
+        return str(plan.get("backend") or "?")
+    return "err" if plan else "n/a"
+
+
+BASELINE_WHAT = {
+    B.IMPL_ROUTED: "swapmoe.fused_moe from router logits (GPU softmax top-k router + fused experts)",
+    B.IMPL_VLLM: "vLLM's fused_experts, the whole op",
+    B.IMPL_GROUPED: "torch._grouped_mm pipeline",
+    B.IMPL_EAGER: "torch eager pipeline",
+}
+
+
+def baselines_shown(rec: dict) -> List[str]:
+    return [n for n in rec["implementations"] if n != B.IMPL_SWAPMOE]
+
+
 def table_rows(rec: dict) -> Tuple[List[str], List[List[str]]]:
-    gpu = rec["mode"] == "gpu"
+    """The table: one row per M. Columns that only hold n/a in a CPU run (floor, %floor,
+    %gemm) are left out there; the full record is in --json / --csv."""
+    floor = rec["mode"] == "gpu" and rec.get("read_bw") is not None
+    gemm = rec["mode"] == "gpu" and bool(rec.get("gemm_tflops"))
     anchor = bool((rec.get("anchor") or {}).get("matched"))
-    baselines = [n for n in rec["implementations"] if n != B.IMPL_SWAPMOE]
-    head = ["M", "touched", "floor_us", "swapmoe_us", "%floor", "TF/s"]
+    baselines = baselines_shown(rec)
+    head = ["M", "touched", "plan"] + (["floor_us"] if floor else []) + ["swapmoe_us"]
+    head += (["%floor"] if floor else []) + ["TF/s"] + (["%gemm"] if gemm else [])
     if anchor:
-        head += ["vllm_us", "x_vllm"]
+        head += ["anchor_us", "x_anchor"]
     for bname in baselines:
         s = B.SHORT_NAMES.get(bname, bname)
         head += [f"{s}_us", f"x_{s}"]
     rows = []
     for p in rec["points"]:
         sw = p["results"].get(B.IMPL_SWAPMOE, {})
-        row = [str(p["M"]), str(p["experts_touched"]), _us(p["floor_us"]) if gpu else "n/a",
-               _us(sw.get("time_us")), _pct(sw.get("pct_floor")), _tf(sw.get("tflops"))]
+        row = [str(p["M"]), str(p["experts_touched"]), _plan(p)] + ([_us(p["floor_us"])] if floor else [])
+        row += [_us(sw.get("time_us"))] + ([_pct(sw.get("pct_floor"))] if floor else []) + [_tf(sw.get("tflops"))]
+        row += [_pct(sw.get("pct_gemm"))] if gemm else []
         if anchor:
             row += [_us(p.get("anchor_vllm_gemm_us")), _x(sw.get("speedup_vs_anchor"))]
         for bname in baselines:
@@ -202,7 +241,7 @@ def format_table(rec: dict) -> str:
     lines.append("  ".join(h.rjust(w) for h, w in zip(head, widths)))
     for r in rows:
         lines.append("  ".join(c.rjust(w) for c, w in zip(r, widths)))
-    hows = {}
+    hows: Dict[str, set] = {}
     for p in rec["points"]:
         for name, r in p["results"].items():
             hows.setdefault(name, set()).add(r["how"])
@@ -223,15 +262,19 @@ def format_table(rec: dict) -> str:
     if rec.get("aborted"):
         lines.append(f"RUN ABORTED {rec['aborted']}")
     if rec["mode"] == "gpu":
-        lines.append("x_<impl> = that time / swapmoe time (> 1: swapmoe faster); TF/s = 2*slots*3*N*K / time")
+        lines.append("x_<impl> = that time / swapmoe time (> 1: swapmoe faster); TF/s = 2*slots*3*N*K / time; "
+                     "plan = the oracle's backend")
+    if baselines_shown(rec):
+        lines.append("baselines: " + "; ".join(f"{B.SHORT_NAMES.get(n, n)} = {BASELINE_WHAT.get(n, n)}"
+                                               for n in baselines_shown(rec)))
     return "\n".join(lines)
 
 
 def csv_text(rec: dict) -> str:
     impls = rec["implementations"]
-    head = ["M", "experts_touched", "slots", "floor_us", "anchor_vllm_gemm_us"]
+    head = ["M", "experts_touched", "slots", "floor_us", "anchor_vllm_gemm_us", "plan"]
     for n in impls:
-        head += [f"{n}_us", f"{n}_pct_floor", f"{n}_tflops", f"{n}_x_anchor"]
+        head += [f"{n}_us", f"{n}_pct_floor", f"{n}_tflops", f"{n}_pct_gemm", f"{n}_x_anchor"]
     head += [f"swapmoe_x_{n}" for n in impls if n != B.IMPL_SWAPMOE]
 
     def f(v: Any) -> str:
@@ -239,10 +282,11 @@ def csv_text(rec: dict) -> str:
 
     out = [",".join(head)]
     for p in rec["points"]:
-        row = [p["M"], p["experts_touched"], p["slots"], p["floor_us"], p["anchor_vllm_gemm_us"]]
+        row = [p["M"], p["experts_touched"], p["slots"], p["floor_us"], p["anchor_vllm_gemm_us"], _plan(p)]
         for n in impls:
             r = p["results"].get(n, {})
-            row += [r.get("time_us"), r.get("pct_floor"), r.get("tflops"), r.get("speedup_vs_anchor")]
+            row += [r.get("time_us"), r.get("pct_floor"), r.get("tflops"), r.get("pct_gemm"),
+                    r.get("speedup_vs_anchor")]
         sw = p["results"].get(B.IMPL_SWAPMOE, {}).get("speedup_vs") or {}
         row += [sw.get(n) for n in impls if n != B.IMPL_SWAPMOE]
         out.append(",".join(f(v) for v in row))
@@ -256,10 +300,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     def log(msg: str) -> None:
         print(f"swapmoe bench: {msg}", file=sys.stderr)
 
-    rec = B.run_bench(shape, dtype=args.dtype, m_list=ms, routing=args.routing, zipf_s=args.zipf_s,
+    rec = B.run_bench(shape, dtype=args.dtype, quant=args.quant, m_list=ms, routing=args.routing, zipf_s=args.zipf_s,
                       layers=args.layers, graph=args.graph, baselines=args.baselines, check=args.check,
                       check_all=args.check_all, device=args.device, seed=args.seed, anchors=args.anchors,
-                      read_bw_tbps=args.read_bw, progress=args.progress, log=log)
+                      read_bw_tbps=args.read_bw, gemm_tflops=args.gemm_tflops, progress=args.progress, log=log,
+                      with_routing=args.with_routing)
     if args.json:
         B.write_json(rec, args.json)
     if args.plot:
