@@ -45,5 +45,25 @@ for dtype in (torch.bfloat16, torch.float16):  # tensor-core tiles 16, 64, 128; 
     ok &= run(9, 8, 2, 200, 72, dtype, backend="cuda_mma")
     ok &= run(300, 4, 2, 136, 200, dtype, backend="cuda_mma")
 ok &= run(70, 8, 3, 64, 48, torch.bfloat16, global_E=16, backend="cuda_mma")
+
+
+def route_case(M, E, topk, **kw):
+    """The GPU router against the CPU router on the same logits."""
+    g = torch.Generator(device="cuda").manual_seed(M * 7 + E)
+    logits = torch.randn(M, E, device="cuda", generator=g)
+    if kw.pop("bias", False):
+        kw["e_score_correction_bias"] = torch.randn(E, device="cuda", generator=g) * 0.1
+    w, i = swapmoe.select_experts(logits, topk, **kw)
+    torch.cuda.synchronize()
+    cpu_kw = {k: (v.cpu() if torch.is_tensor(v) else v) for k, v in kw.items()}
+    wc, ic = swapmoe.select_experts(logits.cpu(), topk, **cpu_kw)
+    same = torch.equal(i.cpu(), ic) and torch.allclose(w.cpu(), wc, rtol=1e-5, atol=1e-6)
+    print(f"router M={M} E={E} topk={topk} {sorted(kw)}: {'same as CPU' if same else 'DIFFERENT'}")
+    return same
+
+
+ok &= route_case(5, 128, 8)
+ok &= route_case(3, 256, 8, scoring="sigmoid", num_expert_group=8, topk_group=4, bias=True, routed_scaling_factor=2.5)
+ok &= route_case(9, 16, 1, scoring="sigmoid", renormalize=False)
 print("ALL OK" if ok else "FAILED")
 raise SystemExit(0 if ok else 1)

@@ -11,6 +11,7 @@ pub mod cuda;
 pub mod error;
 pub mod oracle;
 pub mod problem;
+pub mod routing;
 
 #[cfg(feature = "python")]
 mod python;

@@ -95,6 +95,8 @@ pub enum KernelId {
     /// (bf16 or fp16, token tile)
     MmaGemm1Act(DType, usize),
     MmaGemm2(DType, usize),
+    /// Router (cuda/route_topk.cu), by logits dtype.
+    RouteTopk(DType),
 }
 
 const FLOAT_DTYPES: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
@@ -114,13 +116,14 @@ pub fn vector_width(d: DType) -> usize {
 }
 
 impl KernelId {
-    pub const COUNT: usize = 1 + 3 * 2 + 3 * 2 + 3 + 3 * 2 + 3 * 2 + 2 * 3 * 2;
+    pub const COUNT: usize = 1 + 3 * 2 + 3 * 2 + 3 + 3 * 2 + 3 * 2 + 2 * 3 * 2 + 3;
 
     pub fn module(&self) -> &'static str {
         match self {
             KernelId::RouteAlign => "route_align",
             KernelId::DecodeGemm1Act(..) | KernelId::DecodeGemm2Sum(..) => "decode_moe",
             KernelId::MmaGemm1Act(..) | KernelId::MmaGemm2(..) => "sm80_mma_moe",
+            KernelId::RouteTopk(..) => "route_topk",
             _ => "generic_moe",
         }
     }
@@ -135,6 +138,7 @@ impl KernelId {
             KernelId::DecodeGemm2Sum(d, v) => format!("decode_moe_gemm2_sum_{}_v{v}", d.suffix()),
             KernelId::MmaGemm1Act(d, t) => format!("sm80_moe_gemm1_act_{}_t{t}", d.suffix()),
             KernelId::MmaGemm2(d, t) => format!("sm80_moe_gemm2_{}_t{t}", d.suffix()),
+            KernelId::RouteTopk(d) => format!("swapmoe_route_topk_{}", d.suffix()),
         }
     }
 
@@ -149,6 +153,7 @@ impl KernelId {
             KernelId::DecodeGemm2Sum(d, v) => 22 + vec_slot(d, v),
             KernelId::MmaGemm1Act(d, t) => 28 + mma_slot(d, t),
             KernelId::MmaGemm2(d, t) => 34 + mma_slot(d, t),
+            KernelId::RouteTopk(d) => 40 + dtype_index(d),
         }
     }
 
@@ -163,6 +168,7 @@ impl KernelId {
                 v.push(KernelId::DecodeGemm2Sum(d, w));
             }
             v.push(KernelId::GenericTopkReduce(d));
+            v.push(KernelId::RouteTopk(d));
         }
         for d in [DType::BF16, DType::F16] {
             for t in MMA_TOKEN_TILES {

@@ -6,7 +6,7 @@ path. Importing swapmoe needs no GPU and no CUDA toolkit.
 """
 
 from . import _core
-from ._api import fused_experts, workspace_bytes
+from ._api import fused_experts, fused_moe, select_experts, workspace_bytes
 from .errors import ArgumentError, CudaError, DeviceError, DTypeError, Error, ShapeError
 
 __version__: str = _core.__version__
@@ -25,6 +25,8 @@ def warmup(device: int = 0) -> int:
 
 __all__ = [
     "fused_experts",
+    "fused_moe",
+    "select_experts",
     "workspace_bytes",
     "build_info",
     "warmup",

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import operator
 import sys
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 from . import _core
-from .errors import ArgumentError, DTypeError
+from .errors import ArgumentError, DTypeError, ShapeError
 
 
 def _is_torch(x: Any) -> bool:
@@ -137,3 +138,130 @@ def _fused_experts_dlpack(hidden_states, w1, w2, topk_weights, topk_ids, *, out,
         hidden_states, w1, w2, topk_weights, topk_ids, out, workspace=workspace, stream=stream, **kw
     )
     return out
+
+
+def select_experts(
+    gating_output: Any,
+    topk: int,
+    *,
+    renormalize: bool = True,
+    scoring: str = "softmax",
+    num_expert_group: Optional[int] = None,
+    topk_group: Optional[int] = None,
+    e_score_correction_bias: Any = None,
+    routed_scaling_factor: float = 1.0,
+    num_tokens: Optional[int] = None,
+) -> Tuple[Any, Any]:
+    """Routes router logits ``[M, E]`` (fp32, bf16 or fp16) to ``(topk_weights fp32 [M, topk],
+    topk_ids int32 [M, topk])`` with vLLM's ``fused_topk`` / ``grouped_topk`` semantics.
+
+    - ``scoring``: ``"softmax"`` (Mixtral, Qwen3) or ``"sigmoid"`` (DeepSeek-V3, Llama-4 top-1).
+    - ``num_expert_group`` / ``topk_group``: grouped top-k (DeepSeek-V3: 8 and 4). A group's
+      score is its best score, or with ``e_score_correction_bias`` ``[E]`` the sum of its two
+      best biased scores; only the ``topk_group`` best groups can be picked from.
+    - The bias only steers selection; weights are the unbiased scores, divided by their sum
+      when ``renormalize``, then multiplied by ``routed_scaling_factor``.
+    - Ids come in descending score order; equal scores go to the lowest expert index. NaN
+      ranks above every number (as in ``torch.topk``): a NaN logit is picked and its NaN
+      weight reaches the output, never silently dropped. A softmax row with a NaN is all NaN.
+    - ``num_tokens``: when given, ``gating_output.shape[0]`` must equal it.
+    """
+    try:
+        topk = operator.index(topk)
+    except TypeError:
+        raise ArgumentError(f"topk: expected an integer, got {topk!r}") from None
+    if not isinstance(scoring, str):
+        raise ArgumentError(f"scoring: expected 'softmax' or 'sigmoid', got {scoring!r}")
+    if _is_torch(gating_output):
+        from . import ops
+
+        return ops.select_experts_torch(
+            gating_output, topk, renormalize, scoring, num_expert_group, topk_group,
+            e_score_correction_bias, routed_scaling_factor, num_tokens,
+        )
+    if not hasattr(gating_output, "__dlpack__"):
+        raise DTypeError(
+            "gating_output: expected a tensor that supports DLPack (torch, numpy, cupy, ...), "
+            f"got {type(gating_output).__name__}"
+        )
+    shape = _shape(gating_output) or ()
+    m = shape[0] if len(shape) == 2 else 0
+    k = max(topk, 0)
+    module = type(gating_output).__module__.split(".")[0]
+    stream = 0
+    if module == "cupy":
+        import cupy  # type: ignore[import-not-found]
+
+        weights, ids = cupy.empty((m, k), cupy.float32), cupy.empty((m, k), cupy.int32)
+        stream = cupy.cuda.get_current_stream().ptr
+    else:
+        import numpy as np
+
+        weights, ids = np.empty((m, k), np.float32), np.empty((m, k), np.int32)
+    _core.select_experts(
+        gating_output, weights, ids, topk, renormalize, scoring, num_expert_group, topk_group,
+        e_score_correction_bias, routed_scaling_factor, stream, num_tokens,
+    )
+    return weights, ids
+
+
+def fused_moe(
+    hidden_states: Any,
+    w1: Any,
+    w2: Any,
+    gating_output: Any,
+    topk: int,
+    *,
+    renormalize: bool = True,
+    scoring: str = "softmax",
+    num_expert_group: Optional[int] = None,
+    topk_group: Optional[int] = None,
+    e_score_correction_bias: Any = None,
+    routed_scaling_factor: float = 1.0,
+    activation: str = "silu",
+    apply_router_weight_on_input: bool = False,
+    global_num_experts: int = -1,
+    expert_map: Any = None,
+    out: Any = None,
+    backend: Optional[str] = None,
+) -> Any:
+    """The whole MoE layer from router logits: :func:`select_experts` then
+    :func:`fused_experts`, both on the GPU for CUDA tensors with no host sync.
+    ``gating_output`` is ``[M, global_E]``; the other arguments are those of the two."""
+    shape = _shape(hidden_states)
+    g_shape, w_shape, m_shape = _shape(gating_output), _shape(w1), _shape(expert_map)
+    if g_shape and len(g_shape) == 2 and w_shape:
+        if global_num_experts != -1:
+            experts, what = global_num_experts, "global_num_experts"
+        elif m_shape:
+            experts, what = m_shape[0], "expert_map.shape[0]"
+        else:
+            experts, what = w_shape[0], "w1.shape[0], no expert_map given"
+        if g_shape[1] != experts:
+            raise ShapeError(
+                f"gating_output: expected shape [M, {experts}] ({what}), got [{g_shape[0]}, {g_shape[1]}]"
+            )
+    topk_weights, topk_ids = select_experts(
+        gating_output,
+        topk,
+        renormalize=renormalize,
+        scoring=scoring,
+        num_expert_group=num_expert_group,
+        topk_group=topk_group,
+        e_score_correction_bias=e_score_correction_bias,
+        routed_scaling_factor=routed_scaling_factor,
+        num_tokens=shape[0] if shape else None,
+    )
+    return fused_experts(
+        hidden_states,
+        w1,
+        w2,
+        topk_weights,
+        topk_ids,
+        activation=activation,
+        apply_router_weight_on_input=apply_router_weight_on_input,
+        global_num_experts=global_num_experts,
+        expert_map=expert_map,
+        out=out,
+        backend=backend,
+    )

@@ -24,6 +24,22 @@ def fused_experts(
     ``workspace_bytes(...)`` bytes) and launch on ``stream`` (a CUstream address; the
     inputs must be ready on it)."""
 
+def select_experts(
+    gating_output: Any,
+    topk_weights: Any,
+    topk_ids: Any,
+    topk: int,
+    renormalize: bool = True,
+    scoring: str = "softmax",
+    num_expert_group: Optional[int] = None,
+    topk_group: Optional[int] = None,
+    e_score_correction_bias: Optional[Any] = None,
+    routed_scaling_factor: float = 1.0,
+    stream: int = 0,
+    num_tokens: Optional[int] = None,
+) -> None:
+    """Routes router logits into ``topk_weights`` (fp32 [M, topk]) and ``topk_ids`` (int32)."""
+
 def workspace_bytes(m: int, topk: int, n: int, k: int, num_experts: int, elem_size: int) -> int: ...
 def describe_plan(
     hidden_states: Any,

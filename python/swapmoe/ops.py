@@ -132,3 +132,56 @@ def fused_experts_torch(hidden_states, w1, w2, topk_weights, topk_ids, *, activa
     _run(hidden_states, w1, w2, topk_weights, topk_ids, out, activation,
          apply_router_weight_on_input, global_num_experts, expert_map, check_ids, backend)
     return out
+
+
+def _empty_routing(gating_output: torch.Tensor, topk: int):
+    m = gating_output.shape[0] if gating_output.dim() == 2 else 0
+    k = max(int(topk), 0)
+    return (torch.empty((m, k), dtype=torch.float32, device=gating_output.device),
+            torch.empty((m, k), dtype=torch.int32, device=gating_output.device))
+
+
+def _route(gating_output, topk_weights, topk_ids, topk, renormalize, scoring, num_expert_group,
+           topk_group, e_score_correction_bias, routed_scaling_factor, num_tokens) -> None:
+    stream = _current_stream(gating_output) if gating_output.is_cuda else 0
+    _core.select_experts(gating_output, topk_weights, topk_ids, topk, renormalize, scoring,
+                         num_expert_group, topk_group, e_score_correction_bias,
+                         routed_scaling_factor, stream, num_tokens)
+
+
+@torch.library.custom_op("swapmoe::select_experts", mutates_args=())
+def select_experts_op(
+    gating_output: torch.Tensor,
+    topk: int,
+    renormalize: bool = True,
+    scoring: str = "softmax",
+    num_expert_group: Optional[int] = None,
+    topk_group: Optional[int] = None,
+    e_score_correction_bias: Optional[torch.Tensor] = None,
+    routed_scaling_factor: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    weights, ids = _empty_routing(gating_output, topk)
+    _route(gating_output, weights, ids, topk, renormalize, scoring, num_expert_group, topk_group,
+           e_score_correction_bias, routed_scaling_factor, None)
+    return weights, ids
+
+
+@select_experts_op.register_fake
+def _select_experts_fake(gating_output, topk, renormalize=True, scoring="softmax", num_expert_group=None,
+                         topk_group=None, e_score_correction_bias=None, routed_scaling_factor=1.0):
+    m = gating_output.shape[0]
+    return (gating_output.new_empty((m, topk), dtype=torch.float32),
+            gating_output.new_empty((m, topk), dtype=torch.int32))
+
+
+def select_experts_torch(gating_output, topk, renormalize, scoring, num_expert_group, topk_group,
+                         e_score_correction_bias, routed_scaling_factor, num_tokens):
+    """``swapmoe.select_experts`` for torch tensors (the op under torch.compile)."""
+    if torch.compiler.is_compiling():
+        return torch.ops.swapmoe.select_experts(gating_output, topk, renormalize, scoring,
+                                                num_expert_group, topk_group, e_score_correction_bias,
+                                                routed_scaling_factor)
+    weights, ids = _empty_routing(gating_output, topk)
+    _route(gating_output, weights, ids, topk, renormalize, scoring, num_expert_group, topk_group,
+           e_score_correction_bias, routed_scaling_factor, num_tokens)
+    return weights, ids

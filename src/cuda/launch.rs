@@ -8,6 +8,7 @@ use crate::oracle::{Backend, KernelId, Plan, REDUCE_THREADS, ROUTE_ALIGN_THREADS
 /// Threads per CTA of the tensor-core kernels (`kThreads` in cuda/sm80_mma_moe.cu).
 const MMA_THREADS: u32 = 256;
 use crate::problem::{DType, Device, MoeProblem, WorkspaceLayout};
+use crate::routing::RouterProblem;
 use cudarc::driver::sys;
 use std::ffi::c_void;
 
@@ -536,4 +537,70 @@ pub fn check_ids(p: &MoeProblem, stream: usize) -> Result<()> {
         }
     };
     crate::cpu::check_ids_with(p, read, |g| map.get(g).map(|&v| v as i64))
+}
+
+/// Threads per CTA of the router: one warp per token (`kWarps` in cuda/route_topk.cu).
+const ROUTER_TOKENS_PER_CTA: usize = 4;
+
+/// Routes every token of `p` on `stream` (cuda/route_topk.cu).
+pub fn select_experts(p: &RouterProblem, stream: usize) -> Result<()> {
+    let ordinal = match p.device {
+        Device::Cuda(i) => i,
+        other => {
+            return Err(Error::Device(format!(
+                "gating_output: expected a CUDA tensor, got device {other}"
+            )))
+        }
+    };
+    let dev = device(ordinal)?;
+    dev.make_current()?;
+    if p.m == 0 {
+        return Ok(());
+    }
+    let logits = p.logits as u64;
+    let logits_row = p.logits_row_stride;
+    let (m, e, topk) = (p.m as i32, p.experts as i32, p.cfg.topk as i32);
+    let renormalize = i32::from(p.cfg.renormalize);
+    let scoring = p.cfg.scoring.code();
+    let (groups, topk_group) = p
+        .cfg
+        .groups
+        .map(|(g, t)| (g as i32, t as i32))
+        .unwrap_or((1, 1));
+    let bias = p.bias as u64;
+    let bias_code = p.bias_dtype.scalar_code();
+    let scale = p.cfg.routed_scaling_factor;
+    let weights = p.weights_out as u64;
+    let weights_row = p.weights_row_stride;
+    let ids = p.ids_out as u64;
+    let ids_row = p.ids_row_stride;
+    let mut args = params!(
+        logits,
+        logits_row,
+        m,
+        e,
+        topk,
+        renormalize,
+        scoring,
+        groups,
+        topk_group,
+        bias,
+        bias_code,
+        scale,
+        weights,
+        weights_row,
+        ids,
+        ids_row
+    );
+    let grid = (p.m.div_ceil(ROUTER_TOKENS_PER_CTA) as u32, 1, 1);
+    launch(
+        dev,
+        KernelId::RouteTopk(p.logits_dtype),
+        grid,
+        (ROUTER_TOKENS_PER_CTA * 32) as u32,
+        0,
+        stream,
+        false,
+        &mut args,
+    )
 }

@@ -7,6 +7,7 @@ use crate::cuda;
 use crate::error::Error;
 use crate::oracle;
 use crate::problem::{Activation, MoeArgs, MoeProblem, WorkspaceLayout};
+use crate::routing::{RouterConfig, RouterProblem, Scoring};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyType};
@@ -137,6 +138,89 @@ fn fused_experts(
             };
             cuda::launch::fused_experts(&problem, &plan, ws_addr, ws_bytes, stream).py_err(py)
         }
+    }
+}
+
+/// Routes router logits into `topk_weights` (fp32 [M, topk]) and `topk_ids` (int32),
+/// on `stream` for CUDA tensors. `num_tokens`: hidden_states.shape[0] to check against.
+#[pyfunction]
+#[pyo3(signature = (gating_output, topk_weights, topk_ids, topk, renormalize=true, scoring="softmax", num_expert_group=None, topk_group=None, e_score_correction_bias=None, routed_scaling_factor=1.0, stream=0, num_tokens=None))]
+#[pyo3(
+    text_signature = "(gating_output, topk_weights, topk_ids, topk, renormalize=True, scoring='softmax', num_expert_group=None, topk_group=None, e_score_correction_bias=None, routed_scaling_factor=1.0, stream=0, num_tokens=None)"
+)]
+#[allow(clippy::too_many_arguments)]
+fn select_experts(
+    py: Python<'_>,
+    gating_output: &Bound<'_, PyAny>,
+    topk_weights: &Bound<'_, PyAny>,
+    topk_ids: &Bound<'_, PyAny>,
+    topk: i64,
+    renormalize: bool,
+    scoring: &str,
+    num_expert_group: Option<i64>,
+    topk_group: Option<i64>,
+    e_score_correction_bias: Option<&Bound<'_, PyAny>>,
+    routed_scaling_factor: f64,
+    stream: usize,
+    num_tokens: Option<i64>,
+) -> PyResult<()> {
+    let scoring = Scoring::parse(scoring).py_err(py)?;
+    if topk < 1 {
+        return Err(to_pyerr(
+            py,
+            Error::Argument(format!("topk: expected >= 1, got {topk}")),
+        ));
+    }
+    let groups = match (num_expert_group, topk_group) {
+        (None, None) => None,
+        (Some(g), Some(t)) if g >= 1 && t >= 1 => Some((g as usize, t as usize)),
+        (Some(g), Some(t)) => {
+            return Err(to_pyerr(
+                py,
+                Error::Argument(format!(
+                    "num_expert_group, topk_group: expected both >= 1, got {g} and {t}"
+                )),
+            ))
+        }
+        (g, t) => {
+            return Err(to_pyerr(
+                py,
+                Error::Argument(format!(
+                    "num_expert_group, topk_group: expected both or neither, got {g:?} and {t:?}"
+                )),
+            ))
+        }
+    };
+    let g = tensor::import("gating_output", gating_output)?;
+    let w = tensor::import("topk_weights", topk_weights)?;
+    let ids = tensor::import("topk_ids", topk_ids)?;
+    let bias = match e_score_correction_bias {
+        Some(b) => Some(tensor::import("e_score_correction_bias", b)?),
+        None => None,
+    };
+    let cfg = RouterConfig {
+        topk: topk as usize,
+        renormalize,
+        scoring,
+        groups,
+        routed_scaling_factor: routed_scaling_factor as f32,
+    };
+    let p = RouterProblem::new(
+        &g.desc,
+        bias.as_ref().map(|b| &b.desc),
+        &w.desc,
+        &ids.desc,
+        cfg,
+        num_tokens,
+    )
+    .py_err(py)?;
+    match p.device {
+        crate::problem::Device::Cpu => {
+            // SAFETY: the addresses come from DLPack imports alive until return.
+            py.detach(|| unsafe { crate::routing::select_experts_cpu(&p) });
+            Ok(())
+        }
+        _ => cuda::launch::select_experts(&p, stream).py_err(py),
     }
 }
 
@@ -273,6 +357,7 @@ fn warmup(py: Python<'_>, ordinal: i32) -> PyResult<usize> {
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(fused_experts, m)?)?;
     m.add_function(wrap_pyfunction!(workspace_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(select_experts, m)?)?;
     m.add_function(wrap_pyfunction!(describe_plan, m)?)?;
     m.add_function(wrap_pyfunction!(build_info, m)?)?;
     m.add_function(wrap_pyfunction!(driver_version, m)?)?;

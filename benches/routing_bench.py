@@ -1,0 +1,100 @@
+"""fused_moe (router on the GPU + fused experts) against fused_experts on precomputed ids,
+and against routing done by separate torch kernels, per layer in a CUDA graph of 8 layers
+on distinct weight copies (L2 flushed, do_bench median). Issue 3's measurement.
+
+    python benches/routing_bench.py [--m 1,8,64] [--json out.json]
+"""
+
+import argparse
+import json
+
+import torch
+import triton.testing
+
+import swapmoe
+
+SHAPES = {
+    # name: (E, topk, K, N, router kwargs)
+    "qwen3-30b-a3b": (128, 8, 2048, 768, dict(renormalize=True, scoring="softmax")),
+    "deepseek-v3-tp8": (256, 8, 7168, 256, dict(renormalize=True, scoring="sigmoid", num_expert_group=8,
+                                                 topk_group=4, routed_scaling_factor=2.5)),
+}
+
+
+def torch_router(logits, topk, kw, bias):
+    """vLLM-style routing in separate torch kernels (for the comparison only)."""
+    if kw["scoring"] == "softmax":
+        w, i = torch.topk(torch.softmax(logits.float(), -1), topk)
+        return w / w.sum(-1, keepdim=True), i.to(torch.int32)
+    scores = logits.float().sigmoid()
+    biased = scores + bias
+    M, E = logits.shape
+    g = kw["num_expert_group"]
+    gs = biased.view(M, g, -1).topk(2, -1)[0].sum(-1)
+    gidx = gs.topk(kw["topk_group"], -1)[1]
+    mask = torch.zeros_like(gs).scatter_(1, gidx, 1).unsqueeze(-1).expand(M, g, E // g).reshape(M, E)
+    ids = biased.masked_fill(mask == 0, float("-inf")).topk(topk, -1)[1]
+    w = scores.gather(1, ids)
+    w = w / w.sum(-1, keepdim=True) * kw["routed_scaling_factor"]
+    return w, ids.to(torch.int32)
+
+
+def time_graph(fn, layers):
+    fn(0)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(g, stream=s):
+            for i in range(layers):
+                fn(i)
+    return triton.testing.do_bench(g.replay, return_mode="median") * 1000 / layers
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--m", default="1,8,64")
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    swapmoe.warmup(0)
+    rows = []
+    print(f"{'shape':16s} {'M':>4s} {'experts_us':>10s} {'fused_moe_us':>12s} {'delta_us':>8s} "
+          f"{'torch_route+experts_us':>22s} {'launches moe/experts':>20s} {'max|diff|':>9s}")
+    for name, (E, topk, K, N, kw) in SHAPES.items():
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        w1 = (torch.randn(E, 2 * N, K, device="cuda", generator=gen) / K**0.5).to(torch.bfloat16)
+        w2 = (torch.randn(E, K, N, device="cuda", generator=gen) / N**0.5).to(torch.bfloat16)
+        w1s = [w1.clone() for _ in range(a.layers)]
+        w2s = [w2.clone() for _ in range(a.layers)]
+        del w1, w2
+        bias = (torch.randn(E, device="cuda", generator=gen) * 0.1) if kw["scoring"] == "sigmoid" else None
+        kwb = dict(kw, e_score_correction_bias=bias) if bias is not None else kw
+        for M in [int(v) for v in a.m.split(",")]:
+            x = torch.randn(M, K, device="cuda", generator=gen).to(torch.bfloat16)
+            logits = torch.randn(M, E, device="cuda", generator=gen)
+            tw, ids = swapmoe.select_experts(logits, topk, **kwb)
+            out = torch.empty_like(x)
+            t_exp = time_graph(lambda i: swapmoe.fused_experts(x, w1s[i], w2s[i], tw, ids, out=out), a.layers)
+            t_moe = time_graph(lambda i: swapmoe.fused_moe(x, w1s[i], w2s[i], logits, topk, out=out, **kwb),
+                               a.layers)
+            t_sep = time_graph(lambda i: swapmoe.fused_experts(x, w1s[i], w2s[i], *torch_router(logits, topk, kw, bias),
+                                                               out=out), a.layers)
+            ref_out = swapmoe.fused_experts(x, w1s[0], w2s[0], *torch_router(logits, topk, kw, bias))
+            moe_out = swapmoe.fused_moe(x, w1s[0], w2s[0], logits, topk, **kwb)
+            diff = (ref_out.float() - moe_out.float()).abs().max().item()
+            plan = swapmoe._core.describe_plan(x, w1s[0], w2s[0], tw, ids)
+            launches = len(plan["kernels"])
+            rows.append(dict(shape=name, M=M, fused_experts_us=t_exp, fused_moe_us=t_moe,
+                             torch_routing_plus_experts_us=t_sep, delta_us=t_moe - t_exp,
+                             launches_fused_moe=launches + 1, launches_fused_experts=launches,
+                             backend=plan["backend"], max_abs_diff_vs_torch_routing=diff))
+            print(f"{name:16s} {M:4d} {t_exp:10.1f} {t_moe:12.1f} {t_moe - t_exp:8.1f} {t_sep:22.1f} "
+                  f"{launches + 1:>10d}/{launches:<9d} {diff:9.2e}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), layers=a.layers, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
