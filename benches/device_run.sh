@@ -20,7 +20,7 @@ for step in "$@"; do
     bench-qwen) python3 -m swapmoe bench --model qwen3-30b-a3b --m ${BENCH_M:-1,2,4,8,16,32,64} --json "$OUT/bench_qwen.json" --plot "$OUT/bench_qwen.png" 2>&1 | tee "$OUT/bench_qwen.txt" | tail -40 ;;
     bench-all)
       for model in qwen3-30b-a3b deepseek-v3-tp8 mixtral-8x7b; do
-        python3 -m swapmoe bench --model $model --m ${BENCH_M:-1,2,4,8,16,32,64,1024,4096} --json "$OUT/bench_$model.json" --plot "$OUT/bench_$model.png" 2>&1 | tee "$OUT/bench_$model.txt" | tail -30
+        python3 -m swapmoe bench --model $model --m ${BENCH_M:-1,2,4,8,16,32,64,1024,4096} ${BENCH_ARGS:-} --json "$OUT/bench_$model.json" --plot "$OUT/bench_$model.png" 2>&1 | tee "$OUT/bench_$model.txt" | tail -30
       done ;;
     routing) python3 benches/routing_bench.py --json "$OUT/routing.json" 2>&1 | tee "$OUT/routing.txt" ;;
     pytest) python3 -m pytest -m gpu -q -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest_gpu.txt" | tail -25 ;;
