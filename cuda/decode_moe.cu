@@ -28,18 +28,6 @@ constexpr int kMaxSlots = 512;    // largest M*topk (`DECODE_MAX_SLOTS`)
 constexpr int kMaxExperts = 8192; // largest local E (`MAX_GPU_LOCAL_EXPERTS`)
 constexpr int kThreads = kRows * 32;
 
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void pdl_launch_dependents() {
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
 // Local expert of slot s, or -1 (id out of range, -1 id, expert_map -1 or out of range).
 __device__ __forceinline__ int slot_local_expert(const void* __restrict__ topk_ids, int ids_is_i64,
                                                  long long ids_row_stride,

@@ -21,6 +21,16 @@ __device__ __forceinline__ bool ranks_before(float av, int ai, float bv, int bi)
   return ai < bi;
 }
 
+// Keeps b1, b2 the two best values seen (in ranks_before order; equal values both kept).
+__device__ __forceinline__ void top2_insert(float v, float& b1, float& b2) {
+  if (ranks_before(v, 0, b1, 1)) {
+    b2 = b1;
+    b1 = v;
+  } else if (ranks_before(v, 0, b2, 1)) {
+    b2 = v;
+  }
+}
+
 __device__ __forceinline__ void warp_best(float& v, int& i) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
@@ -49,6 +59,8 @@ __device__ __forceinline__ void route_topk(const T* __restrict__ logits, long lo
   __shared__ float select_s[kWarps][kMaxExperts];  // scores used for selection
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int t = blockIdx.x * kWarps + warp;
+  pdl_wait();
+  pdl_launch_dependents();
   if (t >= M) return;  // warp-uniform; no block barrier below
   float* sc = score_s[warp];
   float* sel = select_s[warp];
@@ -83,24 +95,26 @@ __device__ __forceinline__ void route_topk(const T* __restrict__ logits, long lo
   int group_size = E;
   if (num_groups > 1) {
     group_size = E / num_groups;
+    // Lanes per group: L lanes share a group, each scanning every L-th of its experts
+    // (bank-conflict free), then the L partial results are merged with shuffles.
+    const int L = (32 % num_groups == 0) ? 32 / num_groups : 1;
+    const int grp = lane / L, part = lane % L;
+    float b1 = -INFINITY, b2 = -INFINITY;  // the two best values, NaN first (-inf: empty)
+    if (grp < num_groups) {
+      const float* g = sel + grp * group_size;
+#pragma unroll 4
+      for (int j = part; j < group_size; j += L) top2_insert(g[j], b1, b2);
+    }
+    for (int o = 1; o < L; o <<= 1) {  // merge the L partial top-2s of a group
+      const float o1 = __shfl_xor_sync(0xffffffffu, b1, o), o2 = __shfl_xor_sync(0xffffffffu, b2, o);
+      top2_insert(o1, b1, b2);
+      top2_insert(o2, b1, b2);
+    }
     float gv = -INFINITY;
     int gi = kNone;
-    if (lane < num_groups) {
-      const float* g = sel + lane * group_size;
-      float b1 = g[0];
-      int i1 = 0;
-      for (int j = 1; j < group_size; ++j)
-        if (ranks_before(g[j], j, b1, i1)) { b1 = g[j]; i1 = j; }
-      if (bias) {
-        float b2 = -INFINITY;
-        int i2 = kNone;
-        for (int j = 0; j < group_size; ++j)
-          if (j != i1 && ranks_before(g[j], j, b2, i2)) { b2 = g[j]; i2 = j; }
-        gv = b1 + b2;
-      } else {
-        gv = b1;
-      }
-      gi = lane;
+    if (grp < num_groups && part == 0) {
+      gv = bias ? b1 + b2 : b1;
+      gi = grp;
     }
     group_ok = 0u;
     for (int r = 0; r < topk_group; ++r) {
@@ -108,21 +122,24 @@ __device__ __forceinline__ void route_topk(const T* __restrict__ logits, long lo
       int i = gi;
       warp_best(v, i);
       group_ok |= 1u << i;
-      if (lane == i) { gv = -INFINITY; gi = kNone; }
+      if (i == gi) { gv = -INFINITY; gi = kNone; }
     }
   }
 
   // Top-k over the allowed experts; lane j keeps pick j.
   unsigned taken = 0u;  // bit q: expert lane + 32*q picked
+  const int per_lane = (E + 31) / 32;
   float my_w = 0.f;
   int my_id = 0;
   for (int r = 0; r < topk; ++r) {
     float v = -INFINITY;
     int i = kNone;
-    for (int e = lane, q = 0; e < E; e += 32, ++q) {
-      if ((taken >> q) & 1u) continue;
-      if (!((group_ok >> (e / group_size)) & 1u)) continue;
-      if (ranks_before(sel[e], e, v, i)) { v = sel[e]; i = e; }
+#pragma unroll 4
+    for (int q = 0; q < per_lane; ++q) {
+      const int e = lane + 32 * q;
+      if (e >= E || ((taken >> q) & 1u) || !((group_ok >> (e / group_size)) & 1u)) continue;
+      const float x = sel[e];
+      if (ranks_before(x, e, v, i)) { v = x; i = e; }
     }
     warp_best(v, i);
     if ((i & 31) == lane) taken |= 1u << (i >> 5);

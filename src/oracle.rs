@@ -302,6 +302,12 @@ pub fn plan(p: &MoeProblem, caps: Option<&DeviceCaps>) -> Plan {
     }
 }
 
+/// Whether the router kernel is launched with programmatic dependent launch, so that it
+/// and the experts kernels after it overlap their start-up (sm_90+).
+pub fn router_uses_pdl(caps: &DeviceCaps) -> bool {
+    caps.capability.0 >= 9
+}
+
 /// Expected slots per distinct expert when `slots` ids fall uniformly on `experts`
 /// (the host cannot look at the ids without a sync).
 pub fn expected_slots_per_expert(slots: usize, experts: usize) -> f64 {

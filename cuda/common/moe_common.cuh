@@ -40,6 +40,21 @@ __device__ __forceinline__ float activate(int act, float g) {
   return g / (1.0f + __expf(-g));
 }
 
+// Programmatic dependent launch (sm_90): wait for the previous kernel in the stream before
+// touching its outputs; let the next kernel begin its launch. No-ops before sm_90 and when
+// the kernel was launched without the attribute.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

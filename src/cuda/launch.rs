@@ -600,7 +600,7 @@ pub fn select_experts(p: &RouterProblem, stream: usize) -> Result<()> {
         (ROUTER_TOKENS_PER_CTA * 32) as u32,
         0,
         stream,
-        false,
+        crate::oracle::router_uses_pdl(&dev.caps),
         &mut args,
     )
 }
