@@ -804,7 +804,8 @@ def test_check_main(capsys):
     assert cli.main(["check"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("swapmoe ")
-    for key in ("nvcc:", "embedded targets:", "modules:", "cuda driver:", "torch:", "vllm:"):
+    for key in ("nvcc:", "embedded targets:", "modules:", "cuda driver:", "torch:", "vllm:", "vllm plugin:",
+                "tuned tables:"):
         assert key in out, key
     if not torch.cuda.is_available():
         assert "no CUDA driver" in out or "devices:" in out

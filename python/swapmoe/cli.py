@@ -384,6 +384,10 @@ def cmd_check(args: argparse.Namespace) -> int:
         print("vllm: not installed")
     except Exception as e:  # installed but broken
         print(f"vllm: installed but import failed ({type(e).__name__}: {e})")
+    # Stated plainly until these land, so that nobody debugs a plugin that does not exist.
+    print("vllm plugin: not in this build (no vllm.general_plugins entry point yet); vLLM keeps its own MoE kernels")
+    print("tuned tables: none in this build; the oracle uses the heuristics in src/oracle.rs "
+          "(force a backend with $SWAPMOE_BACKEND)")
     return 0
 
 
