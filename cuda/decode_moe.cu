@@ -105,28 +105,6 @@ __device__ void find_expert_slots(ExpertSlots& r, const void* __restrict__ topk_
   __syncthreads();
 }
 
-template <typename T, int VEC, int NT>
-__device__ __forceinline__ void dot_rows2(const T* __restrict__ wa, const T* __restrict__ wb,
-                                          const T* const (&xr)[kTok], int K, int lane,
-                                          float (&acc_a)[kTok], float (&acc_b)[kTok]) {
-#pragma unroll 4
-  for (int k = lane * VEC; k < K; k += 32 * VEC) {
-    float a[VEC], b[VEC];
-    load_vec_f32<T, VEC>(wa + k, a);
-    load_vec_f32<T, VEC>(wb + k, b);
-#pragma unroll
-    for (int i = 0; i < NT; ++i) {
-      float xv[VEC];
-      load_vec_f32<T, VEC>(xr[i] + k, xv);
-#pragma unroll
-      for (int v = 0; v < VEC; ++v) {
-        acc_a[i] = fmaf(a[v], xv[v], acc_a[i]);
-        acc_b[i] = fmaf(b[v], xv[v], acc_b[i]);
-      }
-    }
-  }
-}
-
 template <typename T, int VEC>
 __device__ __forceinline__ void gemm1_act(
     const T* __restrict__ x, long long x_row_stride, const T* __restrict__ w1,
@@ -158,10 +136,10 @@ __device__ __forceinline__ void gemm1_act(
     }
     float g[kTok] = {}, u[kTok] = {};
     switch (nt) {
-      case 1: dot_rows2<T, VEC, 1>(wg, wu, xr, K, lane, g, u); break;
-      case 2: dot_rows2<T, VEC, 2>(wg, wu, xr, K, lane, g, u); break;
-      case 3: dot_rows2<T, VEC, 3>(wg, wu, xr, K, lane, g, u); break;
-      default: dot_rows2<T, VEC, 4>(wg, wu, xr, K, lane, g, u); break;
+      case 1: dot_rows2<T, VEC, 1, kTok>(wg, wu, xr, K, lane, g, u); break;
+      case 2: dot_rows2<T, VEC, 2, kTok>(wg, wu, xr, K, lane, g, u); break;
+      case 3: dot_rows2<T, VEC, 3, kTok>(wg, wu, xr, K, lane, g, u); break;
+      default: dot_rows2<T, VEC, 4, kTok>(wg, wu, xr, K, lane, g, u); break;
     }
 #pragma unroll
     for (int i = 0; i < kTok; ++i) {

@@ -81,4 +81,28 @@ __device__ __forceinline__ void load_vec_f32(const T* p, float (&out)[VEC]) {
   }
 }
 
+// Two dot products per token, for up to TOK tokens against rows wa and wb (GEMM1's gate
+// and up rows): lanes stride over K with VEC-element loads; NT tokens are live.
+template <typename T, int VEC, int NT, int TOK>
+__device__ __forceinline__ void dot_rows2(const T* __restrict__ wa, const T* __restrict__ wb,
+                                          const T* const (&xr)[TOK], int K, int lane,
+                                          float (&acc_a)[TOK], float (&acc_b)[TOK]) {
+#pragma unroll 4
+  for (int k = lane * VEC; k < K; k += 32 * VEC) {
+    float a[VEC], b[VEC];
+    load_vec_f32<T, VEC>(wa + k, a);
+    load_vec_f32<T, VEC>(wb + k, b);
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+      float xv[VEC];
+      load_vec_f32<T, VEC>(xr[i] + k, xv);
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) {
+        acc_a[i] = fmaf(a[v], xv[v], acc_a[i]);
+        acc_b[i] = fmaf(b[v], xv[v], acc_b[i]);
+      }
+    }
+  }
+}
+
 }  // namespace swapmoe

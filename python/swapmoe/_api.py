@@ -75,24 +75,12 @@ def fused_experts(
     """
     if not isinstance(activation, str):
         raise ArgumentError(f"activation: expected one of 'silu', 'gelu', got {activation!r}")
+    run = _fused_experts_dlpack
     if _is_torch(hidden_states):
         from . import ops
 
-        return ops.fused_experts_torch(
-            hidden_states,
-            w1,
-            w2,
-            topk_weights,
-            topk_ids,
-            activation=activation,
-            apply_router_weight_on_input=apply_router_weight_on_input,
-            global_num_experts=global_num_experts,
-            expert_map=expert_map,
-            out=out,
-            check_ids=check_ids,
-            backend=backend,
-        )
-    return _fused_experts_dlpack(
+        run = ops.fused_experts_torch
+    return run(
         hidden_states,
         w1,
         w2,

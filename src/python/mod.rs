@@ -37,6 +37,59 @@ impl<T> IntoPy<T> for crate::error::Result<T> {
     }
 }
 
+/// The tensor inputs of fused_experts, imported through DLPack and alive while held.
+struct MoeInputs {
+    hidden_states: tensor::Imported,
+    w1: tensor::Imported,
+    w2: tensor::Imported,
+    topk_weights: tensor::Imported,
+    topk_ids: tensor::Imported,
+    expert_map: Option<tensor::Imported>,
+}
+
+impl MoeInputs {
+    fn import(
+        hidden_states: &Bound<'_, PyAny>,
+        w1: &Bound<'_, PyAny>,
+        w2: &Bound<'_, PyAny>,
+        topk_weights: &Bound<'_, PyAny>,
+        topk_ids: &Bound<'_, PyAny>,
+        expert_map: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        Ok(MoeInputs {
+            hidden_states: tensor::import("hidden_states", hidden_states)?,
+            w1: tensor::import("w1", w1)?,
+            w2: tensor::import("w2", w2)?,
+            topk_weights: tensor::import("topk_weights", topk_weights)?,
+            topk_ids: tensor::import("topk_ids", topk_ids)?,
+            expert_map: expert_map
+                .map(|m| tensor::import("expert_map", m))
+                .transpose()?,
+        })
+    }
+
+    fn problem(
+        &self,
+        out: &crate::problem::TensorDesc,
+        activation: Activation,
+        apply_router_weight_on_input: bool,
+        global_num_experts: i64,
+    ) -> crate::error::Result<MoeProblem> {
+        MoeProblem::new(&MoeArgs {
+            hidden_states: &self.hidden_states.desc,
+            w1: &self.w1.desc,
+            w2: &self.w2.desc,
+            topk_weights: &self.topk_weights.desc,
+            topk_ids: &self.topk_ids.desc,
+            out,
+            expert_map: self.expert_map.as_ref().map(|t| &t.desc),
+            activation,
+            apply_router_weight_on_input,
+            global_num_experts,
+        })
+    }
+}
+
 /// Runs the fused experts op. `out` is written; `workspace` (CUDA only) must hold at least
 /// `workspace_bytes(...)` bytes on the device. Launches on `stream` (a CUstream address,
 /// 0 for the legacy default stream).
@@ -65,29 +118,16 @@ fn fused_experts(
 ) -> PyResult<()> {
     let activation = Activation::parse(activation).py_err(py)?;
     let forced = oracle::forced_backend(backend).py_err(py)?;
-    let h = tensor::import("hidden_states", hidden_states)?;
-    let t_w1 = tensor::import("w1", w1)?;
-    let t_w2 = tensor::import("w2", w2)?;
-    let t_tw = tensor::import("topk_weights", topk_weights)?;
-    let t_ids = tensor::import("topk_ids", topk_ids)?;
+    let inputs = MoeInputs::import(hidden_states, w1, w2, topk_weights, topk_ids, expert_map)?;
     let t_out = tensor::import("out", out)?;
-    let t_map = match expert_map {
-        Some(m) => Some(tensor::import("expert_map", m)?),
-        None => None,
-    };
-    let problem = MoeProblem::new(&MoeArgs {
-        hidden_states: &h.desc,
-        w1: &t_w1.desc,
-        w2: &t_w2.desc,
-        topk_weights: &t_tw.desc,
-        topk_ids: &t_ids.desc,
-        out: &t_out.desc,
-        expert_map: t_map.as_ref().map(|t| &t.desc),
-        activation,
-        apply_router_weight_on_input,
-        global_num_experts,
-    })
-    .py_err(py)?;
+    let problem = inputs
+        .problem(
+            &t_out.desc,
+            activation,
+            apply_router_weight_on_input,
+            global_num_experts,
+        )
+        .py_err(py)?;
 
     match problem.device {
         crate::problem::Device::Cpu => {
@@ -252,28 +292,11 @@ fn describe_plan<'py>(
     expert_map: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let activation = Activation::parse(activation).py_err(py)?;
-    let h = tensor::import("hidden_states", hidden_states)?;
-    let t_w1 = tensor::import("w1", w1)?;
-    let t_w2 = tensor::import("w2", w2)?;
-    let t_tw = tensor::import("topk_weights", topk_weights)?;
-    let t_ids = tensor::import("topk_ids", topk_ids)?;
-    let t_map = match expert_map {
-        Some(m) => Some(tensor::import("expert_map", m)?),
-        None => None,
-    };
-    let problem = MoeProblem::new(&MoeArgs {
-        hidden_states: &h.desc,
-        w1: &t_w1.desc,
-        w2: &t_w2.desc,
-        topk_weights: &t_tw.desc,
-        topk_ids: &t_ids.desc,
-        out: &h.desc,
-        expert_map: t_map.as_ref().map(|t| &t.desc),
-        activation,
-        apply_router_weight_on_input: false,
-        global_num_experts: -1,
-    })
-    .py_err(py)?;
+    let inputs = MoeInputs::import(hidden_states, w1, w2, topk_weights, topk_ids, expert_map)?;
+    // The plan does not depend on the output tensor: hidden_states stands in for it.
+    let problem = inputs
+        .problem(&inputs.hidden_states.desc, activation, false, -1)
+        .py_err(py)?;
     let caps = match problem.device {
         crate::problem::Device::Cuda(i) => Some(cuda::device(i).py_err(py)?.caps.clone()),
         _ => None,
