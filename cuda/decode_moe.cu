@@ -124,44 +124,8 @@ __device__ __forceinline__ void gemm1_act(
   const int lane = threadIdx.x & 31;
   const T* wg = w1 + e * w1_expert_stride + (long long)row * w1_row_stride;
   const T* wu = w1 + e * w1_expert_stride + (long long)(row + N) * w1_row_stride;
-  const int begin = 0, end = r.count;
-  for (int t0 = begin; t0 < end; t0 += kTok) {
-    const int nt = min(kTok, end - t0);
-    int slot[kTok];
-    const T* xr[kTok];
-#pragma unroll
-    for (int i = 0; i < kTok; ++i) {
-      slot[i] = r.slots[t0 + min(i, nt - 1)];
-      xr[i] = x + (long long)(slot[i] / topk) * x_row_stride;
-    }
-    float g[kTok] = {}, u[kTok] = {};
-    switch (nt) {
-      case 1: dot_rows2<T, VEC, 1, kTok>(wg, wu, xr, K, lane, g, u); break;
-      case 2: dot_rows2<T, VEC, 2, kTok>(wg, wu, xr, K, lane, g, u); break;
-      case 3: dot_rows2<T, VEC, 3, kTok>(wg, wu, xr, K, lane, g, u); break;
-      default: dot_rows2<T, VEC, 4, kTok>(wg, wu, xr, K, lane, g, u); break;
-    }
-#pragma unroll
-    for (int i = 0; i < kTok; ++i) {
-      g[i] = warp_sum(g[i]);
-      u[i] = warp_sum(u[i]);
-    }
-    if (lane < nt) {
-      float gi = 0.f, ui = 0.f;
-      int si = 0;
-#pragma unroll
-      for (int i = 0; i < kTok; ++i)
-        if (i == lane) { gi = g[i]; ui = u[i]; si = slot[i]; }
-      if (weight_on_input) {
-        const int t = si / topk, k = si - t * topk;
-        const float w = load_scalar(topk_weights, topk_weights_code,
-                                    (long long)t * topk_weights_row_stride + k);
-        gi *= w;
-        ui *= w;
-      }
-      inter[(long long)si * N + row] = from_f32<T>(activate(act, gi) * ui);
-    }
-  }
+  gemm1_row<T, VEC, kTok>(wg, wu, x, x_row_stride, r.slots, r.count, topk, N, K, row, lane, act,
+                          weight_on_input, topk_weights, topk_weights_code, topk_weights_row_stride, inter);
 }
 
 template <typename T, int VEC>

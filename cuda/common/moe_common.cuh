@@ -105,4 +105,55 @@ __device__ __forceinline__ void dot_rows2(const T* __restrict__ wa, const T* __r
   }
 }
 
+// GEMM1 for one output row j and every slot of one expert: one warp computes
+// inter[s, j] = act(gate_j . x[t]) * (up_j . x[t]) (x scaled by the router weight when
+// weight_on_input), kTok slots per pass over the two weight rows. `slots` is the expert's
+// slot list (global or shared memory), `count` its length. Lane i writes token i.
+template <typename T, int VEC, int TOK>
+__device__ __forceinline__ void gemm1_row(const T* __restrict__ wg, const T* __restrict__ wu,
+                                          const T* __restrict__ x, long long x_row_stride,
+                                          const int* slots, int count, int topk, int N, int K,
+                                          int row, int lane, int act, int weight_on_input,
+                                          const void* __restrict__ topk_weights, int topk_weights_code,
+                                          long long topk_weights_row_stride, T* __restrict__ inter) {
+  for (int t0 = 0; t0 < count; t0 += TOK) {
+    const int nt = min(TOK, count - t0);
+    int slot[TOK];
+    const T* xr[TOK];
+#pragma unroll
+    for (int i = 0; i < TOK; ++i) {
+      slot[i] = slots[t0 + min(i, nt - 1)];
+      xr[i] = x + (long long)(slot[i] / topk) * x_row_stride;
+    }
+    float g[TOK] = {}, u[TOK] = {};
+    static_assert(TOK == 4, "the dispatch below covers 1..4 live slots");
+    switch (nt) {
+      case 1: dot_rows2<T, VEC, 1, TOK>(wg, wu, xr, K, lane, g, u); break;
+      case 2: dot_rows2<T, VEC, 2, TOK>(wg, wu, xr, K, lane, g, u); break;
+      case 3: dot_rows2<T, VEC, 3, TOK>(wg, wu, xr, K, lane, g, u); break;
+      default: dot_rows2<T, VEC, 4, TOK>(wg, wu, xr, K, lane, g, u); break;
+    }
+#pragma unroll
+    for (int i = 0; i < TOK; ++i) {
+      g[i] = warp_sum(g[i]);
+      u[i] = warp_sum(u[i]);
+    }
+    if (lane < nt) {
+      // Registers are indexed by a compile-time loop, not by lane.
+      float gi = 0.f, ui = 0.f;
+      int si = 0;
+#pragma unroll
+      for (int i = 0; i < TOK; ++i)
+        if (i == lane) { gi = g[i]; ui = u[i]; si = slot[i]; }
+      if (weight_on_input) {
+        const int t = si / topk, k = si - t * topk;
+        const float w = load_scalar(topk_weights, topk_weights_code, (long long)t * topk_weights_row_stride + k);
+        gi *= w;
+        ui *= w;
+      }
+      inter[(long long)si * N + row] = from_f32<T>(activate(act, gi) * ui);
+    }
+  }
+}
+
 }  // namespace swapmoe
