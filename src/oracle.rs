@@ -308,6 +308,86 @@ pub fn router_uses_pdl(caps: &DeviceCaps) -> bool {
     caps.capability.0 >= 9
 }
 
+/// Devices the oracle knows by name, for offline questions ("what would an H200 do?"):
+/// (name, compute capability, SM count).
+pub const KNOWN_DEVICES: &[(&str, (i32, i32), i32)] = &[
+    ("NVIDIA H200", (9, 0), 132),
+    ("NVIDIA H100 80GB HBM3", (9, 0), 132),
+    ("NVIDIA H100 PCIe", (9, 0), 114),
+    ("NVIDIA A100-SXM4-80GB", (8, 0), 108),
+    ("NVIDIA A100-SXM4-40GB", (8, 0), 108),
+    ("NVIDIA L40S", (8, 9), 142),
+];
+
+/// Device capabilities from a name and/or a compute capability. A known name fills in what
+/// is missing; an unknown name needs the capability.
+pub fn offline_caps(
+    name: Option<&str>,
+    capability: Option<(i32, i32)>,
+    sm_count: Option<i32>,
+) -> Result<DeviceCaps> {
+    let known = name.and_then(|n| KNOWN_DEVICES.iter().find(|d| d.0.eq_ignore_ascii_case(n)));
+    let capability = match (capability, known) {
+        (Some(c), _) => c,
+        (None, Some(d)) => d.1,
+        (None, None) => {
+            let names: Vec<&str> = KNOWN_DEVICES.iter().map(|d| d.0).collect();
+            return Err(Error::Argument(format!(
+                "device_capability: expected (major, minor) for device {:?}, or a known device_name: one of {names:?}",
+                name.unwrap_or("<none>")
+            )));
+        }
+    };
+    Ok(DeviceCaps {
+        name: name.unwrap_or("(offline)").to_string(),
+        capability,
+        sm_count: sm_count.or(known.map(|d| d.2)).unwrap_or(132),
+    })
+}
+
+/// The plan for a shape alone (contiguous, 16-byte aligned tensors on a CUDA device), for
+/// `swapmoe.select_backend` and `swapmoe explain`.
+#[allow(clippy::too_many_arguments)]
+pub fn plan_for_shape(
+    num_tokens: i64,
+    num_experts: i64,
+    top_k: i64,
+    hidden_size: i64,
+    intermediate_size: i64,
+    dtype: DType,
+    caps: &DeviceCaps,
+    forced: Option<Backend>,
+) -> Result<Plan> {
+    use crate::problem::{Activation, MoeArgs, TensorDesc};
+    let dev = Device::Cuda(0);
+    let t = |d, shape: &[i64]| TensorDesc::contiguous(d, shape, dev, 1 << 20);
+    let (m, e, k, n) = (num_tokens, num_experts, hidden_size, intermediate_size);
+    if m < 0 || e < 1 || top_k < 1 || top_k > e || k < 1 || n < 1 {
+        return Err(Error::Shape(format!(
+            "select_backend: expected num_tokens >= 0, num_experts >= 1, 1 <= top_k <= num_experts, hidden_size >= 1 and intermediate_size >= 1, got {m}, {e}, {top_k}, {k}, {n}"
+        )));
+    }
+    let (h, w1, w2) = (
+        t(dtype, &[m, k]),
+        t(dtype, &[e, 2 * n, k]),
+        t(dtype, &[e, k, n]),
+    );
+    let (tw, ids) = (t(DType::F32, &[m, top_k]), t(DType::I32, &[m, top_k]));
+    let p = MoeProblem::new(&MoeArgs {
+        hidden_states: &h,
+        w1: &w1,
+        w2: &w2,
+        topk_weights: &tw,
+        topk_ids: &ids,
+        out: &h,
+        expert_map: None,
+        activation: Activation::Silu,
+        apply_router_weight_on_input: false,
+        global_num_experts: -1,
+    })?;
+    plan_with(&p, Some(caps), forced)
+}
+
 /// Expected slots per distinct expert when `slots` ids fall uniformly on `experts`
 /// (the host cannot look at the ids without a sync).
 pub fn expected_slots_per_expert(slots: usize, experts: usize) -> f64 {
@@ -565,6 +645,35 @@ mod tests {
             sm_count: 108,
         };
         assert!(!super::plan(&p, Some(&a100)).pdl);
+    }
+
+    #[test]
+    fn offline_questions() {
+        let h200 = offline_caps(Some("NVIDIA H200"), None, None).unwrap();
+        assert_eq!((h200.capability, h200.sm_count), ((9, 0), 132));
+        assert!(offline_caps(Some("Some GPU"), None, None).is_err());
+        let custom = offline_caps(Some("Some GPU"), Some((8, 6)), Some(84)).unwrap();
+        assert_eq!(custom.sm_count, 84);
+        let p = plan_for_shape(1, 128, 8, 2048, 768, DType::BF16, &h200, None).unwrap();
+        assert_eq!(p.backend, Backend::CudaDecode);
+        assert!(p.pdl);
+        let p = plan_for_shape(4096, 8, 2, 4096, 14336, DType::BF16, &h200, None).unwrap();
+        assert_eq!((p.backend, p.tokens_per_pass), (Backend::CudaMma, 128));
+        let p = plan_for_shape(64, 8, 2, 4096, 14336, DType::F32, &h200, None).unwrap();
+        assert_eq!(p.backend, Backend::CudaGeneric);
+        let forced = plan_for_shape(
+            64,
+            8,
+            2,
+            4096,
+            14336,
+            DType::BF16,
+            &h200,
+            Some(Backend::CudaGeneric),
+        )
+        .unwrap();
+        assert!(forced.reasons.iter().any(|r| r.starts_with("override:")));
+        assert!(plan_for_shape(1, 8, 9, 64, 64, DType::BF16, &h200, None).is_err());
     }
 
     #[test]

@@ -8,6 +8,7 @@ path. Importing swapmoe needs no GPU and no CUDA toolkit.
 from . import _core
 from ._api import fused_experts, fused_moe, select_experts, workspace_bytes
 from .errors import ArgumentError, CudaError, DeviceError, DTypeError, Error, ShapeError
+from .oracle import Plan, select_backend
 
 __version__: str = _core.__version__
 
@@ -27,6 +28,8 @@ __all__ = [
     "fused_experts",
     "fused_moe",
     "select_experts",
+    "select_backend",
+    "Plan",
     "workspace_bytes",
     "build_info",
     "warmup",

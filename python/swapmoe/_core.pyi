@@ -40,6 +40,20 @@ def select_experts(
 ) -> None:
     """Routes router logits into ``topk_weights`` (fp32 [M, topk]) and ``topk_ids`` (int32)."""
 
+def select_backend(
+    num_tokens: int,
+    num_experts: int,
+    top_k: int,
+    hidden_size: int,
+    intermediate_size: int,
+    dtype: str = "bf16",
+    device_capability: Optional[tuple[int, int]] = None,
+    device_name: Optional[str] = None,
+    sm_count: Optional[int] = None,
+    backend: Optional[str] = None,
+) -> dict[str, Any]:
+    """The oracle's plan for a shape (see ``swapmoe.select_backend``)."""
+
 def workspace_bytes(m: int, topk: int, n: int, k: int, num_experts: int, elem_size: int) -> int: ...
 def describe_plan(
     hidden_states: Any,

@@ -37,7 +37,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="swapmoe", description="swapmoe: fused MoE experts for vLLM.")
-    sub = p.add_subparsers(dest="command", metavar="{bench,check}")
+    sub = p.add_subparsers(dest="command", metavar="{bench,check,explain}")
 
     b = sub.add_parser(
         "bench",
@@ -97,6 +97,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("check", help="print version, build, CUDA driver and devices, torch and vLLM")
     c.set_defaults(func=cmd_check)
+
+    x = sub.add_parser(
+        "explain",
+        help="print the oracle's plan and its reasons for each M (works offline with --device-name)",
+        formatter_class=_HelpFormatter,
+    )
+    xs = x.add_mutually_exclusive_group(required=True)
+    xs.add_argument("--model", metavar="NAME", help=f"preset shape: {', '.join(B.PRESETS)}")
+    xs.add_argument("--hf-config", metavar="PATH", help="Hugging Face config.json to read the shape from")
+    xs.add_argument("--shape", metavar="E,topk,K,N", help="explicit shape: experts, topk, hidden, moe intermediate")
+    x.add_argument("--tp", type=int, default=1, metavar="N", help="tensor parallel: divides N")
+    x.add_argument("--ep", type=int, default=1, metavar="N", help="expert parallel: divides E")
+    x.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
+    x.add_argument("--quant", choices=list(B.QUANTS), default="none",
+                   help="weight quantization; the FP8 variants are not implemented yet in this build and exit 2")
+    x.add_argument("--m", metavar="M,M,...", default="1,8,64,1024", help="token counts")
+    x.add_argument("--device-name", metavar="NAME", default=None,
+                   help='ask for this device (e.g. "NVIDIA H200") instead of CUDA device 0; needs no GPU')
+    x.add_argument("--capability", metavar="MAJOR.MINOR", default=None,
+                   help="compute capability, for a device name the oracle does not know")
+    x.add_argument("--backend", default=None, help="force a backend, as $SWAPMOE_BACKEND does")
+    x.set_defaults(func=cmd_explain)
     return p
 
 
@@ -291,6 +313,44 @@ def csv_text(rec: dict) -> str:
         row += [sw.get(n) for n in impls if n != B.IMPL_SWAPMOE]
         out.append(",".join(f(v) for v in row))
     return "\n".join(out) + "\n"
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    import swapmoe
+
+    shape = _shape_from_args(args)
+    assert shape is not None  # the shape group is required
+    if args.quant != "none":
+        print(f"swapmoe explain: error: --quant {args.quant}: {B.FP8_NOT_IMPLEMENTED}", file=sys.stderr)
+        return 2
+    cap = None
+    if args.capability:
+        try:
+            major, minor = (int(v) for v in args.capability.split("."))
+            cap = (major, minor)
+        except ValueError:
+            print(f"swapmoe explain: error: --capability: expected MAJOR.MINOR, got {args.capability!r}",
+                  file=sys.stderr)
+            return 2
+    print(f"swapmoe {swapmoe.__version__} explain: {shape.name}  E={shape.E} topk={shape.topk} "
+          f"K={shape.K} N={shape.N}  {args.dtype}")
+    for m in B.parse_m_list(args.m):
+        try:
+            plan = swapmoe.select_backend(m, shape.E, shape.topk, shape.K, shape.N, dtype=args.dtype,
+                                          device_capability=cap, device_name=args.device_name,
+                                          backend=args.backend)
+        except swapmoe.Error as e:
+            print(f"swapmoe explain: error: {e}", file=sys.stderr)
+            return 2
+        t = plan.tile
+        print(f"\nM={m}: {plan.backend} ({plan.source}; swap_ab={plan.swap_ab}) on {plan.device_name} "
+              f"sm_{plan.device_capability[0]}{plan.device_capability[1]}")
+        print(f"  kernels: {', '.join(t['kernels'])}")
+        print(f"  rows_per_cta={t['rows_per_cta']} tokens_per_pass={t['tokens_per_pass']} "
+              f"gemm1_vec={t['gemm1_vec']} gemm2_vec={t['gemm2_vec']} pdl={t['pdl']}")
+        for r in plan.reasons:
+            print(f"  - {r}")
+    return 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -6,7 +6,7 @@ mod tensor;
 use crate::cuda;
 use crate::error::Error;
 use crate::oracle;
-use crate::problem::{Activation, MoeArgs, MoeProblem, WorkspaceLayout};
+use crate::problem::{Activation, DType, MoeArgs, MoeProblem, WorkspaceLayout};
 use crate::routing::{RouterConfig, RouterProblem, Scoring};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -319,6 +319,96 @@ fn describe_plan<'py>(
     Ok(d)
 }
 
+/// The oracle's plan for a shape, without tensors: the device is the one named (known
+/// names fill in the capability), else the given capability, else CUDA device 0.
+#[pyfunction]
+#[pyo3(signature = (num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype="bf16", device_capability=None, device_name=None, sm_count=None, backend=None))]
+#[pyo3(
+    text_signature = "(num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype='bf16', device_capability=None, device_name=None, sm_count=None, backend=None)"
+)]
+#[allow(clippy::too_many_arguments)]
+fn select_backend<'py>(
+    py: Python<'py>,
+    num_tokens: i64,
+    num_experts: i64,
+    top_k: i64,
+    hidden_size: i64,
+    intermediate_size: i64,
+    dtype: &str,
+    device_capability: Option<(i32, i32)>,
+    device_name: Option<&str>,
+    sm_count: Option<i32>,
+    backend: Option<&str>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let dtype = match dtype {
+        "bf16" | "bfloat16" => DType::BF16,
+        "fp16" | "float16" => DType::F16,
+        "fp32" | "float32" => DType::F32,
+        other => {
+            return Err(to_pyerr(
+                py,
+                Error::DType(format!(
+                    "dtype: expected 'bf16', 'fp16' or 'fp32', got {other:?}"
+                )),
+            ))
+        }
+    };
+    let forced = oracle::forced_backend(backend).py_err(py)?;
+    let caps = if device_name.is_some() || device_capability.is_some() {
+        oracle::offline_caps(device_name, device_capability, sm_count).py_err(py)?
+    } else {
+        cuda::device(0)
+            .map(|d| d.caps.clone())
+            .map_err(|e| {
+                Error::Argument(format!(
+                    "device_name: expected a device name or device_capability when no CUDA device can be asked ({e})"
+                ))
+            })
+            .py_err(py)?
+    };
+    let source = if forced.is_some() {
+        "override"
+    } else {
+        "heuristic"
+    };
+    let plan = oracle::plan_for_shape(
+        num_tokens,
+        num_experts,
+        top_k,
+        hidden_size,
+        intermediate_size,
+        dtype,
+        &caps,
+        forced,
+    )
+    .py_err(py)?;
+    let d = PyDict::new(py);
+    d.set_item("backend", plan.backend.name())?;
+    d.set_item(
+        "swap_ab",
+        matches!(
+            plan.backend,
+            oracle::Backend::CudaDecode | oracle::Backend::CudaMma
+        ),
+    )?;
+    let tile = PyDict::new(py);
+    tile.set_item(
+        "kernels",
+        plan.kernels.iter().map(|k| k.symbol()).collect::<Vec<_>>(),
+    )?;
+    tile.set_item("rows_per_cta", plan.rows_per_cta)?;
+    tile.set_item("tokens_per_pass", plan.tokens_per_pass)?;
+    tile.set_item("gemm1_vec", plan.gemm1_vec)?;
+    tile.set_item("gemm2_vec", plan.gemm2_vec)?;
+    tile.set_item("pdl", plan.pdl)?;
+    d.set_item("tile", tile)?;
+    d.set_item("source", source)?;
+    d.set_item("reasons", plan.reasons)?;
+    d.set_item("device_name", caps.name)?;
+    d.set_item("device_capability", caps.capability)?;
+    Ok(d)
+}
+
 /// What this build of the extension holds.
 #[pyfunction]
 fn build_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
@@ -381,6 +471,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(fused_experts, m)?)?;
     m.add_function(wrap_pyfunction!(workspace_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(select_experts, m)?)?;
+    m.add_function(wrap_pyfunction!(select_backend, m)?)?;
     m.add_function(wrap_pyfunction!(describe_plan, m)?)?;
     m.add_function(wrap_pyfunction!(build_info, m)?)?;
     m.add_function(wrap_pyfunction!(driver_version, m)?)?;

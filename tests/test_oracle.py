@@ -1,0 +1,90 @@
+"""swapmoe.select_backend and `swapmoe explain`: the oracle's plan asked offline."""
+
+import pytest
+
+import swapmoe
+from swapmoe import cli
+
+H200 = dict(device_name="NVIDIA H200")
+QWEN3 = (128, 8, 2048, 768)  # E, topk, K, N
+
+
+def plan(m, shape=QWEN3, **kw):
+    E, topk, K, N = shape
+    return swapmoe.select_backend(m, E, topk, K, N, **{**H200, **kw})
+
+
+def test_decode_at_m1_on_h200_with_pdl():
+    p = plan(1)
+    assert p.backend == "cuda_decode" and p.swap_ab and p.source == "heuristic"
+    assert p.tile["pdl"] is True
+    assert p.tile["kernels"] == ["decode_moe_gemm1_act_bf16_v8", "decode_moe_gemm2_sum_bf16_v8"]
+    assert p.device_capability == (9, 0)
+    assert any(r.startswith("cuda_decode:") for r in p.reasons)
+
+
+def test_tensor_cores_at_prefill_with_token_tile_from_slots_per_expert():
+    p = plan(1024)
+    assert p.backend == "cuda_mma" and p.tile["tokens_per_pass"] == 64
+    p = plan(4096, shape=(8, 2, 4096, 14336))
+    assert p.tile["tokens_per_pass"] == 128
+    assert any(r.startswith("cuda_decode: rejected") for r in p.reasons)
+
+
+def test_fp32_falls_back_to_generic_with_reason():
+    p = plan(1024, dtype="fp32")
+    assert p.backend == "cuda_generic" and not p.swap_ab
+    assert any("cuda_mma: rejected" in r and "float32" in r for r in p.reasons)
+
+
+def test_ampere_gets_no_pdl():
+    p = swapmoe.select_backend(1, *QWEN3, device_capability=(8, 0), device_name="my A100")
+    assert p.backend == "cuda_decode" and p.tile["pdl"] is False
+    assert p.device_name == "my A100"
+
+
+def test_override_argument_and_env(monkeypatch):
+    p = plan(1, backend="cuda_generic")
+    assert p.backend == "cuda_generic" and p.source == "override"
+    monkeypatch.setenv("SWAPMOE_BACKEND", "cuda_mma")
+    p = plan(1)
+    assert p.backend == "cuda_mma" and p.source == "override"  # the env var overrides too
+    assert any(r.startswith("override:") for r in p.reasons)
+    with pytest.raises(swapmoe.ArgumentError, match="cuda_decode"):
+        monkeypatch.delenv("SWAPMOE_BACKEND")
+        plan(1024, backend="cuda_decode")  # 8192 slots: more than the decode kernels hold
+
+
+@pytest.mark.parametrize(
+    "kw,cls,needle",
+    [
+        (dict(device_name="Some GPU"), swapmoe.ArgumentError, "device_capability"),
+        (dict(quant="fp8_tensor"), swapmoe.ArgumentError, "quant"),
+        (dict(quant="int4"), swapmoe.ArgumentError, "quant"),
+        (dict(dtype="fp64"), swapmoe.DTypeError, "dtype"),
+        (dict(backend="fastest"), swapmoe.ArgumentError, "backend"),
+    ],
+)
+def test_bad_questions_raise_typed_errors(kw, cls, needle):
+    with pytest.raises(cls) as e:
+        plan(8, **kw)
+    assert needle in str(e.value)
+
+
+def test_bad_shape_raises_shape_error():
+    with pytest.raises(swapmoe.ShapeError, match="top_k"):
+        swapmoe.select_backend(1, 8, 9, 64, 64, **H200)
+
+
+def test_explain_offline(capsys):
+    assert cli.main(["explain", "--model", "qwen3-30b-a3b", "--device-name", "NVIDIA H200", "--m", "1,1024"]) == 0
+    out = capsys.readouterr().out
+    assert "M=1: cuda_decode (heuristic; swap_ab=True) on NVIDIA H200 sm_90" in out
+    assert "M=1024: cuda_mma" in out and "token tile 64" in out
+
+
+def test_explain_errors_exit_2(capsys):
+    assert cli.main(["explain", "--shape", "8,2,256,128", "--device-name", "NVIDIA H200", "--quant", "fp8_tensor"]) == 2
+    assert cli.main(["explain", "--shape", "8,2,256,128", "--device-name", "X", "--capability", "nine"]) == 2
+    err = capsys.readouterr().err
+    assert "--quant fp8_tensor" in err and "--capability" in err
