@@ -444,11 +444,33 @@ def cmd_check(args: argparse.Namespace) -> int:
         print("vllm: not installed")
     except Exception as e:  # installed but broken
         print(f"vllm: installed but import failed ({type(e).__name__}: {e})")
-    # Stated plainly until these land, so that nobody debugs a plugin that does not exist.
-    print("vllm plugin: not in this build (no vllm.general_plugins entry point yet); vLLM keeps its own MoE kernels")
+    print(f"vllm plugin: {_plugin_state()}")
     print("tuned tables: none in this build; the oracle uses the heuristics in src/oracle.rs "
           "(force a backend with $SWAPMOE_BACKEND)")
     return 0
+
+
+def _plugin_state() -> str:
+    """Whether vLLM would load swapmoe's plugin here, and what it would do."""
+    import os
+    from importlib.metadata import entry_points, version
+
+    from . import vllm_plugin as P
+
+    eps = [ep for ep in entry_points(group="vllm.general_plugins") if ep.value.startswith("swapmoe.")]
+    if not eps:
+        return "entry point not installed (install the swapmoe package with pip); vLLM keeps its own MoE kernels"
+    lo, hi = P.SUPPORTED_VLLM
+    where = f"entry point {eps[0].name} = {eps[0].value}; supports vLLM >={P._fmt(lo)},<{P._fmt(hi)}"
+    if os.environ.get(P.DISABLE_ENV, "").strip() not in ("", "0"):
+        return f"{where}; disabled by {P.DISABLE_ENV}={os.environ[P.DISABLE_ENV]}"
+    try:
+        have = version("vllm")
+    except Exception:
+        return f"{where}; inactive (vLLM is not installed)"
+    if not (lo <= P._parse_version(have) < hi):
+        return f"{where}; inactive: vLLM {have} is outside the range"
+    return f"{where}; active for vLLM {have} on CUDA GPUs of compute capability >= 8.0"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -1,0 +1,59 @@
+"""swapmoe.vllm_experts on the CPU (no vLLM needed): workspace sizing and alignment, and
+the experts body against the float64 reference. The CUDA side is test_vllm_experts_gpu.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import swapmoe  # noqa: E402
+from swapmoe import _core, reference, vllm_experts  # noqa: E402
+
+
+@pytest.mark.parametrize("M", [1, 3, 64, 513])
+@pytest.mark.parametrize("itemsize", [2, 4])
+def test_workspace2_holds_swapmoe_workspace_and_tritons(M, itemsize):
+    ws13, ws2, out = vllm_experts.workspace_shapes(M, 2 * 768, 2048, 8, 128, itemsize)
+    assert ws13[0] == ws2[0] == out[0] == M  # vLLM chunks on the first dimension
+    assert ws13 == (M, 8, 2048) and out == (M, 2048)
+    need = _core.workspace_bytes(M, 8, 768, 2048, 128, itemsize) + vllm_experts.WORKSPACE_ALIGN
+    assert int(np.prod(ws2)) * itemsize >= need
+    assert ws2[2] >= 2 * 768  # Triton's intermediate_cache1
+
+
+def test_aligned_workspace_is_256_aligned_and_bounded():
+    buf = torch.empty(10_000, dtype=torch.uint8)
+    for skew in range(0, 64, 7):
+        view = vllm_experts.aligned_workspace(buf[skew:], 4096)
+        assert view.data_ptr() % 256 == 0 and view.numel() == 4096
+        assert view.data_ptr() >= buf[skew:].data_ptr()
+    with pytest.raises(swapmoe.ArgumentError, match=r"workspace2: expected at least \d+ bytes"):
+        vllm_experts.aligned_workspace(buf[:100], 4096)
+    assert vllm_experts.aligned_workspace(buf, 0) is None
+
+
+@pytest.mark.parametrize("on_input", [False, True])
+def test_run_on_cpu_matches_reference(on_input):
+    rng = np.random.default_rng(3 + on_input)
+    M, K, N, E = 9, 64, 48, 6
+    topk = 1 if on_input else 2
+    x = rng.standard_normal((M, K))
+    w1 = rng.standard_normal((E, 2 * N, K)) / 8
+    w2 = rng.standard_normal((E, K, N)) / 7
+    ids = np.stack([rng.choice(E, topk, replace=False) for _ in range(M)]).astype(np.int32)
+    ids[0, 0] = -1  # a slot routed to another rank
+    tw = rng.random((M, topk)).astype(np.float32)
+    t = lambda a, dt=torch.float32: torch.from_numpy(np.ascontiguousarray(a)).to(dt)  # noqa: E731
+    out = torch.full((M, K), float("nan"))
+    vllm_experts.run(out, t(x), t(w1), t(w2), t(tw), t(ids, torch.int32), "silu", E, None, None, on_input)
+    ref = reference.fused_experts_ref(x, w1, w2, np.ones_like(tw) if on_input else tw, ids)
+    assert reference.rel_error(out.double().numpy(), ref) < 1e-5
+
+
+def test_run_rejects_unsupported_activation():
+    z = torch.zeros(1, 8)
+    with pytest.raises(swapmoe.ArgumentError, match="activation: expected one of"):
+        vllm_experts.run(z, z, torch.zeros(1, 8, 8), torch.zeros(1, 8, 4), torch.ones(1, 1),
+                         torch.zeros(1, 1, dtype=torch.int32), "swigluoai", 1, None, None, False)
