@@ -24,7 +24,9 @@ def make(M, E, topk, K, N, dtype, dev="cuda", seed=0):
 
 def check(M, E, topk, K, N, dtype, **kw):
     ok = True
-    for backend in ("cuda_decode", "cuda_generic", "cuda_mma"):
+    for backend in ("cuda_decode", "cuda_generic", "cuda_mma", "cuda_bulk_decode"):
+        if backend == "cuda_bulk_decode" and (dtype == torch.float32 or K % 8 or N % 8 or M * topk > 64):
+            continue
         if backend == "cuda_decode" and M * topk > 512:
             continue
         if backend == "cuda_mma" and (dtype == torch.float32 or K % 8 or N % 8):
@@ -149,7 +151,9 @@ def main():
                 continue
             t0 = time.time()
             bench(M, E, topk, K, N)
-            for b in ("cuda_decode", "cuda_generic", "cuda_mma"):
+            for b in ("cuda_bulk_decode", "cuda_decode", "cuda_generic", "cuda_mma"):
+                if b == "cuda_bulk_decode" and M * topk > 64:
+                    continue
                 if b == "cuda_decode" and M * topk > 512:
                     continue
                 if b == "cuda_generic" and M >= 1024:

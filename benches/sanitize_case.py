@@ -45,6 +45,10 @@ for dtype in (torch.bfloat16, torch.float16):  # tensor-core tiles 16, 64, 128; 
     ok &= run(9, 8, 2, 200, 72, dtype, backend="cuda_mma")
     ok &= run(300, 4, 2, 136, 200, dtype, backend="cuda_mma")
 ok &= run(70, 8, 3, 64, 48, torch.bfloat16, global_E=16, backend="cuda_mma")
+if torch.cuda.get_device_capability() == (9, 0):  # TMA bulk-copy decode kernels
+    for dtype in (torch.bfloat16, torch.float16):
+        ok &= run(3, 8, 2, 520, 1160, dtype, backend="cuda_bulk_decode")  # K and N chunk tails
+    ok &= run(8, 16, 8, 64, 48, torch.bfloat16, global_E=32, activation="gelu", backend="cuda_bulk_decode")
 
 
 def route_case(M, E, topk, **kw):

@@ -31,6 +31,19 @@ pub fn mma_smem_bytes(bn: usize) -> usize {
 }
 /// Token tiles the tensor-core kernels are built for.
 pub const MMA_TOKEN_TILES: [usize; 3] = [16, 64, 128];
+/// Threads per CTA of the Hopper bulk-copy decode kernels: 8 consumer warps and one
+/// producer warp (`kThreads` in cuda/sm90_bulk_decode.cu).
+pub const BULK_THREADS: usize = 288;
+/// Output rows per work item of the bulk-copy decode kernels (`kRows`).
+pub const BULK_ROWS_PER_ITEM: usize = 8;
+/// Slots per pass of the bulk-copy GEMM1 (`kTok`).
+pub const BULK_TOKENS_PER_PASS: usize = 4;
+/// Largest M*topk the bulk-copy decode kernels hold (`kMaxSlots`).
+pub const BULK_MAX_SLOTS: usize = 64;
+/// Dynamic shared memory of a bulk-copy decode kernel: 5 stages of 20 KiB (`kStages`,
+/// `kStageBytes`). GEMM1 and GEMM2 CTAs fit on one SM together (2 x 100 KiB), so GEMM2's
+/// weight stream starts under GEMM1's tail.
+pub const BULK_SMEM_BYTES: usize = 5 * 20480;
 /// Threads of the routing-alignment CTA (`kThreads` in cuda/route_align.cu).
 pub const ROUTE_ALIGN_THREADS: usize = 1024;
 /// Threads per CTA of the top-k reduction.
@@ -57,14 +70,19 @@ pub enum Backend {
     /// Tensor-core grouped GEMMs (cuda/sm80_mma_moe.cu, mma.sync, sm_80+): bf16/fp16 with
     /// K and N multiples of 8, for many tokens per expert.
     CudaMma,
+    /// The decode kernels' math with the weights streamed by the TMA unit (cp.async.bulk)
+    /// into a 6-stage shared-memory ring, on a persistent grid (cuda/sm90_bulk_decode.cu,
+    /// sm_90): bf16/fp16, 16-byte aligned rows, M*topk <= BULK_MAX_SLOTS.
+    CudaBulkDecode,
 }
 
 impl Backend {
-    pub const ALL: [Backend; 4] = [
+    pub const ALL: [Backend; 5] = [
         Backend::Cpu,
         Backend::CudaGeneric,
         Backend::CudaDecode,
         Backend::CudaMma,
+        Backend::CudaBulkDecode,
     ];
 
     pub fn parse(s: &str) -> Option<Backend> {
@@ -77,6 +95,7 @@ impl Backend {
             Backend::CudaGeneric => "cuda_generic",
             Backend::CudaDecode => "cuda_decode",
             Backend::CudaMma => "cuda_mma",
+            Backend::CudaBulkDecode => "cuda_bulk_decode",
         }
     }
 }
@@ -97,6 +116,9 @@ pub enum KernelId {
     MmaGemm2(DType, usize),
     /// Router (cuda/route_topk.cu), by logits dtype.
     RouteTopk(DType),
+    /// Bulk-copy decode kernels (cuda/sm90_bulk_decode.cu), bf16 or fp16.
+    BulkGemm1Act(DType),
+    BulkGemm2Sum(DType),
 }
 
 const FLOAT_DTYPES: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
@@ -116,7 +138,7 @@ pub fn vector_width(d: DType) -> usize {
 }
 
 impl KernelId {
-    pub const COUNT: usize = 1 + 3 * 2 + 3 * 2 + 3 + 3 * 2 + 3 * 2 + 2 * 3 * 2 + 3;
+    pub const COUNT: usize = 1 + 3 * 2 + 3 * 2 + 3 + 3 * 2 + 3 * 2 + 2 * 3 * 2 + 3 + 2 * 2;
 
     pub fn module(&self) -> &'static str {
         match self {
@@ -124,6 +146,7 @@ impl KernelId {
             KernelId::DecodeGemm1Act(..) | KernelId::DecodeGemm2Sum(..) => "decode_moe",
             KernelId::MmaGemm1Act(..) | KernelId::MmaGemm2(..) => "sm80_mma_moe",
             KernelId::RouteTopk(..) => "route_topk",
+            KernelId::BulkGemm1Act(..) | KernelId::BulkGemm2Sum(..) => "sm90_bulk_decode",
             _ => "generic_moe",
         }
     }
@@ -139,6 +162,8 @@ impl KernelId {
             KernelId::MmaGemm1Act(d, t) => format!("sm80_moe_gemm1_act_{}_t{t}", d.suffix()),
             KernelId::MmaGemm2(d, t) => format!("sm80_moe_gemm2_{}_t{t}", d.suffix()),
             KernelId::RouteTopk(d) => format!("swapmoe_route_topk_{}", d.suffix()),
+            KernelId::BulkGemm1Act(d) => format!("bulk_moe_gemm1_act_{}", d.suffix()),
+            KernelId::BulkGemm2Sum(d) => format!("bulk_moe_gemm2_sum_{}", d.suffix()),
         }
     }
 
@@ -154,6 +179,8 @@ impl KernelId {
             KernelId::MmaGemm1Act(d, t) => 28 + mma_slot(d, t),
             KernelId::MmaGemm2(d, t) => 34 + mma_slot(d, t),
             KernelId::RouteTopk(d) => 40 + dtype_index(d),
+            KernelId::BulkGemm1Act(d) => 43 + usize::from(d == DType::F16),
+            KernelId::BulkGemm2Sum(d) => 45 + usize::from(d == DType::F16),
         }
     }
 
@@ -175,6 +202,8 @@ impl KernelId {
                 v.push(KernelId::MmaGemm1Act(d, t));
                 v.push(KernelId::MmaGemm2(d, t));
             }
+            v.push(KernelId::BulkGemm1Act(d));
+            v.push(KernelId::BulkGemm2Sum(d));
         }
         v
     }
@@ -193,6 +222,8 @@ pub struct Plan {
     pub tokens_per_pass: usize,
     /// Launch with programmatic dependent launch (sm_90+).
     pub pdl: bool,
+    /// CTAs of a persistent grid (the device's SM count; 0 for other backends).
+    pub ctas: usize,
     /// Why each choice was made or each candidate rejected.
     pub reasons: Vec<String>,
 }
@@ -277,8 +308,12 @@ pub fn plan(p: &MoeProblem, caps: Option<&DeviceCaps>) -> Plan {
     let per_expert = expected_slots_per_expert(slots, p.local_experts);
     if slots <= DECODE_HEURISTIC_MAX_SLOTS && per_expert <= DECODE_HEURISTIC_MAX_SLOTS_PER_EXPERT {
         c.reasons.push(format!(
-            "cuda_decode: M*topk = {slots} <= {DECODE_HEURISTIC_MAX_SLOTS} and ~{per_expert:.1} slots per expert, so each GEMM CTA routes for itself and GEMM2 sums over top-k: 2 launches instead of 4"
+            "decode: M*topk = {slots} <= {DECODE_HEURISTIC_MAX_SLOTS} and ~{per_expert:.1} slots per expert, so each GEMM CTA routes for itself and GEMM2 sums over top-k: 2 launches instead of 4"
         ));
+        c.reasons.push(match c.eligible(Backend::CudaBulkDecode) {
+            Ok(()) => "cuda_bulk_decode: not picked by the heuristic, measured slower than cuda_decode on the H200 (benches/NOTES.md, v6); a tuned table or backend= can pick it".into(),
+            Err(why) => format!("cuda_bulk_decode: rejected, {why}"),
+        });
         return c.build(Backend::CudaDecode);
     }
     c.reasons.push(format!(
@@ -403,6 +438,8 @@ pub fn expected_slots_per_expert(slots: usize, experts: usize) -> f64 {
 struct Candidates<'a> {
     p: &'a MoeProblem,
     pdl_ok: bool,
+    /// The device is sm_90 (Hopper), known to the oracle; its SM count.
+    hopper_sms: Option<usize>,
     gemm1_vec: usize,
     gemm2_vec: usize,
     reasons: Vec<String>,
@@ -447,6 +484,9 @@ impl<'a> Candidates<'a> {
         Candidates {
             p,
             pdl_ok: caps.is_none_or(|c| c.capability.0 >= 9),
+            hopper_sms: caps
+                .filter(|c| c.capability == (9, 0))
+                .map(|c| c.sm_count.max(1) as usize),
             gemm1_vec: if gemm1_ok { w as usize } else { 1 },
             gemm2_vec: if gemm2_ok { w as usize } else { 1 },
             reasons,
@@ -481,6 +521,25 @@ impl<'a> Candidates<'a> {
                 p.slots()
             )),
             Backend::CudaDecode => Ok(()),
+            Backend::CudaBulkDecode => {
+                if self.hopper_sms.is_none() {
+                    Err("it needs an sm_90 (Hopper) device: TMA bulk copies and mbarriers".into())
+                } else if !matches!(p.dtype, DType::BF16 | DType::F16) {
+                    Err(format!(
+                        "it needs bfloat16 or float16, got {}",
+                        p.dtype.name()
+                    ))
+                } else if self.gemm1_vec == 1 || self.gemm2_vec == 1 {
+                    Err("its bulk copies need K, N and every row stride to be multiples of 8 elements, with 16-byte aligned tensors".into())
+                } else if p.slots() > BULK_MAX_SLOTS {
+                    Err(format!(
+                        "it holds at most M*topk = {BULK_MAX_SLOTS} slots, got {}",
+                        p.slots()
+                    ))
+                } else {
+                    Ok(())
+                }
+            }
             Backend::CudaMma => {
                 if !matches!(p.dtype, DType::BF16 | DType::F16) {
                     Err(format!(
@@ -501,8 +560,21 @@ impl<'a> Candidates<'a> {
         let (g1, g2) = (self.gemm1_vec, self.gemm2_vec);
         let tile = self.mma_token_tile();
         let mut reasons = self.reasons;
+        let mut ctas = 0;
         let (kernels, rows_per_cta, tokens_per_pass, pdl) = match b {
             Backend::Cpu => (vec![], 0, 0, false),
+            Backend::CudaBulkDecode => {
+                ctas = self.hopper_sms.unwrap_or(132);
+                reasons.push(format!(
+                    "cuda_bulk_decode: a persistent grid of {ctas} CTAs streams weights and activations through 5 x 20 KiB bulk-copy stages per SM; GEMM2 starts its weight stream under GEMM1's tail (pdl)"
+                ));
+                (
+                    vec![KernelId::BulkGemm1Act(d), KernelId::BulkGemm2Sum(d)],
+                    BULK_ROWS_PER_ITEM,
+                    BULK_TOKENS_PER_PASS,
+                    true,
+                )
+            }
             Backend::CudaDecode => {
                 reasons.push(if self.pdl_ok {
                     "pdl: sm_90+, the two launches overlap their start-up with programmatic dependent launch".into()
@@ -550,6 +622,7 @@ impl<'a> Candidates<'a> {
             rows_per_cta,
             tokens_per_pass,
             pdl,
+            ctas,
             reasons,
         }
     }
@@ -632,19 +705,72 @@ mod tests {
         let plan = plan(&p, Some(&h200()));
         assert_eq!(plan.backend, Backend::CudaDecode);
         assert!(plan.pdl);
+        assert!(plan
+            .reasons
+            .iter()
+            .any(|r| r.starts_with("cuda_bulk_decode: not picked")));
+        // Forced (or from a table), the bulk-copy kernels run on a persistent grid.
+        let bulk = plan_with(&p, Some(&h200()), Some(Backend::CudaBulkDecode)).unwrap();
+        assert_eq!(bulk.ctas, 132);
+        assert!(bulk.pdl);
         assert_eq!(
-            plan.kernels,
+            bulk.kernels,
             vec![
-                KernelId::DecodeGemm1Act(DType::BF16, 8),
-                KernelId::DecodeGemm2Sum(DType::BF16, 8)
+                KernelId::BulkGemm1Act(DType::BF16),
+                KernelId::BulkGemm2Sum(DType::BF16)
             ]
         );
+        // Without a known Hopper device the SIMT decode kernels run (PDL from sm_90 on).
         let a100 = DeviceCaps {
             name: "A100".into(),
             capability: (8, 0),
             sm_count: 108,
         };
-        assert!(!super::plan(&p, Some(&a100)).pdl);
+        let on_a100 = super::plan(&p, Some(&a100));
+        assert_eq!(on_a100.backend, Backend::CudaDecode);
+        assert!(!on_a100.pdl);
+        assert_eq!(on_a100.ctas, 0);
+        assert!(on_a100
+            .reasons
+            .iter()
+            .any(|r| r.starts_with("cuda_bulk_decode: rejected") && r.contains("sm_90")));
+        assert_eq!(
+            on_a100.kernels,
+            vec![
+                KernelId::DecodeGemm1Act(DType::BF16, 8),
+                KernelId::DecodeGemm2Sum(DType::BF16, 8)
+            ]
+        );
+        assert_eq!(super::plan(&p, None).backend, Backend::CudaDecode);
+    }
+
+    #[test]
+    fn bulk_decode_rejections() {
+        let h = h200();
+        let why = |p: &MoeProblem| {
+            Candidates::new(p, Some(&h))
+                .eligible(Backend::CudaBulkDecode)
+                .unwrap_err()
+        };
+        assert!(why(&problem(4, 128, 8, 2048, 768, DType::F32)).contains("float32"));
+        assert!(why(&problem(4, 128, 8, 2044, 768, DType::BF16)).contains("multiples of 8"));
+        assert!(why(&problem(4, 128, 8, 2048, 764, DType::BF16)).contains("multiples of 8"));
+        assert!(why(&problem(9, 128, 8, 2048, 768, DType::BF16)).contains("64 slots"));
+        assert!(
+            Candidates::new(&problem(8, 128, 8, 2048, 768, DType::F16), Some(&h))
+                .eligible(Backend::CudaBulkDecode)
+                .is_ok()
+        );
+        // Forcing it where it cannot run names the reason.
+        let err = plan_with(
+            &problem(4, 128, 8, 2048, 768, DType::F32),
+            Some(&h),
+            Some(Backend::CudaBulkDecode),
+        )
+        .unwrap_err();
+        assert!(matches!(err, Error::Argument(ref m) if m.contains("cuda_bulk_decode")));
+        let fp32 = plan(&problem(2, 128, 8, 2048, 768, DType::F32), Some(&h));
+        assert_eq!(fp32.backend, Backend::CudaDecode);
     }
 
     #[test]

@@ -111,6 +111,42 @@ def test_tensor_core_backend(case, dtype, rng):
     run_case(case, "torch", dtype, rng, device=DEV, backend="cuda_mma")
 
 
+BULK_CASES = [
+    Case(1, 128, 8, 128, 256, out="poison"),
+    # > 4 slots of one expert (several slot groups), K chunk tail (1000 = 512 + 488), EP map
+    Case(5, 16, 8, 200, 1000, "gelu", ids="concentrated", ep=True, out="poison"),
+    # N > 1024 (two GEMM2 chunks), K = 512 + 8, out aliases hidden_states, invalid ids
+    Case(8, 64, 8, 1160, 520, ids="invalid", id_dtype="int64", out="inplace"),
+    Case(7, 8, 2, 64, 64, ids="dup", out="poison", tw_dtype="bfloat16"),
+    Case(16, 8, 1, 40, 48, on_input=True, out="poison"),
+    Case(64, 256, 1, 64, 48, ids="invalid", ep=True, out="poison"),  # 64 slots: the limit
+    Case(3, 8, 2, 64, 64, ids="none", out="poison"),  # no expert at all: out must be zeros
+    Case(2, 128, 8, 768, 2048, out="poison"),  # qwen3-30b-a3b's expert shape
+]
+
+
+@pytest.mark.skipif(not HAS_BACKEND_ARG, reason="this build has no backend= argument")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("case", BULK_CASES, ids=_ids(BULK_CASES))
+def test_bulk_decode_backend(case, dtype, rng):
+    """The Hopper bulk-copy (TMA) decode kernels on their own (sm_90 only)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("cuda_bulk_decode runs on sm_90 only")
+    run_case(case, "torch", dtype, rng, device=DEV, backend="cuda_bulk_decode")
+
+
+@pytest.mark.skipif(not HAS_BACKEND_ARG, reason="this build has no backend= argument")
+def test_bulk_decode_is_deterministic(rng):
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("cuda_bulk_decode runs on sm_90 only")
+    case = Case(4, 64, 8, 1160, 1000, ids="concentrated", out="poison")
+    prob = make_problem(rng, case)
+    inp = to_inputs(prob, case, "torch", "bfloat16", DEV)
+    first = snapshot(call(inp, case, backend="cuda_bulk_decode"))
+    for _ in range(20):
+        assert same_bits(snapshot(call(inp, case, backend="cuda_bulk_decode")), first)
+
+
 @pytest.mark.parametrize("ids", ["uniform", "concentrated"])
 @pytest.mark.parametrize("M", DECODE_M)
 def test_decode_sizes_bf16(M, ids, rng):

@@ -3,7 +3,9 @@
 
 use super::{check, device, stream_is_capturing, DeviceState};
 use crate::error::{Error, Result};
-use crate::oracle::{Backend, KernelId, Plan, REDUCE_THREADS, ROUTE_ALIGN_THREADS};
+use crate::oracle::{
+    Backend, KernelId, Plan, BULK_SMEM_BYTES, BULK_THREADS, REDUCE_THREADS, ROUTE_ALIGN_THREADS,
+};
 
 /// Threads per CTA of the tensor-core kernels (`kThreads` in cuda/sm80_mma_moe.cu).
 const MMA_THREADS: u32 = 256;
@@ -90,7 +92,7 @@ pub fn fused_experts(
 ) -> Result<()> {
     if !matches!(
         plan.backend,
-        Backend::CudaGeneric | Backend::CudaDecode | Backend::CudaMma
+        Backend::CudaGeneric | Backend::CudaDecode | Backend::CudaMma | Backend::CudaBulkDecode
     ) {
         return Err(Error::Argument(format!(
             "backend: the CUDA launcher runs the cuda_* backends, the plan says {:?}",
@@ -125,7 +127,7 @@ pub fn fused_experts(
     let global_e = p.global_experts as i32;
     let slots = p.slots();
 
-    if plan.backend == Backend::CudaDecode {
+    if matches!(plan.backend, Backend::CudaDecode | Backend::CudaBulkDecode) {
         return decode(dev, p, plan, inter, stream);
     }
 
@@ -422,7 +424,14 @@ fn decode(dev: &DeviceState, p: &MoeProblem, plan: &Plan, inter: u64, stream: us
     let act = p.activation.code();
     let on_input = i32::from(p.apply_router_weight_on_input);
     let rows = plan.rows_per_cta;
-    let block = (rows * 32) as u32;
+    // The bulk-copy kernels run on a persistent grid with a producer warp and 96 KiB of
+    // stages; the SIMT decode kernels take one CTA per row block (and per expert, GEMM1).
+    let bulk = plan.backend == Backend::CudaBulkDecode;
+    let (block, smem) = if bulk {
+        (BULK_THREADS as u32, BULK_SMEM_BYTES as u32)
+    } else {
+        ((rows * 32) as u32, 0)
+    };
     {
         let x = o.hidden_states as u64;
         let x_row = s.hidden_row;
@@ -432,17 +441,21 @@ fn decode(dev: &DeviceState, p: &MoeProblem, plan: &Plan, inter: u64, stream: us
             x, x_row, w1, w1_e, w1_r, tw, tw_code, tw_row, ids, ids_i64, ids_row, map, m, topk,
             global_e, local_e, n, k, act, on_input, inter
         );
-        let grid = (
-            p.n.div_ceil(rows) as u32,
-            p.local_experts.min(p.slots()) as u32,
-            1,
-        );
+        let grid = if bulk {
+            (plan.ctas.max(1) as u32, 1, 1)
+        } else {
+            (
+                p.n.div_ceil(rows) as u32,
+                p.local_experts.min(p.slots()) as u32,
+                1,
+            )
+        };
         launch(
             dev,
             plan.kernels[0],
             grid,
             block,
-            0,
+            smem,
             stream,
             plan.pdl,
             &mut args,
@@ -457,13 +470,18 @@ fn decode(dev: &DeviceState, p: &MoeProblem, plan: &Plan, inter: u64, stream: us
             inter, w2, w2_e, w2_r, tw, tw_code, tw_row, ids, ids_i64, ids_row, map, m, topk,
             global_e, local_e, n, k, on_input, out, out_row
         );
-        let grid = (p.k.div_ceil(rows) as u32, 1, 1);
+        let row_blocks = p.k.div_ceil(rows);
+        let grid = if bulk {
+            (plan.ctas.clamp(1, row_blocks) as u32, 1, 1)
+        } else {
+            (row_blocks as u32, 1, 1)
+        };
         launch(
             dev,
             plan.kernels[1],
             grid,
             block,
-            0,
+            smem,
             stream,
             plan.pdl,
             &mut args,

@@ -245,9 +245,18 @@ impl DeviceState {
             unsafe { sys::cuModuleGetFunction(&mut f, module.1 .0 as sys::CUmodule, sym.as_ptr()) },
             &format!("looking up kernel {}", id.symbol()),
         )?;
-        if let KernelId::MmaGemm1Act(_, tile) | KernelId::MmaGemm2(_, tile) = id {
+        let big_smem = match id {
+            KernelId::MmaGemm1Act(_, tile) | KernelId::MmaGemm2(_, tile) => {
+                Some(crate::oracle::mma_smem_bytes(tile))
+            }
+            KernelId::BulkGemm1Act(_) | KernelId::BulkGemm2Sum(_) => {
+                Some(crate::oracle::BULK_SMEM_BYTES)
+            }
+            _ => None,
+        };
+        if let Some(bytes) = big_smem {
             // More than the default 48 KiB of dynamic shared memory must be asked for.
-            let bytes = crate::oracle::mma_smem_bytes(tile) as i32;
+            let bytes = bytes as i32;
             check(
                 unsafe {
                     sys::cuFuncSetAttribute(
