@@ -22,6 +22,11 @@ for step in "$@"; do
       for model in qwen3-30b-a3b deepseek-v3-tp8 mixtral-8x7b; do
         python3 -m swapmoe bench --model $model --m ${BENCH_M:-1,2,4,8,16,32,64,1024,4096} ${BENCH_ARGS:-} --json "$OUT/bench_$model.json" --plot "$OUT/bench_$model.png" 2>&1 | tee "$OUT/bench_$model.txt" | tail -30
       done ;;
+    tune)
+      # tuned tables for the public shapes, into $OUT/tables (copy them to python/swapmoe/tables/)
+      python3 -m swapmoe tune --model ${TUNE_MODELS:-qwen3-30b-a3b,deepseek-v3-tp8,mixtral-8x7b} \
+        --m ${TUNE_M:-1,2,4,8,16,32,64,128,256,512,1024,2048,4096} --out-dir "$OUT/tables" ${TUNE_ARGS:-} \
+        2>&1 | tee "$OUT/tune.txt" | tail -60 ;;
     routing) python3 benches/routing_bench.py --json "$OUT/routing.json" 2>&1 | tee "$OUT/routing.txt" ;;
     pytest) python3 -m pytest -m gpu -q -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest_gpu.txt" | tail -25 ;;
     pytest-all) python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest_all.txt" | tail -25 ;;

@@ -3,7 +3,10 @@
 
 use crate::error::{Error, Result};
 use crate::problem::{DType, Device, MoeProblem};
+use crate::tables::{self, Choice, ExternalBackend, Loaded, Quant, TableSet};
+use std::collections::HashSet;
 use std::fmt;
+use std::sync::Mutex;
 
 /// Output rows per CTA of the generic GEMM kernels (`kRows` in cuda/generic_moe.cu).
 pub const GENERIC_ROWS_PER_CTA: usize = 8;
@@ -226,10 +229,78 @@ pub struct Plan {
     pub ctas: usize,
     /// Why each choice was made or each candidate rejected.
     pub reasons: Vec<String>,
+    /// What decided: an override, a tuned table or the heuristics.
+    pub source: Source,
+    /// The table entry used (also when it was rejected: the reasons say why).
+    pub table: Option<TableUse>,
+    /// An external backend (vLLM's own kernels) chosen by a table for a caller that allowed
+    /// it; the swapmoe fields then describe swapmoe's fallback for the same call.
+    pub external: Option<ExternalBackend>,
+    /// A message to log once: set on the first fallback to the heuristics (or rejection)
+    /// per table key, None after that.
+    pub log: Option<LogNote>,
+}
+
+/// What decided a plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// `backend=`, `$SWAPMOE_BACKEND` or `$SWAPMOE_MMA_TOKEN_TILE`.
+    Override,
+    /// A tuned table entry.
+    Table,
+    /// The rules of this file.
+    Heuristic,
+}
+
+impl Source {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Source::Override => "override",
+            Source::Table => "table",
+            Source::Heuristic => "heuristic",
+        }
+    }
+}
+
+/// The table entry a plan looked at.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TableUse {
+    pub file: String,
+    pub path: String,
+    /// The entry's M (the nearest to the call's).
+    pub m: usize,
+    /// Whether the plan follows it (false: rejected, see the reasons).
+    pub used: bool,
+}
+
+/// A one-time log message (the Python bindings send it to the `swapmoe` logger).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogNote {
+    /// true: warning (a table was malformed or could not be used); false: info.
+    pub warning: bool,
+    pub message: String,
+}
+
+static LOGGED: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+
+/// True the first time `key` is seen in this process.
+fn first_time(key: &str) -> bool {
+    let mut seen = LOGGED.lock().unwrap_or_else(|e| e.into_inner());
+    seen.get_or_insert_with(HashSet::new)
+        .insert(key.to_string())
 }
 
 impl fmt::Display for Plan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(x) = self.external {
+            write!(
+                f,
+                "Plan(backend={}, fallback={}",
+                x.name(),
+                self.backend.name()
+            )?;
+            return write!(f, ", source={})", self.source.name());
+        }
         write!(f, "Plan(backend={}", self.backend.name())?;
         if self.backend != Backend::Cpu {
             let names: Vec<String> = self.kernels.iter().map(|k| k.symbol()).collect();
@@ -241,7 +312,7 @@ impl fmt::Display for Plan {
                 self.tokens_per_pass
             )?;
         }
-        write!(f, ")")
+        write!(f, ", source={})", self.source.name())
     }
 }
 
@@ -250,8 +321,12 @@ fn aligned(addr: usize, bytes: usize) -> bool {
 }
 
 /// Environment variable that forces a backend for every call (`cpu` is implied by CPU
-/// tensors; `cuda_generic` or `cuda_decode` for CUDA tensors).
+/// tensors; `cuda_generic`, `cuda_decode` or `cuda_mma` for CUDA tensors).
 pub const BACKEND_ENV: &str = "SWAPMOE_BACKEND";
+
+/// Environment variable that forces the token tile of the tensor-core kernels whenever the
+/// plan is `cuda_mma` (16, 64 or 128): `swapmoe tune` times each tile with it.
+pub const MMA_TILE_ENV: &str = "SWAPMOE_MMA_TOKEN_TILE";
 
 /// The backend forced by the `backend=` argument, else by `$SWAPMOE_BACKEND`.
 pub fn forced_backend(argument: Option<&str>) -> Result<Option<Backend>> {
@@ -272,37 +347,146 @@ pub fn forced_backend(argument: Option<&str>) -> Result<Option<Backend>> {
     }
 }
 
-/// `plan`, honouring a forced backend: it must be able to run the problem.
+/// The token tile forced by `$SWAPMOE_MMA_TOKEN_TILE` (checked against the built tiles).
+pub fn forced_mma_tile() -> Result<Option<usize>> {
+    let Some(v) = std::env::var(MMA_TILE_ENV).ok().filter(|v| !v.is_empty()) else {
+        return Ok(None);
+    };
+    match v.trim().parse::<usize>() {
+        Ok(t) if MMA_TOKEN_TILES.contains(&t) => Ok(Some(t)),
+        _ => Err(Error::Argument(format!(
+            "{MMA_TILE_ENV}: expected one of {MMA_TOKEN_TILES:?}, got {v:?}"
+        ))),
+    }
+}
+
+/// What a caller asks of the oracle besides the problem and the device.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Request<'a> {
+    /// A forced backend (`backend=` or `$SWAPMOE_BACKEND`): it must be able to run the call.
+    pub backend: Option<Backend>,
+    /// A forced tensor-core token tile, applied when the plan is cuda_mma.
+    pub mma_token_tile: Option<usize>,
+    /// The problem's weight quantization (only `Quant::None` can be planned in this build).
+    pub quant: Option<Quant>,
+    /// External backends the caller can run (inside vLLM); tables may pick them.
+    pub external: &'a [ExternalBackend],
+    /// Tuned tables to consult; None: heuristics only.
+    pub tables: Option<&'a TableSet>,
+}
+
+/// The plan for a call of the op: forced backend, `$SWAPMOE_MMA_TOKEN_TILE`, the shipped and
+/// user tables (no external backends: the op runs swapmoe's kernels), then the heuristics.
 pub fn plan_with(
     p: &MoeProblem,
     caps: Option<&DeviceCaps>,
     forced: Option<Backend>,
 ) -> Result<Plan> {
-    let Some(want) = forced else {
-        return Ok(plan(p, caps));
-    };
-    let mut c = Candidates::new(p, caps);
-    if let Err(why) = c.eligible(want) {
-        return Err(Error::Argument(format!(
-            "backend: {} cannot run {p}: {why}; the heuristic choice is {}",
-            want.name(),
-            plan(p, caps).backend.name()
-        )));
-    }
-    c.reasons.push(format!(
-        "override: {} forced by the backend argument or ${BACKEND_ENV}",
-        want.name()
-    ));
-    Ok(c.build(want))
+    let tables = tables::global();
+    decide(
+        p,
+        caps,
+        &Request {
+            backend: forced,
+            mma_token_tile: forced_mma_tile()?,
+            tables: Some(&tables),
+            ..Request::default()
+        },
+    )
 }
 
-/// Picks the backend and kernel variants for a validated problem.
+/// The heuristics' plan alone (no override, no table).
 pub fn plan(p: &MoeProblem, caps: Option<&DeviceCaps>) -> Plan {
     let mut c = Candidates::new(p, caps);
+    let b = heuristic(&mut c);
+    c.build(b)
+}
+
+/// The decision, in order: an explicit override, a tuned table entry that the call can
+/// run, the heuristics. Errors: a forced backend or tile that cannot run the call, FP8.
+pub fn decide(p: &MoeProblem, caps: Option<&DeviceCaps>, req: &Request) -> Result<Plan> {
+    let quant = req.quant.unwrap_or(Quant::None);
+    if quant != Quant::None {
+        let name = caps.map(|c| tables::file_name(p.local_experts, p.n, &c.name, p.dtype, quant));
+        return Err(Error::Argument(format!(
+            "quant: FP8 kernels are not in this build yet, so the oracle cannot plan {}{}",
+            quant.name().unwrap_or("none"),
+            name.map(|n| format!(" (its tuned table would be {n})"))
+                .unwrap_or_default()
+        )));
+    }
+    if let Some(t) = req.mma_token_tile {
+        if !MMA_TOKEN_TILES.contains(&t) {
+            return Err(Error::Argument(format!(
+                "mma_token_tile: expected one of {MMA_TOKEN_TILES:?}, got {t}"
+            )));
+        }
+    }
+    let mut c = Candidates::new(p, caps);
+    let mut source = Source::Heuristic;
+    let mut table = None;
+    let mut external = None;
+    let mut log = None;
+    let backend = if let Some(want) = req.backend {
+        if let Err(why) = c.eligible(want) {
+            return Err(Error::Argument(format!(
+                "backend: {} cannot run {p}: {why}; the heuristic choice is {}",
+                want.name(),
+                plan(p, caps).backend.name()
+            )));
+        }
+        c.reasons.push(format!(
+            "override: {} forced by the backend argument or ${BACKEND_ENV}",
+            want.name()
+        ));
+        source = Source::Override;
+        want
+    } else if p.device == Device::Cpu {
+        heuristic(&mut c)
+    } else {
+        let pick = match (req.tables, caps) {
+            (Some(set), Some(caps)) => from_table(&mut c, set, caps, req, &mut table, &mut log),
+            _ => None,
+        };
+        match pick {
+            Some((b, x)) => {
+                source = Source::Table;
+                external = x;
+                b
+            }
+            None => heuristic(&mut c),
+        }
+    };
+    if let Some(t) = req.mma_token_tile {
+        if backend == Backend::CudaMma {
+            c.tile = Some(t);
+            source = Source::Override;
+            c.reasons.push(format!(
+                "override: token tile {t} forced by ${MMA_TILE_ENV}"
+            ));
+        } else {
+            c.reasons.push(format!(
+                "override: ${MMA_TILE_ENV}={t} ignored, the plan is {}",
+                backend.name()
+            ));
+        }
+    }
+    let mut plan = c.build(backend);
+    plan.source = source;
+    plan.table = table;
+    plan.external = external;
+    plan.log = log;
+    Ok(plan)
+}
+
+/// The heuristics: decode for few slots spread over experts, tensor cores when the call
+/// can take them, generic otherwise. Pushes its reasons.
+fn heuristic(c: &mut Candidates) -> Backend {
+    let p = c.p;
     if p.device == Device::Cpu {
         c.reasons
             .push("cpu: the tensors are on the CPU, so the rayon reference path runs".into());
-        return c.build(Backend::Cpu);
+        return Backend::Cpu;
     }
     let slots = p.slots();
     let per_expert = expected_slots_per_expert(slots, p.local_experts);
@@ -314,7 +498,7 @@ pub fn plan(p: &MoeProblem, caps: Option<&DeviceCaps>) -> Plan {
             Ok(()) => "cuda_bulk_decode: not picked by the heuristic, measured slower than cuda_decode on the H200 (benches/NOTES.md, v6); a tuned table or backend= can pick it".into(),
             Err(why) => format!("cuda_bulk_decode: rejected, {why}"),
         });
-        return c.build(Backend::CudaDecode);
+        return Backend::CudaDecode;
     }
     c.reasons.push(format!(
         "cuda_decode: rejected, M*topk = {slots} (limit {DECODE_HEURISTIC_MAX_SLOTS}) with ~{per_expert:.1} slots per expert (limit {DECODE_HEURISTIC_MAX_SLOTS_PER_EXPERT}): its GEMM2 would re-read weight rows per slot"
@@ -326,15 +510,222 @@ pub fn plan(p: &MoeProblem, caps: Option<&DeviceCaps>) -> Plan {
                 c.slots_per_expert(),
                 c.mma_token_tile()
             ));
-            c.build(Backend::CudaMma)
+            Backend::CudaMma
         }
         Err(why) => {
             c.reasons.push(format!("cuda_mma: rejected, {why}"));
             c.reasons
                 .push("cuda_generic: the fallback for every dtype and shape".into());
-            c.build(Backend::CudaGeneric)
+            Backend::CudaGeneric
         }
     }
+}
+
+/// The table's choice for a CUDA problem, if there is one the call can run: (backend, the
+/// external backend chosen with it as swapmoe's fallback). Sets the token tile on `c`,
+/// pushes reasons, fills `table` and, the first time per table key and kind, `log`.
+fn from_table(
+    c: &mut Candidates,
+    set: &TableSet,
+    caps: &DeviceCaps,
+    req: &Request,
+    table: &mut Option<TableUse>,
+    log: &mut Option<LogNote>,
+) -> Option<(Backend, Option<ExternalBackend>)> {
+    let p = c.p;
+    let quant = req.quant.unwrap_or(Quant::None);
+    let file = tables::file_name(p.local_experts, p.n, &caps.name, p.dtype, quant);
+    if set.disabled {
+        c.reasons.push(format!(
+            "table: tables are off (${}=off), so the heuristics decide",
+            tables::TABLES_ENV
+        ));
+        return None;
+    }
+    let mut note = |kind: &str, warning: bool, message: String| {
+        if first_time(&format!("{file}|{kind}")) {
+            *log = Some(LogNote { warning, message });
+        }
+    };
+    let t = match set.get(&file) {
+        None => {
+            c.reasons.push(format!(
+                "table: none named {file} ({}), so the heuristics decide",
+                set.searched()
+            ));
+            note(
+                "none",
+                false,
+                format!("no tuned table {file}; the heuristics decide for this shape"),
+            );
+            return None;
+        }
+        Some(Loaded::Bad { path, error, .. }) => {
+            c.reasons.push(format!(
+                "table: {} ignored, it is malformed: {error}; the heuristics decide",
+                path.display()
+            ));
+            note(
+                "bad",
+                true,
+                format!(
+                    "tuned table {} ignored, it is malformed: {error}",
+                    path.display()
+                ),
+            );
+            return None;
+        }
+        Some(Loaded::Ok(t)) => t.clone(),
+    };
+    let Some(nearest) = t.nearest(p.m) else {
+        c.reasons.push(format!(
+            "table: {} has no M entries; the heuristics decide",
+            t.path.display()
+        ));
+        note(
+            "empty",
+            true,
+            format!("tuned table {} has no M entries", t.path.display()),
+        );
+        return None;
+    };
+    let Some(entry) = t.lookup(p.m) else {
+        c.reasons.push(format!(
+            "table: {} ({}) has no entry within {}x of M={} (the nearest is M={}); the heuristics decide",
+            t.file,
+            t.origin.name(),
+            tables::MAX_M_RATIO,
+            p.m,
+            nearest.m
+        ));
+        *table = Some(TableUse {
+            file: file.clone(),
+            path: t.path.display().to_string(),
+            m: nearest.m,
+            used: false,
+        });
+        return None;
+    };
+    let mut use_ = TableUse {
+        file: file.clone(),
+        path: t.path.display().to_string(),
+        m: entry.m,
+        used: false,
+    };
+    c.reasons.push(format!(
+        "table: {} ({}) entry M={} (the nearest to M={} within {}x; ties go to the smaller M): {}{}",
+        t.file,
+        t.origin.name(),
+        entry.m,
+        p.m,
+        tables::MAX_M_RATIO,
+        entry.choice,
+        entry
+            .time_us
+            .map(|us| format!(", {us:.1} µs measured"))
+            .unwrap_or_default()
+    ));
+    let mut differs = Vec::new();
+    if let Some(k) = t.meta.k.filter(|&k| k != p.k) {
+        differs.push(format!("K={k} (this call K={})", p.k));
+    }
+    if let Some(k) = t.meta.topk.filter(|&k| k != p.topk) {
+        differs.push(format!("topk={k} (this call topk={})", p.topk));
+    }
+    if !differs.is_empty() {
+        c.reasons.push(format!(
+            "table: measured with {}; used all the same (tables are keyed by E and N, as vLLM's)",
+            differs.join(", ")
+        ));
+    }
+    let result = match &entry.choice {
+        Choice::External(x) if req.external.contains(x) => {
+            // swapmoe's own fallback: the fastest measured swapmoe label, else the heuristics
+            let fb = best_swapmoe(c, entry);
+            c.reasons.push(format!(
+                "table: {} chosen, the caller runs inside vLLM and allows it (external_backends); swapmoe's fallback is below",
+                x.name()
+            ));
+            use_.used = true;
+            let b = fb.unwrap_or_else(|| heuristic(c));
+            Some((b, Some(*x)))
+        }
+        Choice::External(x) => {
+            c.reasons.push(format!(
+                "table: {} is a candidate only when the caller runs inside vLLM and says so (external_backends={:?})",
+                x.name(),
+                req.external.iter().map(|b| b.name()).collect::<Vec<_>>()
+            ));
+            match best_swapmoe(c, entry) {
+                Some(b) => {
+                    use_.used = true;
+                    Some((b, None))
+                }
+                None => {
+                    c.reasons.push(
+                        "table: no swapmoe time in the entry can run this call, so the heuristics decide"
+                            .into(),
+                    );
+                    note(
+                        "external",
+                        false,
+                        format!(
+                            "tuned table {} prefers {} at M={}, which only vLLM can run; the heuristics decide",
+                            t.path.display(),
+                            x.name(),
+                            entry.m
+                        ),
+                    );
+                    None
+                }
+            }
+        }
+        choice => match c.table_eligible(choice) {
+            Ok(b) => {
+                use_.used = true;
+                Some((b, None))
+            }
+            Err(why) => {
+                c.reasons.push(format!(
+                    "table: rejected {choice} from {} M={}: {why}; the heuristics decide",
+                    t.file, entry.m
+                ));
+                note(
+                    "rejected",
+                    true,
+                    format!(
+                        "tuned table {} entry M={} ({choice}) cannot run {p}: {why}; the heuristics decide",
+                        t.path.display(),
+                        entry.m
+                    ),
+                );
+                None
+            }
+        },
+    };
+    *table = Some(use_);
+    result
+}
+
+/// The fastest swapmoe label of an entry's `times_us` that can run the call (sets the tile).
+fn best_swapmoe(c: &mut Candidates, entry: &tables::Entry) -> Option<Backend> {
+    for (choice, us) in &entry.times_us {
+        if !matches!(choice, Choice::Swapmoe { .. }) {
+            continue;
+        }
+        match c.table_eligible(choice) {
+            Ok(b) => {
+                c.reasons.push(format!(
+                    "table: best swapmoe time in the entry: {choice}, {us:.1} µs"
+                ));
+                return Some(b);
+            }
+            Err(why) => c
+                .reasons
+                .push(format!("table: skipped {choice} from times_us: {why}")),
+        }
+    }
+    None
 }
 
 /// Whether the router kernel is launched with programmatic dependent launch, so that it
@@ -381,7 +772,7 @@ pub fn offline_caps(
 }
 
 /// The plan for a shape alone (contiguous, 16-byte aligned tensors on a CUDA device), for
-/// `swapmoe.select_backend` and `swapmoe explain`.
+/// `swapmoe.select_backend` and `swapmoe explain`: [`decide`] with `req`.
 #[allow(clippy::too_many_arguments)]
 pub fn plan_for_shape(
     num_tokens: i64,
@@ -391,7 +782,7 @@ pub fn plan_for_shape(
     intermediate_size: i64,
     dtype: DType,
     caps: &DeviceCaps,
-    forced: Option<Backend>,
+    req: &Request,
 ) -> Result<Plan> {
     use crate::problem::{Activation, MoeArgs, TensorDesc};
     let dev = Device::Cuda(0);
@@ -420,7 +811,7 @@ pub fn plan_for_shape(
         apply_router_weight_on_input: false,
         global_num_experts: -1,
     })?;
-    plan_with(&p, Some(caps), forced)
+    decide(&p, Some(caps), req)
 }
 
 /// Expected slots per distinct expert when `slots` ids fall uniformly on `experts`
@@ -437,6 +828,9 @@ pub fn expected_slots_per_expert(slots: usize, experts: usize) -> f64 {
 /// What the oracle knows about one problem while it decides.
 struct Candidates<'a> {
     p: &'a MoeProblem,
+    capability: Option<(i32, i32)>,
+    /// The token tile of cuda_mma (from a table or an override); None: the heuristic's.
+    tile: Option<usize>,
     pdl_ok: bool,
     /// The device is sm_90 (Hopper), known to the oracle; its SM count.
     hopper_sms: Option<usize>,
@@ -483,6 +877,8 @@ impl<'a> Candidates<'a> {
         }
         Candidates {
             p,
+            capability: caps.map(|c| c.capability),
+            tile: None,
             pdl_ok: caps.is_none_or(|c| c.capability.0 >= 9),
             hopper_sms: caps
                 .filter(|c| c.capability == (9, 0))
@@ -515,6 +911,12 @@ impl<'a> Candidates<'a> {
             Backend::Cpu if on_cuda => Err("it needs CPU tensors".into()),
             Backend::Cpu => Ok(()),
             _ if !on_cuda => Err("it needs CUDA tensors".into()),
+            _ if self.capability.is_some_and(|c| c.0 < 8) => {
+                let (major, minor) = self.capability.unwrap_or_default();
+                Err(format!(
+                    "the embedded kernels are built for sm_80 and sm_90a, the device is sm_{major}{minor}"
+                ))
+            }
             Backend::CudaGeneric => Ok(()),
             Backend::CudaDecode if p.slots() > DECODE_MAX_SLOTS => Err(format!(
                 "it holds at most M*topk = {DECODE_MAX_SLOTS} slots, got {}",
@@ -555,10 +957,38 @@ impl<'a> Candidates<'a> {
         }
     }
 
+    /// Whether a table's swapmoe choice can run the problem: its backend, and for
+    /// cuda_mma its token tile, which then becomes the plan's.
+    fn table_eligible(&mut self, choice: &Choice) -> std::result::Result<Backend, String> {
+        let (b, tile) = match choice {
+            Choice::Swapmoe {
+                backend,
+                token_tile,
+            } => (*backend, *token_tile),
+            Choice::External(x) => return Err(format!("{} is not a swapmoe backend", x.name())),
+            Choice::Unknown(name) => {
+                let names: Vec<&str> = Backend::ALL.iter().map(|b| b.name()).collect();
+                return Err(format!(
+                    "this build has no backend {name:?} (it has {names:?} and the external vllm_triton, flashinfer_cutlass)"
+                ));
+            }
+        };
+        self.eligible(b)?;
+        if let Some(t) = tile {
+            if !MMA_TOKEN_TILES.contains(&t) {
+                return Err(format!(
+                    "no tensor-core kernels are built for token tile {t} (built: {MMA_TOKEN_TILES:?})"
+                ));
+            }
+            self.tile = Some(t);
+        }
+        Ok(b)
+    }
+
     fn build(self, b: Backend) -> Plan {
         let d = self.p.dtype;
         let (g1, g2) = (self.gemm1_vec, self.gemm2_vec);
-        let tile = self.mma_token_tile();
+        let tile = self.tile.unwrap_or_else(|| self.mma_token_tile());
         let mut reasons = self.reasons;
         let mut ctas = 0;
         let (kernels, rows_per_cta, tokens_per_pass, pdl) = match b {
@@ -624,6 +1054,10 @@ impl<'a> Candidates<'a> {
             pdl,
             ctas,
             reasons,
+            source: Source::Heuristic,
+            table: None,
+            external: None,
+            log: None,
         }
     }
 }
@@ -780,12 +1214,42 @@ mod tests {
         assert!(offline_caps(Some("Some GPU"), None, None).is_err());
         let custom = offline_caps(Some("Some GPU"), Some((8, 6)), Some(84)).unwrap();
         assert_eq!(custom.sm_count, 84);
-        let p = plan_for_shape(1, 128, 8, 2048, 768, DType::BF16, &h200, None).unwrap();
+        let p = plan_for_shape(
+            1,
+            128,
+            8,
+            2048,
+            768,
+            DType::BF16,
+            &h200,
+            &Request::default(),
+        )
+        .unwrap();
         assert_eq!(p.backend, Backend::CudaDecode);
         assert!(p.pdl);
-        let p = plan_for_shape(4096, 8, 2, 4096, 14336, DType::BF16, &h200, None).unwrap();
+        let p = plan_for_shape(
+            4096,
+            8,
+            2,
+            4096,
+            14336,
+            DType::BF16,
+            &h200,
+            &Request::default(),
+        )
+        .unwrap();
         assert_eq!((p.backend, p.tokens_per_pass), (Backend::CudaMma, 128));
-        let p = plan_for_shape(64, 8, 2, 4096, 14336, DType::F32, &h200, None).unwrap();
+        let p = plan_for_shape(
+            64,
+            8,
+            2,
+            4096,
+            14336,
+            DType::F32,
+            &h200,
+            &Request::default(),
+        )
+        .unwrap();
         assert_eq!(p.backend, Backend::CudaGeneric);
         let forced = plan_for_shape(
             64,
@@ -795,11 +1259,14 @@ mod tests {
             14336,
             DType::BF16,
             &h200,
-            Some(Backend::CudaGeneric),
+            &Request {
+                backend: Some(Backend::CudaGeneric),
+                ..Request::default()
+            },
         )
         .unwrap();
         assert!(forced.reasons.iter().any(|r| r.starts_with("override:")));
-        assert!(plan_for_shape(1, 8, 9, 64, 64, DType::BF16, &h200, None).is_err());
+        assert!(plan_for_shape(1, 8, 9, 64, 64, DType::BF16, &h200, &Request::default()).is_err());
     }
 
     #[test]
@@ -864,5 +1331,454 @@ mod tests {
         assert!(forced.reasons.iter().any(|r| r.starts_with("override:")));
         assert_eq!(Backend::parse("cuda_mma"), Some(Backend::CudaMma));
         assert_eq!(Backend::parse("nope"), None);
+    }
+
+    // ---- tuned tables -----------------------------------------------------------------
+
+    use crate::tables::{Origin, Table};
+
+    /// A table set holding one table for (E, N) on `device` (bf16), parsed from `json`.
+    fn tables_with(e: usize, n: usize, device: &str, json: &str) -> TableSet {
+        let file = tables::file_name(e, n, device, DType::BF16, Quant::None);
+        let t = Table::parse(json, &file, Path::new(&file), Origin::Shipped).unwrap();
+        let mut set = TableSet::default();
+        set.insert(&file, Loaded::Ok(std::sync::Arc::new(t)));
+        set
+    }
+
+    fn ask(p: &MoeProblem, caps: &DeviceCaps, set: &TableSet, req: Request) -> Plan {
+        decide(
+            p,
+            Some(caps),
+            &Request {
+                tables: Some(set),
+                ..req
+            },
+        )
+        .unwrap()
+    }
+
+    fn has(plan: &Plan, needles: &[&str]) -> bool {
+        plan.reasons
+            .iter()
+            .any(|r| needles.iter().all(|n| r.contains(n)))
+    }
+
+    use std::path::Path;
+
+    #[test]
+    fn table_entry_beats_the_heuristic_and_sets_the_tile() {
+        // mixtral-like M=1: the heuristic says decode, the table generic
+        let set = tables_with(
+            8,
+            1024,
+            "NVIDIA H200",
+            r#"{"1": {"backend": "cuda_generic"}, "1024": {"backend": "cuda_mma", "token_tile": 16}}"#,
+        );
+        let p = problem(1, 8, 2, 512, 1024, DType::BF16);
+        assert_eq!(plan(&p, Some(&h200())).backend, Backend::CudaDecode);
+        let t = ask(&p, &h200(), &set, Request::default());
+        assert_eq!((t.backend, t.source), (Backend::CudaGeneric, Source::Table));
+        let used = t.table.as_ref().unwrap();
+        assert!(used.used && used.m == 1 && used.file.starts_with("E=8,N=1024,"));
+        assert!(has(&t, &["table:", "entry M=1"]));
+        // the tile comes from the table, not from the heuristic (which says 128 here)
+        let p = problem(1024, 8, 2, 512, 1024, DType::BF16);
+        assert_eq!(plan(&p, Some(&h200())).tokens_per_pass, 128);
+        let t = ask(&p, &h200(), &set, Request::default());
+        assert_eq!((t.backend, t.tokens_per_pass), (Backend::CudaMma, 16));
+        assert_eq!(t.kernels[1], KernelId::MmaGemm1Act(DType::BF16, 16));
+        assert_eq!(t.kernels[2], KernelId::MmaGemm2(DType::BF16, 16));
+        // a table for another device, dtype or shape is not used
+        let a100 = offline_caps(Some("NVIDIA A100-SXM4-80GB"), None, None).unwrap();
+        let t = ask(&p, &a100, &set, Request::default());
+        assert_eq!(t.source, Source::Heuristic);
+        assert!(has(
+            &t,
+            &["table: none named E=8,N=1024,device_name=NVIDIA_A100-SXM4-80GB"]
+        ));
+        let p16 = problem(1024, 8, 2, 512, 1024, DType::F16);
+        assert_eq!(
+            ask(&p16, &h200(), &set, Request::default()).source,
+            Source::Heuristic
+        );
+    }
+
+    #[test]
+    fn table_lookup_nearest_m_ties_and_range() {
+        let set = tables_with(
+            16,
+            512,
+            "NVIDIA H200",
+            r#"{"16": {"backend": "cuda_generic"}, "32": {"backend": "cuda_mma", "token_tile": 64}}"#,
+        );
+        let at = |m| {
+            let p = problem(m, 16, 2, 256, 512, DType::BF16);
+            ask(&p, &h200(), &set, Request::default())
+        };
+        assert_eq!(at(24).backend, Backend::CudaGeneric); // tie: the smaller M
+        assert_eq!(at(25).backend, Backend::CudaMma);
+        assert_eq!(at(8).backend, Backend::CudaGeneric); // 16 covers 8..32
+        let far = at(200); // neither 16 nor 32 is within 2x
+        assert_eq!(far.source, Source::Heuristic);
+        assert!(has(
+            &far,
+            &["no entry within 2x of M=200", "nearest is M=32"]
+        ));
+        assert_eq!(far.table.as_ref().map(|t| (t.m, t.used)), Some((32, false)));
+    }
+
+    #[test]
+    fn overrides_beat_tables() {
+        let set = tables_with(
+            24,
+            512,
+            "NVIDIA H200",
+            r#"{"64": {"backend": "cuda_mma", "token_tile": 128}}"#,
+        );
+        let p = problem(64, 24, 2, 256, 512, DType::BF16);
+        let forced = ask(
+            &p,
+            &h200(),
+            &set,
+            Request {
+                backend: Some(Backend::CudaGeneric),
+                ..Request::default()
+            },
+        );
+        assert_eq!(
+            (forced.backend, forced.source),
+            (Backend::CudaGeneric, Source::Override)
+        );
+        assert!(forced.table.is_none());
+        let tiled = ask(
+            &p,
+            &h200(),
+            &set,
+            Request {
+                mma_token_tile: Some(64),
+                ..Request::default()
+            },
+        );
+        assert_eq!(
+            (tiled.backend, tiled.tokens_per_pass),
+            (Backend::CudaMma, 64)
+        );
+        assert_eq!(tiled.source, Source::Override);
+        assert!(has(&tiled, &["token tile 64 forced"]));
+        // a tile override with a backend that is not cuda_mma changes nothing
+        let p1 = problem(1, 24, 2, 256, 512, DType::BF16);
+        let d = ask(
+            &p1,
+            &h200(),
+            &TableSet::default(),
+            Request {
+                mma_token_tile: Some(64),
+                ..Request::default()
+            },
+        );
+        assert_eq!(
+            (d.backend, d.source),
+            (Backend::CudaDecode, Source::Heuristic)
+        );
+        assert!(has(&d, &["ignored", "cuda_decode"]));
+        let bad_tile = decide(
+            &p,
+            Some(&h200()),
+            &Request {
+                mma_token_tile: Some(32),
+                ..Request::default()
+            },
+        );
+        assert!(matches!(bad_tile, Err(Error::Argument(m)) if m.contains("32")));
+    }
+
+    #[test]
+    fn table_entries_that_cannot_run_are_rejected_with_a_reason() {
+        let json = r#"{"1": {"backend": "cpu"},
+                       "4": {"backend": "cuda_mma", "token_tile": 32},
+                       "16": {"backend": "cuda_wgmma"},
+                       "128": {"backend": "cuda_decode"},
+                       "1024": {"backend": "cuda_mma", "token_tile": 64}}"#;
+        let set = tables_with(40, 512, "NVIDIA H200", json);
+        let case = |m: i64, dtype: DType, caps: &DeviceCaps, set: &TableSet| {
+            let p = problem(m, 40, 8, 256, 512, dtype);
+            ask(&p, caps, set, Request::default())
+        };
+        for (m, dtype, needle) in [
+            (1, DType::BF16, "it needs CPU tensors"),
+            (
+                4,
+                DType::BF16,
+                "no tensor-core kernels are built for token tile 32",
+            ),
+            (16, DType::BF16, "no backend \"cuda_wgmma\""),
+            (128, DType::BF16, "at most M*topk = 512 slots, got 1024"),
+        ] {
+            let t = case(m, dtype, &h200(), &set);
+            assert_eq!(t.source, Source::Heuristic, "M={m}");
+            assert!(
+                has(&t, &["table: rejected", needle]),
+                "M={m}: {:?}",
+                t.reasons
+            );
+            assert!(t.table.as_ref().is_some_and(|u| !u.used));
+        }
+        // mma eligibility: float32 (a float32 table of the same shape)
+        let f32_file = tables::file_name(40, 512, "NVIDIA H200", DType::F32, Quant::None);
+        let t = Table::parse(json, &f32_file, Path::new(&f32_file), Origin::User).unwrap();
+        let mut f32_set = TableSet::default();
+        f32_set.insert(&f32_file, Loaded::Ok(std::sync::Arc::new(t)));
+        let t = case(1024, DType::F32, &h200(), &f32_set);
+        assert_eq!(
+            (t.backend, t.source),
+            (Backend::CudaGeneric, Source::Heuristic)
+        );
+        assert!(has(&t, &["table: rejected", "float32"]));
+        // sm_75: no embedded kernel image
+        let turing = offline_caps(Some("NVIDIA H200"), Some((7, 5)), None).unwrap();
+        let t = case(1024, DType::BF16, &turing, &set);
+        assert!(has(&t, &["table: rejected", "sm_80 and sm_90a", "sm_75"]));
+    }
+
+    #[test]
+    fn decode_from_a_table_uses_pdl_only_on_sm90() {
+        let json = r#"{"2": {"backend": "cuda_decode"}}"#;
+        let p = problem(2, 48, 8, 256, 512, DType::BF16);
+        let h = ask(
+            &p,
+            &h200(),
+            &tables_with(48, 512, "NVIDIA H200", json),
+            Request::default(),
+        );
+        let a100 = offline_caps(Some("NVIDIA A100-SXM4-80GB"), None, None).unwrap();
+        let a = ask(
+            &p,
+            &a100,
+            &tables_with(48, 512, "NVIDIA A100-SXM4-80GB", json),
+            Request::default(),
+        );
+        assert_eq!(
+            (h.backend, h.source, h.pdl),
+            (Backend::CudaDecode, Source::Table, true)
+        );
+        assert_eq!(
+            (a.backend, a.source, a.pdl),
+            (Backend::CudaDecode, Source::Table, false)
+        );
+    }
+
+    #[test]
+    fn external_backends_only_when_the_caller_allows_them() {
+        let set = tables_with(
+            56,
+            512,
+            "NVIDIA H200",
+            r#"{"64": {"backend": "vllm_triton",
+                       "times_us": {"vllm_triton": 90, "cuda_decode": 95, "cuda_mma:t64": 100, "cuda_mma:t16": 110}},
+                "1024": {"backend": "flashinfer_cutlass", "times_us": {"flashinfer_cutlass": 50}}}"#,
+        );
+        // M=64, topk 8: 512 slots, decode can run; outside vLLM the best swapmoe time wins
+        let p = problem(64, 56, 8, 256, 512, DType::BF16);
+        let t = ask(&p, &h200(), &set, Request::default());
+        assert_eq!(
+            (t.backend, t.source, t.external),
+            (Backend::CudaDecode, Source::Table, None)
+        );
+        assert!(has(
+            &t,
+            &["vllm_triton is a candidate only", "external_backends"]
+        ));
+        // M=96: 768 slots, decode cannot run: the next swapmoe time, with its tile
+        let p = problem(96, 56, 8, 256, 512, DType::BF16);
+        let t = ask(&p, &h200(), &set, Request::default());
+        assert_eq!((t.backend, t.tokens_per_pass), (Backend::CudaMma, 64));
+        assert!(has(&t, &["skipped cuda_decode", "512"]));
+        // inside vLLM: the external backend, with swapmoe's fallback beside it
+        let vllm = [ExternalBackend::VllmTriton];
+        let t = ask(
+            &p,
+            &h200(),
+            &set,
+            Request {
+                external: &vllm,
+                ..Request::default()
+            },
+        );
+        assert_eq!(t.external, Some(ExternalBackend::VllmTriton));
+        assert_eq!((t.source, t.backend), (Source::Table, Backend::CudaMma));
+        assert!(t
+            .to_string()
+            .contains("backend=vllm_triton, fallback=cuda_mma"));
+        // not allowed and no swapmoe time: the heuristics
+        let p = problem(1024, 56, 8, 256, 512, DType::BF16);
+        let t = ask(
+            &p,
+            &h200(),
+            &set,
+            Request {
+                external: &vllm, // vllm_triton allowed, flashinfer_cutlass not
+                ..Request::default()
+            },
+        );
+        assert_eq!((t.source, t.external), (Source::Heuristic, None));
+        assert!(has(&t, &["flashinfer_cutlass is a candidate only"]));
+        assert!(has(&t, &["no swapmoe time"]));
+    }
+
+    #[test]
+    fn malformed_and_missing_tables_fall_back_with_a_reason_logged_once() {
+        let file = tables::file_name(72, 512, "NVIDIA H200", DType::BF16, Quant::None);
+        let mut set = TableSet::default();
+        set.insert(
+            &file,
+            Loaded::Bad {
+                path: "/tables/bad.json".into(),
+                origin: Origin::User,
+                error: "not valid JSON (EOF)".into(),
+            },
+        );
+        let p = problem(64, 72, 8, 256, 512, DType::BF16);
+        let first = ask(&p, &h200(), &set, Request::default());
+        assert_eq!(
+            (first.backend, first.source),
+            (Backend::CudaMma, Source::Heuristic)
+        );
+        assert!(has(
+            &first,
+            &["/tables/bad.json ignored, it is malformed", "EOF"]
+        ));
+        let note = first.log.expect("the first fallback is logged");
+        assert!(note.warning && note.message.contains("malformed"));
+        let again = ask(
+            &problem(8, 72, 8, 256, 512, DType::BF16),
+            &h200(),
+            &set,
+            Request::default(),
+        );
+        assert!(again.log.is_none(), "logged once per table key");
+        // no table: an info note, once
+        let p = problem(64, 80, 8, 256, 512, DType::BF16);
+        let t = ask(&p, &h200(), &TableSet::default(), Request::default());
+        assert!(has(&t, &["table: none named E=80,N=512"]));
+        assert!(t.log.as_ref().is_some_and(|n| !n.warning));
+        assert!(ask(&p, &h200(), &TableSet::default(), Request::default())
+            .log
+            .is_none());
+        // an empty table
+        let set = tables_with(88, 512, "NVIDIA H200", r#"{"metadata": {"K": 256}}"#);
+        let p = problem(64, 88, 8, 256, 512, DType::BF16);
+        assert!(has(
+            &ask(&p, &h200(), &set, Request::default()),
+            &["no M entries"]
+        ));
+    }
+
+    #[test]
+    fn tables_can_be_turned_off() {
+        let off = TableSet::disabled();
+        let p = problem(1, 104, 8, 256, 512, DType::BF16);
+        let t = ask(&p, &h200(), &off, Request::default());
+        assert_eq!((t.source, t.log.is_none()), (Source::Heuristic, true));
+        assert!(has(&t, &["tables are off"]));
+    }
+
+    #[test]
+    fn tables_measured_with_another_k_or_topk_are_used_and_say_so() {
+        let set = tables_with(
+            96,
+            512,
+            "NVIDIA H200",
+            r#"{"metadata": {"E": 96, "N": 512, "K": 4096, "topk": 2}, "8": {"backend": "cuda_generic"}}"#,
+        );
+        let p = problem(8, 96, 8, 256, 512, DType::BF16);
+        let t = ask(&p, &h200(), &set, Request::default());
+        assert_eq!((t.backend, t.source), (Backend::CudaGeneric, Source::Table));
+        assert!(has(
+            &t,
+            &["measured with K=4096 (this call K=256), topk=2 (this call topk=8)"]
+        ));
+    }
+
+    #[test]
+    fn cpu_problems_never_look_at_tables() {
+        let dev = Device::Cpu;
+        let t = |d, shape: &[i64]| TensorDesc::contiguous(d, shape, dev, 1 << 20);
+        let (h, w1, w2) = (
+            t(DType::BF16, &[4, 64]),
+            t(DType::BF16, &[8, 64, 64]),
+            t(DType::BF16, &[8, 64, 32]),
+        );
+        let (tw, ids) = (t(DType::F32, &[4, 2]), t(DType::I32, &[4, 2]));
+        let p = MoeProblem::new(&MoeArgs {
+            hidden_states: &h,
+            w1: &w1,
+            w2: &w2,
+            topk_weights: &tw,
+            topk_ids: &ids,
+            out: &h,
+            expert_map: None,
+            activation: Activation::Silu,
+            apply_router_weight_on_input: false,
+            global_num_experts: -1,
+        })
+        .unwrap();
+        let set = tables_with(
+            8,
+            32,
+            "NVIDIA H200",
+            r#"{"4": {"backend": "cuda_generic"}}"#,
+        );
+        let plan = ask(&p, &h200(), &set, Request::default());
+        assert_eq!(
+            (plan.backend, plan.source),
+            (Backend::Cpu, Source::Heuristic)
+        );
+        assert!(plan.table.is_none() && has(&plan, &["cpu: the tensors are on the CPU"]));
+    }
+
+    #[test]
+    fn fp8_cannot_be_planned_yet_and_names_its_table() {
+        let p = problem(8, 128, 8, 2048, 768, DType::BF16);
+        let err = decide(
+            &p,
+            Some(&h200()),
+            &Request {
+                quant: Some(Quant::Fp8Block128),
+                ..Request::default()
+            },
+        )
+        .unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("fp8_block128") && msg.contains("not in this build"));
+        assert!(
+            msg.contains("dtype=fp8_w8a8,block_shape=[128,128].json"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn warmup_loads_every_kernel_a_table_can_pick() {
+        let all: HashSet<KernelId> = KernelId::all().into_iter().collect();
+        for dtype in [DType::F32, DType::BF16, DType::F16] {
+            for k in [256, 250] {
+                // aligned (vector loads) and unaligned (scalar loads)
+                let p = problem(4, 8, 2, k, 128, dtype);
+                for b in [Backend::CudaDecode, Backend::CudaGeneric, Backend::CudaMma] {
+                    for tile in MMA_TOKEN_TILES {
+                        let r = Request {
+                            backend: Some(b),
+                            mma_token_tile: Some(tile),
+                            ..Request::default()
+                        };
+                        if let Ok(plan) = decide(&p, Some(&h200()), &r) {
+                            for kernel in &plan.kernels {
+                                assert!(all.contains(kernel), "{kernel:?} is not warmed up");
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 }

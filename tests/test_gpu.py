@@ -147,6 +147,20 @@ def test_bulk_decode_is_deterministic(rng):
         assert same_bits(snapshot(call(inp, case, backend="cuda_bulk_decode")), first)
 
 
+@pytest.mark.parametrize("tile", [16, 64, 128])
+@pytest.mark.parametrize("case", [MMA_CASES[1], MMA_CASES[2], MMA_CASES[4]],
+                         ids=_ids([MMA_CASES[1], MMA_CASES[2], MMA_CASES[4]]))
+def test_tensor_core_every_token_tile(case, tile, rng, monkeypatch):
+    """Every token tile a tuned table or $SWAPMOE_MMA_TOKEN_TILE can pick, on shapes whose
+    heuristic tile differs (what `swapmoe tune` times)."""
+    monkeypatch.setenv("SWAPMOE_MMA_TOKEN_TILE", str(tile))
+    monkeypatch.setenv("SWAPMOE_BACKEND", "cuda_mma")
+    out, _, inp = run_case(case, "torch", "bfloat16", rng, device=DEV)
+    plan = swapmoe._core.describe_plan(inp["x"], inp["w1"], inp["w2"], inp["tw"], inp["ids"],
+                                       expert_map=inp["expert_map"])
+    assert (plan["backend"], plan["tokens_per_pass"], plan["source"]) == ("cuda_mma", tile, "override")
+
+
 @pytest.mark.parametrize("ids", ["uniform", "concentrated"])
 @pytest.mark.parametrize("M", DECODE_M)
 def test_decode_sizes_bf16(M, ids, rng):

@@ -1,4 +1,4 @@
-"""swapmoe.select_backend and `swapmoe explain`: the oracle's plan asked offline."""
+"""swapmoe.select_backend and `swapmoe explain`: the heuristics' plans asked offline."""
 
 import pytest
 
@@ -6,6 +6,14 @@ import swapmoe
 from swapmoe import cli
 
 H200 = dict(device_name="NVIDIA H200")
+
+
+@pytest.fixture(autouse=True)
+def _heuristics_only(monkeypatch):
+    """These tests are about the heuristics: tables off (tests/test_tables.py has them)."""
+    monkeypatch.setenv("SWAPMOE_TABLES", "off")
+    monkeypatch.delenv("SWAPMOE_BACKEND", raising=False)
+    monkeypatch.delenv("SWAPMOE_MMA_TOKEN_TILE", raising=False)
 QWEN3 = (128, 8, 2048, 768)  # E, topk, K, N
 
 

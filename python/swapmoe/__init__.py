@@ -5,10 +5,16 @@ embedded CUDA kernels on the caller's current stream; CPU tensors run the Rust r
 path. Importing swapmoe needs no GPU and no CUDA toolkit.
 """
 
+import os as _os
+
 from . import _core
 from ._api import fused_experts, fused_moe, select_experts, workspace_bytes
 from .errors import ArgumentError, CudaError, DeviceError, DTypeError, Error, ShapeError
 from .oracle import Plan, select_backend
+
+#: the tuned tables shipped with the package; ``$SWAPMOE_TABLES_DIR`` adds or replaces files
+TABLES_DIR: str = _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "tables")
+_core._set_shipped_tables_dir(TABLES_DIR)  # the Rust oracle reads them on its first lookup
 
 __version__: str = _core.__version__
 
@@ -19,8 +25,10 @@ def build_info() -> dict:
 
 
 def warmup(device: int = 0) -> int:
-    """Loads the kernel modules on CUDA device ``device`` and resolves every kernel, so
-    that a later CUDA-graph capture does no module work. Returns the kernel count."""
+    """Loads the kernel modules on CUDA device ``device`` and resolves every kernel variant
+    (every dtype, load width and tensor-core token tile, so whatever a tuned table or an
+    override picks), so that a later CUDA-graph capture does no module work. Returns the
+    kernel count."""
     return _core.warmup(int(device))
 
 

@@ -51,8 +51,31 @@ def select_backend(
     device_name: Optional[str] = None,
     sm_count: Optional[int] = None,
     backend: Optional[str] = None,
+    quant: Optional[str] = None,
+    external_backends: Optional[list[str]] = None,
 ) -> dict[str, Any]:
-    """The oracle's plan for a shape (see ``swapmoe.select_backend``)."""
+    """The oracle's plan for a shape (see ``swapmoe.select_backend``): backend, swap_ab,
+    tile, source, reasons, device_name, device_capability, table, table_m, table_used,
+    fallback."""
+
+def table_file_name(
+    num_experts: int,
+    intermediate_size: int,
+    device_name: str,
+    dtype: str = "bf16",
+    quant: Optional[str] = None,
+) -> str:
+    """The tuned table's file name for a shape on a device (vLLM's naming)."""
+
+def read_table(path: str) -> dict[str, Any]:
+    """A table file parsed as the oracle parses it: {"file", "metadata", "entries": {M:
+    {"backend", "token_tile", "time_us", "times_us"}}}; ArgumentError when malformed."""
+
+def tables_info() -> dict[str, Any]:
+    """The tables the oracle sees: shipped_dir, user_dir, dir_errors, files."""
+
+def _set_shipped_tables_dir(path: Optional[str]) -> None:
+    """Sets the folder of the shipped tables (called by ``swapmoe/__init__.py``)."""
 
 def workspace_bytes(m: int, topk: int, n: int, k: int, num_experts: int, elem_size: int) -> int: ...
 def describe_plan(

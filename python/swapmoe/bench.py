@@ -761,6 +761,24 @@ def _free_bytes(torch: Any, device: Any) -> int:
         return 1 << 62
 
 
+def weight_copies(torch: Any, shape: MoeShape, bytes_per_weight: int, layers: int, dev: Any,
+                  dtype: str) -> Tuple[int, int, Optional[str]]:
+    """(distinct weight copies for ``layers`` calls, bytes per copy, a note when fewer than
+    ``layers`` fit): copies may take at most :data:`MEMORY_FRACTION` of the free memory.
+    Raises :class:`BenchError` when not even one fits."""
+    per_copy = shape.weight_bytes(bytes_per_weight)
+    free = _free_bytes(torch, dev)
+    copies = min(layers, int(MEMORY_FRACTION * free // per_copy)) if per_copy else layers
+    if copies < 1:
+        raise BenchError(f"one copy of the weights of {shape.describe()} in {dtype} is {per_copy / 2**30:.1f} GiB; "
+                         f"{free / 2**30:.1f} GiB free on {dev} (at most {MEMORY_FRACTION:.0%} may be used)")
+    why = None
+    if copies < layers:
+        why = (f"weights: {copies} distinct copies instead of {layers} ({per_copy / 2**30:.2f} GiB each, "
+               f"{free / 2**30:.1f} GiB free, cap {MEMORY_FRACTION:.0%}); the {layers} calls cycle over them")
+    return copies, per_copy, why
+
+
 # --------------------------------------------------------------------------------------
 # The run
 # --------------------------------------------------------------------------------------
@@ -977,15 +995,9 @@ def run_bench(
         impls.append(IMPL_EAGER)
 
     # ---- weights ------------------------------------------------------------------------
-    per_copy = shape.weight_bytes(bpe)
-    free = _free_bytes(torch, dev)
-    copies = min(layers, int(MEMORY_FRACTION * free // per_copy)) if per_copy else layers
-    if copies < 1:
-        raise BenchError(f"one copy of the weights of {shape.describe()} in {dtype} is {per_copy / 2**30:.1f} GiB; "
-                         f"{free / 2**30:.1f} GiB free on {dev} (at most {MEMORY_FRACTION:.0%} may be used)")
-    if copies < layers:
-        _note(record, f"weights: {copies} distinct copies instead of {layers} ({per_copy / 2**30:.2f} GiB each, "
-                      f"{free / 2**30:.1f} GiB free, cap {MEMORY_FRACTION:.0%}); the {layers} calls cycle over them", log)
+    copies, per_copy, copies_note = weight_copies(torch, shape, bpe, layers, dev, dtype)
+    if copies_note:
+        _note(record, copies_note, log)
     record["method"]["with_routing"] = bool(with_routing)
     record["method"]["weight_copies"] = copies
     record["method"]["weight_bytes_per_copy"] = per_copy

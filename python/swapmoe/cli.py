@@ -1,12 +1,14 @@
 """Command line: ``swapmoe bench`` (timing against the HBM floor, the bf16 GEMM ceiling, the
-vLLM anchor, vLLM's fused_experts and torch baselines) and ``swapmoe check`` (what this
-install sees). The benchmark itself lives in :mod:`swapmoe.bench`; this module parses
-arguments and prints."""
+vLLM anchor, vLLM's fused_experts and torch baselines), ``swapmoe tune`` (tuned tables for
+the oracle), ``swapmoe explain`` (the oracle's plans) and ``swapmoe check`` (what this
+install sees). The benchmark lives in :mod:`swapmoe.bench` and the tuning in
+:mod:`swapmoe.tune`; this module parses arguments and prints."""
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -37,7 +39,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="swapmoe", description="swapmoe: fused MoE experts for vLLM.")
-    sub = p.add_subparsers(dest="command", metavar="{bench,check,explain}")
+    sub = p.add_subparsers(dest="command", metavar="{bench,tune,explain,check}")
 
     b = sub.add_parser(
         "bench",
@@ -111,7 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--ep", type=int, default=1, metavar="N", help="expert parallel: divides E")
     x.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
     x.add_argument("--quant", choices=list(B.QUANTS), default="none",
-                   help="weight quantization; the FP8 variants are not implemented yet in this build and exit 2")
+                   help="weight quantization; the oracle cannot plan the FP8 variants in this build (no FP8 "
+                        "kernels yet): they exit 2 and name the table they would use")
+    x.add_argument("--external-backends", metavar="NAME,...", default="",
+                   help="backends outside swapmoe the caller can run (inside vLLM): vllm_triton, "
+                        "flashinfer_cutlass; tuned tables may pick them")
     x.add_argument("--m", metavar="M,M,...", default="1,8,64,1024", help="token counts")
     x.add_argument("--device-name", metavar="NAME", default=None,
                    help='ask for this device (e.g. "NVIDIA H200") instead of CUDA device 0; needs no GPU')
@@ -119,6 +125,52 @@ def build_parser() -> argparse.ArgumentParser:
                    help="compute capability, for a device name the oracle does not know")
     x.add_argument("--backend", default=None, help="force a backend, as $SWAPMOE_BACKEND does")
     x.set_defaults(func=cmd_explain)
+
+    from . import tune as T
+
+    t = sub.add_parser(
+        "tune",
+        help="measure every swapmoe candidate per shape and M on this GPU and write tuned tables",
+        description=(
+            "For each shape and M, times every candidate the oracle can run (cuda_decode, cuda_mma with each "
+            "token tile, cuda_generic; vLLM's Triton fused_experts as vllm_triton when vllm imports) as "
+            "swapmoe bench does: a CUDA graph of --layers calls on distinct weight copies, "
+            "triton.testing.do_bench (L2 flushed, median), divided by --layers. Writes "
+            "E=..,N=..,device_name=..,dtype=...json into --out-dir after every M; a second run skips the M "
+            "points already there (--force re-measures). Point $SWAPMOE_TABLES_DIR at the folder to use them."),
+        formatter_class=_HelpFormatter,
+    )
+    ts = t.add_mutually_exclusive_group()
+    ts.add_argument("--model", metavar="NAME[,NAME...]",
+                    help=f"preset shapes, comma-separated: {', '.join(B.PRESETS)}")
+    ts.add_argument("--hf-config", metavar="PATH", help="Hugging Face config.json to read the shape from")
+    ts.add_argument("--shape", metavar="E,topk,K,N", help="explicit shape: experts, topk, hidden, moe intermediate")
+    t.add_argument("-E", dest="num_experts", type=int, metavar="E", help="experts (with -K, -N, --topk)")
+    t.add_argument("-K", dest="hidden", type=int, metavar="K", help="hidden size")
+    t.add_argument("-N", dest="intermediate", type=int, metavar="N", help="moe intermediate size (w2.shape[2])")
+    t.add_argument("--topk", type=int, metavar="K", help="experts per token")
+    t.add_argument("--tp", type=int, default=1, metavar="N", help="tensor parallel: divides N")
+    t.add_argument("--ep", type=int, default=1, metavar="N", help="expert parallel: divides E")
+    t.add_argument("--dtype", choices=list(B.DTYPES), default="bf16")
+    t.add_argument("--quant", choices=list(B.QUANTS), default="none",
+                   help="weight quantization; the FP8 variants are not in this build yet and exit 2")
+    t.add_argument("--m", metavar="M,M,...", default=",".join(map(str, T.DEFAULT_M)), help="token counts")
+    t.add_argument("--out-dir", metavar="DIR", default=None,
+                   help="folder for the tables (default: $SWAPMOE_TABLES_DIR; one of the two is needed)")
+    t.add_argument("--force", action="store_true", help="re-measure M points already in the table")
+    t.add_argument("--layers", type=int, default=8, help="calls per CUDA graph, each on its own weight copy")
+    t.add_argument("--vllm", action=argparse.BooleanOptionalAction, default=True,
+                   help="also time vLLM's Triton fused_experts as vllm_triton when vllm imports (default: on)")
+    t.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
+                   help="check every candidate against a float64 reference at the first M measured per shape; "
+                        "a wrong one is dropped (default: on)")
+    t.add_argument("--prune", type=float, default=T.DEFAULT_PRUNE, metavar="X",
+                   help="stop timing cuda_decode / cuda_generic at larger M once they were more than X times "
+                        "the best (0: never)")
+    t.add_argument("--device", default="auto", help="auto, cuda or cuda:N")
+    t.add_argument("--seed", type=int, default=0, help="routing and activation seed")
+    t.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
+    t.set_defaults(func=cmd_tune)
     return p
 
 
@@ -315,14 +367,28 @@ def csv_text(rec: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def _explain_tables_line() -> str:
+    from . import _core
+
+    info = _core.tables_info()
+    n_ok = sum(1 for f in info["files"] if f["ok"])
+    bad = [f["file"] for f in info["files"] if not f["ok"]]
+    line = (f"tables: {n_ok} loaded from {info['shipped_dir'] or '(no shipped folder)'}"
+            f" and $SWAPMOE_TABLES_DIR={info['user_dir'] or '(unset)'}")
+    if bad:
+        line += f"; malformed, ignored: {', '.join(bad)}"
+    for e in info["dir_errors"]:
+        line += f"; {e}"
+    return line
+
+
 def cmd_explain(args: argparse.Namespace) -> int:
     import swapmoe
 
     shape = _shape_from_args(args)
     assert shape is not None  # the shape group is required
-    if args.quant != "none":
-        print(f"swapmoe explain: error: --quant {args.quant}: {B.FP8_NOT_IMPLEMENTED}", file=sys.stderr)
-        return 2
+    quant = None if args.quant == "none" else args.quant
+    external = [v for v in (args.external_backends or "").replace(" ", "").split(",") if v]
     cap = None
     if args.capability:
         try:
@@ -333,23 +399,71 @@ def cmd_explain(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 2
     print(f"swapmoe {swapmoe.__version__} explain: {shape.name}  E={shape.E} topk={shape.topk} "
-          f"K={shape.K} N={shape.N}  {args.dtype}")
+          f"K={shape.K} N={shape.N}  {args.dtype}" + (f" {quant}" if quant else ""))
+    print(_explain_tables_line())
     for m in B.parse_m_list(args.m):
         try:
-            plan = swapmoe.select_backend(m, shape.E, shape.topk, shape.K, shape.N, dtype=args.dtype,
+            plan = swapmoe.select_backend(m, shape.E, shape.topk, shape.K, shape.N, dtype=args.dtype, quant=quant,
                                           device_capability=cap, device_name=args.device_name,
-                                          backend=args.backend)
+                                          backend=args.backend, external_backends=external)
         except swapmoe.Error as e:
-            print(f"swapmoe explain: error: {e}", file=sys.stderr)
+            msg = str(e)
+            if quant and msg.startswith("quant: "):
+                msg = f"--quant {quant}: {msg[len('quant: '):]}"
+            print(f"swapmoe explain: error: {msg}", file=sys.stderr)
             return 2
         t = plan.tile
-        print(f"\nM={m}: {plan.backend} ({plan.source}; swap_ab={plan.swap_ab}) on {plan.device_name} "
+        fallback = f"; swapmoe fallback {plan.fallback}" if plan.fallback else ""
+        print(f"\nM={m}: {plan.backend} ({plan.source}; swap_ab={plan.swap_ab}{fallback}) on {plan.device_name} "
               f"sm_{plan.device_capability[0]}{plan.device_capability[1]}")
+        if plan.table:
+            used = "used" if plan.source == "table" else "not used, see the reasons"
+            print(f"  table: {plan.table} entry M={plan.table_m} ({used})")
+        else:
+            print("  table: none for this shape, dtype and device")
         print(f"  kernels: {', '.join(t['kernels'])}")
         print(f"  rows_per_cta={t['rows_per_cta']} tokens_per_pass={t['tokens_per_pass']} "
               f"gemm1_vec={t['gemm1_vec']} gemm2_vec={t['gemm2_vec']} pdl={t['pdl']}")
         for r in plan.reasons:
             print(f"  - {r}")
+    return 0
+
+
+def _tune_shapes(args: argparse.Namespace) -> List[B.MoeShape]:
+    explicit = [args.num_experts, args.hidden, args.intermediate, args.topk]
+    if any(v is not None for v in explicit):
+        if args.model or args.shape or args.hf_config:
+            raise B.BenchError("-E/-K/-N/--topk: give them instead of --model, --shape or --hf-config, not with")
+        if any(v is None for v in explicit):
+            raise B.BenchError("-E/-K/-N/--topk: give all four")
+        E, K, N, topk = explicit
+        return [B.shard_shape(f"shape-{E}x{topk}x{K}x{N}", E, topk, K, N, args.tp, args.ep, "shape")]
+    if args.model:
+        names = [n for n in args.model.replace(" ", "").split(",") if n]
+        return [B.preset_shape(n, args.tp, args.ep) for n in names]
+    shape = _shape_from_args(args)
+    if shape is None:
+        raise B.BenchError("tune: name the shapes: --model NAME[,NAME...], --shape E,topk,K,N, -E -K -N --topk, "
+                           "or --hf-config")
+    return [shape]
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from . import tune as T
+
+    shapes = _tune_shapes(args)
+    ms = B.parse_m_list(args.m)
+
+    def log(msg: str) -> None:
+        print(f"swapmoe tune: {msg}", file=sys.stderr)
+
+    summaries = T.run_tune(shapes, out_dir=args.out_dir, dtype=args.dtype, quant=args.quant, m_list=ms,
+                           force=args.force, layers=args.layers, vllm=args.vllm, check=args.check,
+                           prune=args.prune, device=args.device, seed=args.seed, progress=args.progress, log=log)
+    print(T.format_summary(summaries))
+    out = os.path.dirname(summaries[0]["path"]) if summaries else args.out_dir
+    print(f"swapmoe tune: tables in {out}; use them with SWAPMOE_TABLES_DIR={out} "
+          f"(check with: swapmoe explain --model ... --m ...)", file=sys.stderr)
     return 0
 
 
@@ -445,8 +559,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     except Exception as e:  # installed but broken
         print(f"vllm: installed but import failed ({type(e).__name__}: {e})")
     print(f"vllm plugin: {_plugin_state()}")
-    print("tuned tables: none in this build; the oracle uses the heuristics in src/oracle.rs "
-          "(force a backend with $SWAPMOE_BACKEND)")
+    print(_explain_tables_line().replace("tables:", "tuned tables:", 1) +
+          "; without a table entry the oracle uses the heuristics in src/oracle.rs")
+    for f in _core.tables_info()["files"]:
+        state = f"{f['entries']} M points" if f["ok"] else f"MALFORMED, ignored: {f['error']}"
+        print(f"  {f['origin']}: {f['file']} ({state})")
     return 0
 
 

@@ -1,27 +1,36 @@
 """``swapmoe.select_backend``: the oracle's plan for a shape, also offline ("what would an
-H200 do?"). The decisions live in the Rust core (``src/oracle.rs``); this only shapes them."""
+H200 do?"). The decisions live in the Rust core (``src/oracle.rs``, tables in
+``src/tables.rs``); this only shapes them."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import _core
-from .errors import ArgumentError
 
 QUANTS = (None, "fp8_tensor", "fp8_channel", "fp8_block128")
+#: backends outside swapmoe that a tuned table may name; a caller running inside vLLM
+#: passes the ones it can run as ``external_backends``
+EXTERNAL_BACKENDS = ("vllm_triton", "flashinfer_cutlass")
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """What one call of the op would run.
 
-    - ``backend``: ``cuda_decode``, ``cuda_mma``, ``cuda_generic`` (or ``cpu`` for CPU tensors)
+    - ``backend``: ``cuda_decode``, ``cuda_mma``, ``cuda_generic`` (or ``cpu`` for CPU
+      tensors), or an external backend (``vllm_triton``, ``flashinfer_cutlass``) when a
+      table picked it and the caller allowed it
     - ``swap_ab``: whether the weights fill the MMA's wide side and the tokens the narrow one
-    - ``tile``: kernels, rows per CTA, tokens per pass (token tile), load widths, PDL
-    - ``source``: ``"heuristic"`` or ``"override"`` (``backend=`` / ``$SWAPMOE_BACKEND``);
-      this build ships no tuned tables
+    - ``tile``: kernels, rows per CTA, tokens per pass (token tile), load widths, PDL; for an
+      external backend, those of swapmoe's ``fallback``
+    - ``source``: ``"override"`` (``backend=``, ``$SWAPMOE_BACKEND``,
+      ``$SWAPMOE_MMA_TOKEN_TILE``), ``"table"`` (a tuned table entry) or ``"heuristic"``
     - ``reasons``: why each choice was made and each candidate rejected
+    - ``table``: path of the tuned table consulted (None: none for this shape and device);
+      ``table_m``: its entry's M; ``source == "table"`` says whether the plan follows it
+    - ``fallback``: for an external backend, the swapmoe backend to run without it
     """
 
     backend: str
@@ -31,6 +40,9 @@ class Plan:
     reasons: List[str]
     device_name: str
     device_capability: Tuple[int, int]
+    table: Optional[str] = None
+    table_m: Optional[int] = None
+    fallback: Optional[str] = None
 
 
 def select_backend(
@@ -45,20 +57,26 @@ def select_backend(
     device_capability: Optional[Tuple[int, int]] = None,
     device_name: Optional[str] = None,
     backend: Optional[str] = None,
+    external_backends: Sequence[str] = (),
 ) -> Plan:
     """The plan for fused experts with ``num_tokens`` tokens, ``num_experts`` local experts,
     ``top_k``, hidden size K and intermediate size N (contiguous, aligned tensors).
 
+    Order: ``backend`` / ``$SWAPMOE_BACKEND`` (and ``$SWAPMOE_MMA_TOKEN_TILE``), then the
+    tuned table of the shape and device (shipped, or ``$SWAPMOE_TABLES_DIR``), then the
+    heuristics. ``external_backends`` (e.g. ``("vllm_triton",)``) names the backends outside
+    swapmoe that the caller can run; a table entry naming another one is skipped for the
+    best swapmoe entry.
+
     With neither ``device_name`` nor ``device_capability`` the current CUDA device 0 is
     asked; a known ``device_name`` (e.g. ``"NVIDIA H200"``) needs no GPU. ``quant`` other
     than None raises :class:`ArgumentError`: FP8 is not in this build yet."""
-    if quant not in QUANTS:
-        raise ArgumentError(f"quant: expected one of {QUANTS}, got {quant!r}")
-    if quant is not None:
-        raise ArgumentError(f"quant: FP8 fused experts are not implemented in this build, got {quant!r}")
-    cap = tuple(int(v) for v in device_capability) if device_capability is not None else None
-    d = _core.select_backend(num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype, cap,
-                             device_name, None, backend)
+    if isinstance(external_backends, str):
+        external_backends = (external_backends,)
+    cap = (int(device_capability[0]), int(device_capability[1])) if device_capability is not None else None
+    d = _core.select_backend(num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype=dtype,
+                             device_capability=cap, device_name=device_name, backend=backend, quant=quant,
+                             external_backends=list(external_backends))
     return Plan(
         backend=d["backend"],
         swap_ab=bool(d["swap_ab"]),
@@ -67,4 +85,7 @@ def select_backend(
         reasons=list(d["reasons"]),
         device_name=d["device_name"],
         device_capability=tuple(d["device_capability"]),
+        table=d["table"],
+        table_m=d["table_m"],
+        fallback=d["fallback"],
     )

@@ -8,6 +8,7 @@ use crate::error::Error;
 use crate::oracle;
 use crate::problem::{Activation, DType, MoeArgs, MoeProblem, WorkspaceLayout};
 use crate::routing::{RouterConfig, RouterProblem, Scoring};
+use crate::tables::{ExternalBackend, Quant};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyType};
@@ -146,7 +147,8 @@ fn fused_experts(
                 _ => 0,
             };
             let dev = cuda::device(ordinal).py_err(py)?;
-            let plan = oracle::plan_with(&problem, Some(&dev.caps), forced).py_err(py)?;
+            let mut plan = oracle::plan_with(&problem, Some(&dev.caps), forced).py_err(py)?;
+            log_note(py, plan.log.take());
             if check_ids {
                 cuda::launch::check_ids(&problem, stream).py_err(py)?;
             }
@@ -301,10 +303,14 @@ fn describe_plan<'py>(
         crate::problem::Device::Cuda(i) => Some(cuda::device(i).py_err(py)?.caps.clone()),
         _ => None,
     };
-    let plan = oracle::plan(&problem, caps.as_ref());
+    let forced = oracle::forced_backend(None).py_err(py)?;
+    let mut plan = oracle::plan_with(&problem, caps.as_ref(), forced).py_err(py)?;
+    log_note(py, plan.log.take());
     let d = PyDict::new(py);
     d.set_item("problem", problem.to_string())?;
     d.set_item("backend", plan.backend.name())?;
+    d.set_item("source", plan.source.name())?;
+    d.set_item("table", plan.table.as_ref().map(|t| t.path.clone()))?;
     d.set_item(
         "kernels",
         plan.kernels.iter().map(|k| k.symbol()).collect::<Vec<_>>(),
@@ -319,12 +325,37 @@ fn describe_plan<'py>(
     Ok(d)
 }
 
+/// Sends a plan's one-time note to the `swapmoe` logger (warning or info).
+fn log_note(py: Python<'_>, note: Option<oracle::LogNote>) {
+    let Some(note) = note else { return };
+    let level = if note.warning { "warning" } else { "info" };
+    let sent = py
+        .import("logging")
+        .and_then(|m| m.call_method1("getLogger", ("swapmoe",)))
+        .and_then(|l| l.call_method1(level, ("%s", note.message.as_str())));
+    if sent.is_err() {
+        eprintln!("swapmoe: {}", note.message);
+    }
+}
+
+fn parse_float_dtype(dtype: &str) -> crate::error::Result<DType> {
+    match dtype {
+        "bf16" | "bfloat16" => Ok(DType::BF16),
+        "fp16" | "float16" => Ok(DType::F16),
+        "fp32" | "float32" => Ok(DType::F32),
+        other => Err(Error::DType(format!(
+            "dtype: expected 'bf16', 'fp16' or 'fp32', got {other:?}"
+        ))),
+    }
+}
+
 /// The oracle's plan for a shape, without tensors: the device is the one named (known
-/// names fill in the capability), else the given capability, else CUDA device 0.
+/// names fill in the capability), else the given capability, else CUDA device 0. Tables
+/// may pick the backends named in `external_backends` (e.g. `["vllm_triton"]`).
 #[pyfunction]
-#[pyo3(signature = (num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype="bf16", device_capability=None, device_name=None, sm_count=None, backend=None))]
+#[pyo3(signature = (num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype="bf16", device_capability=None, device_name=None, sm_count=None, backend=None, quant=None, external_backends=None))]
 #[pyo3(
-    text_signature = "(num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype='bf16', device_capability=None, device_name=None, sm_count=None, backend=None)"
+    text_signature = "(num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype='bf16', device_capability=None, device_name=None, sm_count=None, backend=None, quant=None, external_backends=None)"
 )]
 #[allow(clippy::too_many_arguments)]
 fn select_backend<'py>(
@@ -339,21 +370,15 @@ fn select_backend<'py>(
     device_name: Option<&str>,
     sm_count: Option<i32>,
     backend: Option<&str>,
+    quant: Option<&str>,
+    external_backends: Option<Vec<String>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let dtype = match dtype {
-        "bf16" | "bfloat16" => DType::BF16,
-        "fp16" | "float16" => DType::F16,
-        "fp32" | "float32" => DType::F32,
-        other => {
-            return Err(to_pyerr(
-                py,
-                Error::DType(format!(
-                    "dtype: expected 'bf16', 'fp16' or 'fp32', got {other:?}"
-                )),
-            ))
-        }
-    };
+    let dtype = parse_float_dtype(dtype).py_err(py)?;
+    let quant = Quant::parse(quant).py_err(py)?;
+    let external =
+        ExternalBackend::parse_list(external_backends.as_deref().unwrap_or_default()).py_err(py)?;
     let forced = oracle::forced_backend(backend).py_err(py)?;
+    let tile = oracle::forced_mma_tile().py_err(py)?;
     let caps = if device_name.is_some() || device_capability.is_some() {
         oracle::offline_caps(device_name, device_capability, sm_count).py_err(py)?
     } else {
@@ -366,12 +391,15 @@ fn select_backend<'py>(
             })
             .py_err(py)?
     };
-    let source = if forced.is_some() {
-        "override"
-    } else {
-        "heuristic"
+    let tables = crate::tables::global();
+    let req = oracle::Request {
+        backend: forced,
+        mma_token_tile: tile,
+        quant: Some(quant),
+        external: &external,
+        tables: Some(&tables),
     };
-    let plan = oracle::plan_for_shape(
+    let mut plan = oracle::plan_for_shape(
         num_tokens,
         num_experts,
         top_k,
@@ -379,20 +407,31 @@ fn select_backend<'py>(
         intermediate_size,
         dtype,
         &caps,
-        forced,
+        &req,
     )
     .py_err(py)?;
+    log_note(py, plan.log.take());
     let d = PyDict::new(py);
-    d.set_item("backend", plan.backend.name())?;
-    d.set_item(
-        "swap_ab",
-        matches!(
-            plan.backend,
-            oracle::Backend::CudaDecode
-                | oracle::Backend::CudaMma
-                | oracle::Backend::CudaBulkDecode
-        ),
-    )?;
+    match plan.external {
+        Some(x) => {
+            d.set_item("backend", x.name())?;
+            d.set_item("swap_ab", false)?;
+            d.set_item("fallback", plan.backend.name())?;
+        }
+        None => {
+            d.set_item("backend", plan.backend.name())?;
+            d.set_item(
+                "swap_ab",
+                matches!(
+                    plan.backend,
+                    oracle::Backend::CudaDecode
+                        | oracle::Backend::CudaMma
+                        | oracle::Backend::CudaBulkDecode
+                ),
+            )?;
+            d.set_item("fallback", py.None())?;
+        }
+    }
     let tile = PyDict::new(py);
     tile.set_item(
         "kernels",
@@ -405,11 +444,121 @@ fn select_backend<'py>(
     tile.set_item("gemm2_vec", plan.gemm2_vec)?;
     tile.set_item("pdl", plan.pdl)?;
     d.set_item("tile", tile)?;
-    d.set_item("source", source)?;
+    d.set_item("source", plan.source.name())?;
     d.set_item("reasons", plan.reasons)?;
     d.set_item("device_name", caps.name)?;
     d.set_item("device_capability", caps.capability)?;
+    d.set_item("table", plan.table.as_ref().map(|t| t.path.clone()))?;
+    d.set_item("table_m", plan.table.as_ref().map(|t| t.m))?;
+    d.set_item("table_used", plan.table.as_ref().is_some_and(|t| t.used))?;
     Ok(d)
+}
+
+/// The file name of the tuned table for a shape on a device (vLLM's naming).
+#[pyfunction]
+#[pyo3(signature = (num_experts, intermediate_size, device_name, dtype="bf16", quant=None))]
+fn table_file_name(
+    py: Python<'_>,
+    num_experts: usize,
+    intermediate_size: usize,
+    device_name: &str,
+    dtype: &str,
+    quant: Option<&str>,
+) -> PyResult<String> {
+    let dtype = parse_float_dtype(dtype).py_err(py)?;
+    let quant = Quant::parse(quant).py_err(py)?;
+    Ok(crate::tables::file_name(
+        num_experts,
+        intermediate_size,
+        device_name,
+        dtype,
+        quant,
+    ))
+}
+
+/// Parses a table file as the oracle does: {"file", "metadata": {E, N, K, topk,
+/// device_name}, "entries": {M: {"backend", "token_tile", "time_us", "times_us"}}}.
+/// A malformed file raises ArgumentError with the reason.
+#[pyfunction]
+fn read_table<'py>(py: Python<'py>, path: &str) -> PyResult<Bound<'py, PyDict>> {
+    let t = crate::tables::Table::read(std::path::Path::new(path), crate::tables::Origin::User)
+        .map_err(|e| to_pyerr(py, Error::Argument(format!("table {path}: {e}"))))?;
+    let d = PyDict::new(py);
+    d.set_item("file", &t.file)?;
+    let meta = PyDict::new(py);
+    meta.set_item("E", t.meta.e)?;
+    meta.set_item("N", t.meta.n)?;
+    meta.set_item("K", t.meta.k)?;
+    meta.set_item("topk", t.meta.topk)?;
+    meta.set_item("device_name", t.meta.device_name.clone())?;
+    d.set_item("metadata", meta)?;
+    let entries = PyDict::new(py);
+    for e in &t.entries {
+        let x = PyDict::new(py);
+        match &e.choice {
+            crate::tables::Choice::Swapmoe {
+                backend,
+                token_tile,
+            } => {
+                x.set_item("backend", backend.name())?;
+                x.set_item("token_tile", *token_tile)?;
+            }
+            other => {
+                x.set_item("backend", other.label())?;
+                x.set_item("token_tile", py.None())?;
+            }
+        }
+        x.set_item("time_us", e.time_us)?;
+        let times = PyDict::new(py);
+        for (c, us) in &e.times_us {
+            times.set_item(c.label(), *us)?;
+        }
+        x.set_item("times_us", times)?;
+        entries.set_item(e.m, x)?;
+    }
+    d.set_item("entries", entries)?;
+    Ok(d)
+}
+
+/// The tables the oracle sees now: {"shipped_dir", "user_dir", "dir_errors",
+/// "files": [{"file", "path", "origin", "ok", "error", "entries"}]}.
+#[pyfunction]
+fn tables_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let set = crate::tables::global();
+    let d = PyDict::new(py);
+    let show = |p: &Option<std::path::PathBuf>| p.as_ref().map(|p| p.display().to_string());
+    d.set_item("shipped_dir", show(&set.shipped_dir))?;
+    d.set_item("user_dir", show(&set.user_dir))?;
+    d.set_item("dir_errors", set.dir_errors.clone())?;
+    let files = pyo3::types::PyList::empty(py);
+    for (name, loaded) in set.files() {
+        let f = PyDict::new(py);
+        f.set_item("file", name)?;
+        f.set_item("path", loaded.path().display().to_string())?;
+        f.set_item("origin", loaded.origin().name())?;
+        match loaded {
+            crate::tables::Loaded::Ok(t) => {
+                f.set_item("ok", true)?;
+                f.set_item("error", py.None())?;
+                f.set_item("entries", t.entries.len())?;
+            }
+            crate::tables::Loaded::Bad { error, .. } => {
+                f.set_item("ok", false)?;
+                f.set_item("error", error)?;
+                f.set_item("entries", 0)?;
+            }
+        }
+        files.append(f)?;
+    }
+    d.set_item("files", files)?;
+    Ok(d)
+}
+
+/// Sets the folder of the tables shipped with the package (called by `swapmoe/__init__.py`).
+#[pyfunction]
+#[pyo3(name = "_set_shipped_tables_dir", signature = (path))]
+fn set_shipped_tables_dir(path: Option<&str>) {
+    crate::tables::set_shipped_dir(path.map(std::path::PathBuf::from));
 }
 
 /// What this build of the extension holds.
@@ -476,6 +625,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(select_experts, m)?)?;
     m.add_function(wrap_pyfunction!(select_backend, m)?)?;
     m.add_function(wrap_pyfunction!(describe_plan, m)?)?;
+    m.add_function(wrap_pyfunction!(table_file_name, m)?)?;
+    m.add_function(wrap_pyfunction!(read_table, m)?)?;
+    m.add_function(wrap_pyfunction!(tables_info, m)?)?;
+    m.add_function(wrap_pyfunction!(set_shipped_tables_dir, m)?)?;
     m.add_function(wrap_pyfunction!(build_info, m)?)?;
     m.add_function(wrap_pyfunction!(driver_version, m)?)?;
     m.add_function(wrap_pyfunction!(device_info, m)?)?;

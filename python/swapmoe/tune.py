@@ -1,0 +1,645 @@
+"""``swapmoe tune``: measures every swapmoe candidate (backend x tensor-core token tile) for
+given shapes and token counts on the current GPU and writes tuned tables that the oracle
+reads (format: ``src/tables.rs``; names: ``swapmoe._core.table_file_name``).
+
+Timing is ``swapmoe bench``'s (``bench.gpu_time_us``): a CUDA graph of ``layers`` calls on
+distinct weight copies, replayed under ``triton.testing.do_bench`` (L2 flushed, median),
+divided by ``layers``; uniform routing ``topk(softmax(randn(M, E)))``. A candidate is forced
+with ``$SWAPMOE_BACKEND`` and ``$SWAPMOE_MMA_TOKEN_TILE`` (source "override"); one that the
+oracle says cannot run a point is skipped with its reason. When vLLM imports, its Triton
+``fused_experts`` is timed on the same inputs and stored as ``vllm_triton``, a candidate
+only for callers inside vLLM.
+
+The table file is rewritten after every M point, so an interrupted run keeps what it
+measured; running again skips the M points already in the file (``--force`` re-measures).
+
+The pure parts (labels, which points to run, pruning, entries, merging, writing) need no GPU
+and are unit-tested; :func:`run_tune` is the GPU part.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import json
+import os
+import sys
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+from . import bench as B
+
+SCHEMA = "swapmoe.table/1"
+#: the default sweep
+DEFAULT_M: Tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+SWAPMOE_BACKENDS: Tuple[str, ...] = ("cuda_decode", "cuda_mma", "cuda_generic")
+MMA_TILES: Tuple[int, ...] = (16, 64, 128)
+VLLM_LABEL = "vllm_triton"
+#: SIMT backends whose cost against the best grows with M: once one is more than
+#: ``prune`` times the best at some M, it is not timed at larger M (the tensor-core path is
+#: never pruned: at M=1 it can lose 2x and still win from M=8 on)
+PRUNABLE: Tuple[str, ...] = ("cuda_decode", "cuda_generic")
+DEFAULT_PRUNE = 2.0
+ENV_BACKEND = "SWAPMOE_BACKEND"
+ENV_TILE = "SWAPMOE_MMA_TOKEN_TILE"
+ENV_TABLES = "SWAPMOE_TABLES_DIR"
+
+
+class TuneError(B.BenchError):
+    """A tune request that cannot run (no GPU, bad folder, a table that cannot be merged)."""
+
+
+class DeviceLost(TuneError):
+    """The device cannot go on (a sticky CUDA error): the run stops, the table keeps the M
+    points written so far."""
+
+
+# --------------------------------------------------------------------------------------
+# Pure parts
+# --------------------------------------------------------------------------------------
+
+
+def candidate_label(backend: str, tile: Optional[int] = None) -> str:
+    """``cuda_mma:t64`` for a tensor-core tile, else the backend name (the labels of a
+    table's ``times_us``)."""
+    return f"{backend}:t{tile}" if tile else backend
+
+
+def parse_label(label: str) -> Tuple[str, Optional[int]]:
+    """``"cuda_mma:t64"`` -> ("cuda_mma", 64); ``"cuda_decode"`` -> ("cuda_decode", None)."""
+    backend, sep, tile = label.partition(":t")
+    if sep and tile.isdigit():
+        return backend, int(tile)
+    return label, None
+
+
+def swapmoe_candidates(dtype: str) -> List[str]:
+    """Every swapmoe candidate for a dtype: decode, each tensor-core tile (bf16/fp16), generic."""
+    labels = ["cuda_decode"]
+    if dtype in ("bf16", "fp16"):
+        labels += [candidate_label("cuda_mma", t) for t in MMA_TILES]
+    labels.append("cuda_generic")
+    return labels
+
+
+def table_entries(table: Optional[dict]) -> Dict[int, dict]:
+    """The M entries of a table (its integer keys)."""
+    out: Dict[int, dict] = {}
+    for k, v in (table or {}).items():
+        if k.isdigit() and isinstance(v, dict):
+            out[int(k)] = v
+    return out
+
+
+def points_to_run(ms: Sequence[int], table: Optional[dict], force: bool = False) -> List[int]:
+    """The M points of ``ms`` to measure: all with ``force``, else those not in ``table``."""
+    have = set() if force else set(table_entries(table))
+    return [m for m in sorted(set(ms)) if m not in have]
+
+
+def pruned(label: str, M: int, entries: Dict[int, dict], factor: float = DEFAULT_PRUNE) -> Optional[str]:
+    """Why ``label`` is not timed at ``M``: a prunable backend that was more than ``factor``
+    times the best time at a smaller M of ``entries`` (None: time it). ``factor`` <= 0 never
+    prunes."""
+    if factor <= 0 or parse_label(label)[0] not in PRUNABLE:
+        return None
+    for m in sorted(entries):
+        if m >= M:
+            break
+        times = entries[m].get("times_us") or {}
+        if label in times and times:
+            best = min(times.values())
+            if best > 0 and times[label] > factor * best:
+                return f"pruned: {times[label] / best:.1f}x the best at M={m} (> {factor:g}x)"
+    return None
+
+
+def make_entry(times: Dict[str, float], skipped: Optional[Dict[str, str]] = None,
+               source: str = "") -> dict:
+    """A table entry from the measured times (label -> µs): the fastest label becomes the
+    backend (and token tile), ``times_us`` keeps every label fastest first, ``skipped``
+    says why the others were not timed."""
+    if not times:
+        raise ValueError("make_entry: no measured candidate")
+    ordered = sorted(times.items(), key=lambda kv: kv[1])
+    best, best_us = ordered[0]
+    backend, tile = parse_label(best)
+    entry: Dict[str, Any] = {"backend": backend}
+    if tile:
+        entry["token_tile"] = tile
+    entry["time_us"] = round(best_us, 2)
+    entry["times_us"] = {k: round(v, 2) for k, v in ordered}
+    swapmoe_best = next((k for k, _ in ordered if parse_label(k)[0] in SWAPMOE_BACKENDS), None)
+    if swapmoe_best and swapmoe_best != best:
+        entry["best_swapmoe"] = swapmoe_best
+    if skipped:
+        entry["skipped"] = dict(sorted(skipped.items()))
+    if source:
+        entry["source"] = source
+    return entry
+
+
+#: metadata keys that must agree for two runs to share a table file
+IDENTITY = ("E", "N", "K", "topk", "device_name", "dtype", "quant")
+
+
+def compatible(old_meta: dict, new_meta: dict) -> Optional[str]:
+    """None when a table with ``old_meta`` can take entries measured with ``new_meta``, else
+    what differs."""
+    diff = [f"{k}={old_meta.get(k)!r} (this run {new_meta.get(k)!r})" for k in IDENTITY
+            if k in old_meta and old_meta.get(k) != new_meta.get(k)]
+    return ", ".join(diff) if diff else None
+
+
+def merge_table(old: Optional[dict], new_entries: Dict[int, dict], meta: dict) -> dict:
+    """The table after a run: ``meta`` (keeping the old ``created`` date and run count),
+    then the old entries with the new ones replacing those of the same M, sorted by M."""
+    old = old or {}
+    old_meta: dict = old["metadata"] if isinstance(old.get("metadata"), dict) else {}
+    m = dict(meta)
+    m["created"] = old_meta.get("created") or meta.get("created") or meta.get("date")
+    m["runs"] = int(old_meta.get("runs") or 0) + 1
+    entries = table_entries(old)
+    entries.update(new_entries)
+    out: Dict[str, Any] = {"metadata": m}
+    for k in sorted(entries):
+        out[str(k)] = entries[k]
+    return out
+
+
+def put_entry(table: dict, M: int, entry: dict) -> dict:
+    """``table`` with ``entry`` at M (replacing one there), entries sorted by M after the
+    other keys."""
+    entries = table_entries(table)
+    entries[M] = entry
+    out = {k: v for k, v in table.items() if not k.isdigit()}
+    for k in sorted(entries):
+        out[str(k)] = entries[k]
+    return out
+
+
+def read_json_table(path: str) -> Optional[dict]:
+    """The JSON object of ``path``, None when there is no file; :class:`TuneError` when it is
+    not a JSON object."""
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise TuneError(f"{path}: cannot be read as JSON ({e}); remove it or pass --force to replace it") from None
+    if not isinstance(data, dict):
+        raise TuneError(f"{path}: expected a JSON object; remove it or pass --force to replace it")
+    return data
+
+
+def write_table(path: str, table: dict) -> None:
+    """Writes ``table`` to ``path`` atomically (a temporary file renamed over it)."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(table, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def file_spelling(name: str) -> str:
+    """The on-disk spelling of a table name: vLLM's ``,`` separators written as ``;``, because
+    a wheel's RECORD is CSV and maturin does not quote commas, so a tuned file can be shipped
+    in ``python/swapmoe/tables/`` as is. The oracle reads both spellings as one name."""
+    return name.replace(",", ";")
+
+
+def table_path(out_dir: str, name: str) -> str:
+    """Where the table ``name`` lives in ``out_dir``: an existing file in either spelling
+    (so a run resumes it), else the ``;`` spelling."""
+    for candidate in (file_spelling(name), name):
+        path = os.path.join(out_dir, candidate)
+        if os.path.exists(path):
+            return path
+    return os.path.join(out_dir, file_spelling(name))
+
+
+def resolve_out_dir(out_dir: Optional[str]) -> str:
+    """``--out-dir``, else ``$SWAPMOE_TABLES_DIR``; created if missing. Never the package's
+    own tables folder unless named explicitly."""
+    d = out_dir or os.environ.get(ENV_TABLES)
+    if not d:
+        raise TuneError(f"--out-dir: name a folder for the tables (or set ${ENV_TABLES}); then point "
+                        f"${ENV_TABLES} at it so that the oracle reads them")
+    try:
+        os.makedirs(d, exist_ok=True)
+    except OSError as e:
+        raise TuneError(f"--out-dir: cannot create {d} ({e.strerror or e})") from None
+    if not os.access(d, os.W_OK):
+        raise TuneError(f"--out-dir: {d} is not writable")
+    return d
+
+
+def table_metadata(shape: B.MoeShape, dtype: str, device_name: str, capability: Tuple[int, int],
+                   layers: int, seed: int, timer: str, versions: Dict[str, Optional[str]]) -> dict:
+    """The ``metadata`` of a table measured by this run."""
+    from . import __version__
+
+    today = datetime.date.today().isoformat()
+    return {
+        "schema": SCHEMA,
+        "E": shape.E, "N": shape.N, "K": shape.K, "topk": shape.topk,
+        "E_global": shape.E_global, "tp": shape.tp, "ep": shape.ep, "model": shape.name,
+        "device_name": device_name, "device_capability": f"{capability[0]}.{capability[1]}",
+        "dtype": dtype, "quant": None,
+        "swapmoe_version": __version__, "date": today, "created": today,
+        "method": (f"swapmoe tune: {timer}; CUDA graph of {layers} calls on distinct weight copies, "
+                   f"time / {layers} per call; uniform routing topk(softmax(randn(M, E))), seed {seed}; "
+                   f"each candidate forced with ${ENV_BACKEND} / ${ENV_TILE}"),
+        "versions": versions,
+        "generated_by": "swapmoe tune",
+    }
+
+
+@contextlib.contextmanager
+def forced(label: str) -> Iterator[None]:
+    """Forces the candidate ``label`` for the swapmoe calls inside (env vars, restored)."""
+    backend, tile = parse_label(label)
+    saved = {k: os.environ.get(k) for k in (ENV_BACKEND, ENV_TILE)}
+    os.environ[ENV_BACKEND] = backend
+    if tile:
+        os.environ[ENV_TILE] = str(tile)
+    else:
+        os.environ.pop(ENV_TILE, None)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def ineligible(label: str, M: int, shape: B.MoeShape, dtype: str, device_name: str,
+               capability: Tuple[int, int]) -> Optional[str]:
+    """Why the oracle cannot run ``label`` at ``M`` (None: it can)."""
+    from . import _core
+    from .errors import Error
+
+    with forced(label):
+        try:
+            _core.select_backend(M, shape.E, shape.topk, shape.K, shape.N, dtype=dtype,
+                                 device_capability=capability, device_name=device_name)
+        except Error as e:
+            return str(e)
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# The sweep (device-independent: a runner measures)
+# --------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class ShapePlan:
+    """One shape of a run: its table file, the metadata this run writes, the table already
+    there (None: a new file) and the M points to measure."""
+
+    shape: B.MoeShape
+    path: str
+    meta: dict
+    old: Optional[dict]
+    todo: List[int]
+
+
+class Runner:
+    """What :func:`sweep` needs from a device. :class:`GpuRunner` is the real one; tests
+    use a fake."""
+
+    #: candidate labels, swapmoe's then the external ones
+    labels: List[str] = []
+
+    def start_shape(self, shape: B.MoeShape) -> None:
+        """Allocates what the shape needs (weights)."""
+
+    def end_shape(self) -> None:
+        """Frees it."""
+
+    def inputs(self, shape: B.MoeShape, M: int) -> Any:
+        """The activations and routing of one M point."""
+
+    def ineligible(self, label: str, shape: B.MoeShape, M: int) -> Optional[str]:
+        """Why ``label`` cannot run the point (None: it can)."""
+        return None
+
+    def check(self, labels: Sequence[str], inputs: Any) -> Dict[str, Optional[str]]:
+        """label -> None when its output matches the float64 reference, else why not."""
+        return {lb: None for lb in labels}
+
+    def time_us(self, label: str, inputs: Any) -> Tuple[float, str]:
+        """(µs per call, how it was timed); raises when the candidate fails."""
+        raise NotImplementedError
+
+
+def prepare(shapes: Sequence[B.MoeShape], out_dir: str, ms: Sequence[int], force: bool, meta_of: Callable,
+            file_name: Callable, say: Callable[[str], None] = lambda s: None) -> List[ShapePlan]:
+    """Which table file each shape goes to and which of ``ms`` it still needs: existing
+    entries are kept (``force``: re-measured); a file measured with another K or topk, or
+    not JSON, is an error unless ``force`` (which replaces it)."""
+    plans = []
+    for shape in shapes:
+        path = table_path(out_dir, file_name(shape))
+        meta = meta_of(shape)
+        old = None
+        try:
+            old = read_json_table(path)
+        except TuneError:
+            if not force:
+                raise
+            say(f"{path}: not a JSON object, replaced (--force)")
+        if old is not None:
+            diff = compatible(old.get("metadata") or {}, meta)
+            if diff:
+                if not force:
+                    raise TuneError(f"{path} was measured with {diff}; use another --out-dir, or --force to "
+                                    "replace it")
+                say(f"{path} was measured with {diff}: replaced (--force)")
+                old = None
+        todo = points_to_run(ms, old, force)
+        done = sorted(set(ms) - set(todo))
+        if done:
+            say(f"{shape.name}: M={','.join(map(str, done))} already in {path}, skipped (--force re-measures)")
+        plans.append(ShapePlan(shape, path, meta, old, todo))
+    return plans
+
+
+def sweep(plans: Sequence[ShapePlan], runner: Runner, *, check: bool = True, prune: float = DEFAULT_PRUNE,
+          bar: Any = None, say: Callable[[str], None] = lambda s: None) -> List[dict]:
+    """Measures every point of every plan with ``runner``; the table file is rewritten after
+    each M. Returns one summary per shape ({"shape", "path", "measured", "skipped_m",
+    "entries"})."""
+    summaries = []
+    for sp in plans:
+        shape = sp.shape
+        summary: Dict[str, Any] = {"shape": shape.describe(), "path": sp.path, "measured": [],
+                                   "skipped_m": sorted(set(table_entries(sp.old)) - set(sp.todo)), "entries": {}}
+        summaries.append(summary)
+        if not sp.todo:
+            continue
+        if bar is not None:
+            bar.set_description(f"tune {shape.name}")
+        runner.start_shape(shape)
+        try:
+            dropped: Dict[str, str] = {}
+            entries = table_entries(sp.old)
+            table = merge_table(sp.old, {}, sp.meta)  # this run's metadata, written with the first entry
+            for i_m, M in enumerate(sp.todo):
+                inputs = runner.inputs(shape, M)
+                skipped: Dict[str, str] = dict(dropped)
+                runnable = []
+                for lb in runner.labels:
+                    if lb in dropped:
+                        continue
+                    why = runner.ineligible(lb, shape, M) or pruned(lb, M, entries, prune)
+                    if why:
+                        skipped[lb] = why
+                    else:
+                        runnable.append(lb)
+                if check and i_m == 0:
+                    for lb, bad in runner.check(runnable, inputs).items():
+                        if bad:
+                            dropped[lb] = skipped[lb] = f"dropped for this shape: {bad}"
+                            runnable.remove(lb)
+                            say(f"{shape.name}: {lb} dropped, {bad}")
+                times: Dict[str, float] = {}
+                for lb in runnable:
+                    try:
+                        us, how = runner.time_us(lb, inputs)
+                    except DeviceLost:
+                        raise
+                    except Exception as e:
+                        skipped[lb] = f"failed: {B._err(e, 300)}"
+                        say(f"{shape.name} M={M}: {lb} failed: {B._err(e, 300)}")
+                        continue
+                    times[lb] = us
+                    if how != "graph":
+                        skipped[f"{lb} (note)"] = f"timed as {how}"
+                if bar is not None:
+                    bar.update(len(runner.labels))
+                if not times:
+                    say(f"{shape.name} M={M}: no candidate could be timed: {skipped}")
+                    continue
+                entry = make_entry(times, skipped, source=f"swapmoe tune {sp.meta.get('swapmoe_version')}, "
+                                                          f"{sp.meta.get('date')}")
+                entries[M] = entry
+                table = put_entry(table, M, entry)
+                write_table(sp.path, table)
+                summary["measured"].append(M)
+                summary["entries"][M] = entry
+        finally:
+            runner.end_shape()
+    return summaries
+
+
+
+
+# --------------------------------------------------------------------------------------
+# The GPU run
+# --------------------------------------------------------------------------------------
+
+
+def _swapmoe_impl(label: str) -> Callable:
+    def impl(x, w1, w2, tw, ids, emap, out):
+        with forced(label):
+            return B.impl_swapmoe(x, w1, w2, tw, ids, emap, out)
+
+    return impl
+
+
+class GpuRunner(Runner):
+    """Measures on a CUDA device as ``swapmoe bench`` does."""
+
+    def __init__(self, torch: Any, dev: Any, dtype: str, layers: int, seed: int, device_name: str,
+                 capability: Tuple[int, int], vllm_fn: Optional[Callable], say: Callable[[str], None]):
+        self.torch, self.dev, self.dtype, self.layers, self.seed = torch, dev, dtype, layers, seed
+        self.device_name, self.capability, self.say = device_name, capability, say
+        self.tdtype = getattr(torch, B.DTYPES[dtype][0])
+        self.timer = B.GpuTimer(torch, dev)
+        self.impls: Dict[str, Tuple[Callable, bool]] = {lb: (_swapmoe_impl(lb), True)
+                                                        for lb in swapmoe_candidates(dtype)}
+        if vllm_fn is not None:
+            self.impls[VLLM_LABEL] = (vllm_fn, True)
+        self.labels = list(self.impls)
+        self.weights: List[Any] = []
+        self.copies = 0
+        self.emap: Any = None
+        self.gen: Any = None
+
+    def start_shape(self, shape: B.MoeShape) -> None:
+        torch = self.torch
+        self.copies, _, why = B.weight_copies(torch, shape, B.DTYPES[self.dtype][1], self.layers, self.dev,
+                                              self.dtype)
+        if why:
+            self.say(why)
+        self.gen = torch.Generator(device=self.dev)
+        self.gen.manual_seed(self.seed + 1_000_003)
+        self.weights = [B.make_weights(torch, shape, self.tdtype, self.gen, self.dev) for _ in range(self.copies)]
+        self.emap = B.make_expert_map(torch, shape, self.dev)
+
+    def end_shape(self) -> None:
+        self.weights = []
+        self.emap = None
+        self.torch.cuda.empty_cache()
+
+    def inputs(self, shape: B.MoeShape, M: int) -> Any:
+        torch = self.torch
+        self.gen.manual_seed(self.seed)
+        tw, ids = B.make_routing(torch, M, shape.E_global, shape.topk, "uniform", self.gen, self.dev)
+        x = torch.randn(M, shape.K, generator=self.gen, device=self.dev, dtype=self.tdtype)
+        return x, tw, ids
+
+    def ineligible(self, label: str, shape: B.MoeShape, M: int) -> Optional[str]:
+        if label not in swapmoe_candidates(self.dtype):
+            return None
+        return ineligible(label, M, shape, self.dtype, self.device_name, self.capability)
+
+    def check(self, labels: Sequence[str], inputs: Any) -> Dict[str, Optional[str]]:
+        x, tw, ids = inputs
+        res = B.check_point(self.torch, labels, x, self.weights[0], tw, ids, self.emap, B.TOLERANCE[self.dtype],
+                            self.impls)
+        return {lb: None if r["ok"] else (r.get("error") or f"check failed: rel_err {r['rel_err']} > {r['tol']:g}")
+                for lb, r in res.items()}
+
+    def time_us(self, label: str, inputs: Any) -> Tuple[float, str]:
+        torch = self.torch
+        x, tw, ids = inputs
+        fn = self.impls[label][0]
+        outs = [None if label == VLLM_LABEL else torch.empty_like(x) for _ in range(self.layers)]
+        calls = [(lambda w, o: (lambda: fn(x, w[0], w[1], tw, ids, self.emap, o)))(self.weights[i % self.copies],
+                                                                                  outs[i])
+                 for i in range(self.layers)]
+        try:
+            return B.gpu_time_us(torch, calls, self.timer, True)
+        except Exception as e:
+            try:
+                torch.cuda.synchronize()
+            except Exception as sticky:  # the context is broken: nothing after this can be timed
+                raise DeviceLost(f"{label} broke the CUDA context ({B._err(sticky, 300)}); the M points "
+                                 "measured so far are in the table, run again to resume") from e
+            raise
+        finally:
+            del calls, outs
+            torch.cuda.empty_cache()
+
+
+def run_tune(
+    shapes: Sequence[B.MoeShape],
+    *,
+    out_dir: Optional[str],
+    dtype: str = "bf16",
+    quant: str = "none",
+    m_list: Optional[Sequence[int]] = None,
+    force: bool = False,
+    layers: int = 8,
+    vllm: bool = True,
+    check: bool = True,
+    prune: float = DEFAULT_PRUNE,
+    device: Optional[str] = "auto",
+    seed: int = 0,
+    progress: bool = True,
+    log: Optional[Callable[[str], None]] = None,
+) -> List[dict]:
+    """Tunes each shape on the GPU; returns one summary per shape (see :func:`sweep`).
+    Raises :class:`TuneError` (a :class:`BenchError`) for what cannot run: no CUDA device,
+    FP8, a folder that cannot be written, a table file of the same name measured with
+    another K or topk (unless ``force``)."""
+    say = log or (lambda s: None)
+    B.check_quant(quant)
+    if quant != "none":
+        raise TuneError(f"--quant {quant}: {B.FP8_NOT_IMPLEMENTED}")
+    if dtype not in B.DTYPES:
+        raise TuneError(f"--dtype: expected one of {', '.join(B.DTYPES)}, got {dtype!r}")
+    if layers < 1:
+        raise TuneError(f"--layers: expected a positive integer, got {layers}")
+    if not shapes:
+        raise TuneError("no shape to tune")
+    ms = sorted(set(int(m) for m in (m_list or DEFAULT_M)))
+    if not ms or ms[0] < 1:
+        raise TuneError(f"--m: expected positive token counts, got {m_list!r}")
+    out = resolve_out_dir(out_dir)
+    try:
+        import torch
+    except ImportError:
+        raise TuneError("swapmoe tune needs torch (pip install torch)") from None
+    if not torch.cuda.is_available():
+        raise TuneError(f"needs a CUDA GPU, and torch {torch.__version__} sees none (built for CUDA "
+                        f"{torch.version.cuda or 'none'}). Tables are measured on the device they are for; "
+                        "`swapmoe explain --device-name ...` shows the oracle's plans offline")
+    dev = B.resolve_device(torch, device)
+    if dev.type != "cuda":
+        raise TuneError(f"--device {device}: tune measures CUDA kernels, not the CPU path")
+
+    import swapmoe
+    from . import _core
+
+    torch.cuda.set_device(dev)
+    info = dict(_core.device_info(dev.index))
+    device_name = str(info["name"])
+    cap = tuple(int(v) for v in info["capability"])
+    capability = (cap[0], cap[1])
+    swapmoe.warmup(dev.index)
+    env = B.environment()
+    versions: Dict[str, Optional[str]] = {k: env.get(k) for k in ("torch", "triton")}
+    vllm_fn = None
+    if vllm:
+        fe, why = B.load_vllm_fused_experts()
+        if fe is None:
+            say(f"{why}: no {VLLM_LABEL} times in the tables (swapmoe candidates only)")
+        else:
+            vllm_fn = B.make_vllm_impl(fe)
+            versions["vllm"] = why
+    else:
+        say(f"--no-vllm: no {VLLM_LABEL} times in the tables")
+    runner = GpuRunner(torch, dev, dtype, layers, seed, device_name, capability, vllm_fn, say)
+    plans = prepare(
+        shapes, out, ms, force,
+        meta_of=lambda sh: table_metadata(sh, dtype, device_name, capability, layers, seed, runner.timer.method,
+                                          versions),
+        file_name=lambda sh: _core.table_file_name(sh.E, sh.N, device_name, dtype),
+        say=say)
+    bar = None
+    total = sum(len(p.todo) for p in plans) * len(runner.labels)
+    if progress and total:
+        try:
+            from tqdm import tqdm
+
+            tty = sys.stderr.isatty()
+            bar = tqdm(total=total, file=sys.stderr, desc="tune", unit="pt", leave=False,
+                       dynamic_ncols=tty, mininterval=0.1 if tty else 30.0)
+        except ImportError:
+            bar = None
+    try:
+        summaries = sweep(plans, runner, check=check, prune=prune, bar=bar, say=say)
+    finally:
+        if bar is not None:
+            bar.close()
+    from .errors import Error
+
+    for sp in plans:  # the oracle must parse what was written
+        if os.path.exists(sp.path):
+            try:
+                _core.read_table(sp.path)
+            except Error as e:
+                raise TuneError(f"the oracle cannot read the table just written ({e}); please report this") from e
+    return summaries
+
+
+def format_summary(summaries: Sequence[dict]) -> str:
+    """One block per shape: each measured M with the winner and every candidate's µs."""
+    lines = []
+    for s in summaries:
+        lines.append(f"{s['shape']}: {s['path']}")
+        if s["skipped_m"]:
+            lines.append(f"  already in the table (not re-measured): M={','.join(map(str, s['skipped_m']))}")
+        for M, e in sorted(s["entries"].items()):
+            best = candidate_label(e["backend"], e.get("token_tile"))
+            others = ", ".join(f"{k} {v:.1f}" for k, v in e["times_us"].items() if k != best)
+            lines.append(f"  M={M:<5} {best:<14} {e['time_us']:9.1f} µs   ({others or 'no other candidate'})")
+    return "\n".join(lines)
+

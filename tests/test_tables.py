@@ -1,0 +1,569 @@
+"""Tuned tables: the shipped seed tables, $SWAPMOE_TABLES_DIR, external backends, the tile
+override, `swapmoe explain` with tables, and `swapmoe tune`'s pure parts and CPU errors."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+
+import swapmoe
+from swapmoe import _core, cli
+from swapmoe import tune as T
+
+H200 = "NVIDIA H200"
+# (E, topk, K, N), typed in again from the model cards
+QWEN3 = (128, 8, 2048, 768)
+DEEPSEEK_TP8 = (256, 8, 7168, 256)
+MIXTRAL = (8, 2, 4096, 14336)
+SHIPPED = {
+    "E=128,N=768,device_name=NVIDIA_H200,dtype=bf16.json",
+    "E=256,N=256,device_name=NVIDIA_H200,dtype=bf16.json",
+    "E=8,N=14336,device_name=NVIDIA_H200,dtype=bf16.json",
+}
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch):
+    for k in ("SWAPMOE_BACKEND", "SWAPMOE_MMA_TOKEN_TILE", "SWAPMOE_TABLES_DIR", "SWAPMOE_TABLES"):
+        monkeypatch.delenv(k, raising=False)
+
+
+def plan(m, shape, **kw):
+    E, topk, K, N = shape
+    return swapmoe.select_backend(m, E, topk, K, N, device_name=H200, **kw)
+
+
+def write(folder, name, table):
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text(table if isinstance(table, str) else json.dumps(table))
+    return path
+
+
+# ---------------------------------------------------------------------------------------
+# the shipped seed tables
+# ---------------------------------------------------------------------------------------
+
+
+def test_shipped_tables_are_in_the_package_and_found_by_the_oracle():
+    folder = swapmoe.TABLES_DIR
+    assert os.path.isdir(folder) and os.path.dirname(folder) == os.path.dirname(swapmoe.__file__)
+    # on disk the separators are ';' (a wheel's RECORD is CSV); the oracle's names are vLLM's
+    assert {n.replace(",", ";") for n in SHIPPED} <= set(os.listdir(folder))
+    info = _core.tables_info()
+    assert info["shipped_dir"] == folder and info["user_dir"] is None
+    found = {f["file"]: f for f in info["files"]}
+    assert SHIPPED <= set(found)
+    for name in SHIPPED:
+        assert found[name]["ok"] and found[name]["origin"] == "shipped" and found[name]["entries"] >= 5
+        t = _core.read_table(found[name]["path"])
+        assert t["metadata"]["K"] and t["metadata"]["topk"]
+
+
+def test_seed_entries_come_from_repo_measurements():
+    for name in SHIPPED:
+        with open(os.path.join(swapmoe.TABLES_DIR, name.replace(",", ";")), encoding="utf-8") as f:
+            table = json.load(f)
+        assert "benches/" in table["metadata"]["generated_by"] or "seed" in table["metadata"]["generated_by"]
+        for m, e in T.table_entries(table).items():
+            assert "benches/" in e["source"], (name, m)
+            assert e["time_us"] > 0
+
+
+def test_shipped_table_picks_generic_for_mixtral_decode():
+    # measured (benches/NOTES.md v4): generic 179.3 µs < decode 189.5 at M=1; the
+    # heuristic would say decode
+    p = plan(1, MIXTRAL)
+    assert (p.backend, p.source, p.table_m) == ("cuda_generic", "table", 1)
+    assert p.table == os.path.join(swapmoe.TABLES_DIR, "E=8;N=14336;device_name=NVIDIA_H200;dtype=bf16.json")
+    assert plan(1, MIXTRAL, backend="cuda_decode").source == "override"
+
+
+def test_shipped_table_tiles_and_gaps():
+    p = plan(1024, QWEN3)
+    assert (p.backend, p.source, p.tile["tokens_per_pass"]) == ("cuda_mma", "table", 64)
+    assert p.tile["kernels"][1] == "sm80_moe_gemm1_act_bf16_t64"
+    # M=300: the nearest entries (64, 1024) are more than 2x away: the heuristics decide
+    p = plan(300, QWEN3)
+    assert p.source == "heuristic" and p.table_m == 64
+    assert any("no entry within 2x of M=300" in r for r in p.reasons)
+    # another dtype or device has no table
+    assert plan(1024, QWEN3, dtype="fp16").table is None
+    p = swapmoe.select_backend(1024, *QWEN3, device_name="NVIDIA A100-SXM4-80GB")
+    assert p.table is None and p.source == "heuristic"
+
+
+def test_tables_off(monkeypatch):
+    monkeypatch.setenv("SWAPMOE_TABLES", "off")
+    p = plan(1, MIXTRAL)
+    assert (p.backend, p.source) == ("cuda_decode", "heuristic")
+    assert any("tables are off" in r for r in p.reasons)
+
+
+# ---------------------------------------------------------------------------------------
+# $SWAPMOE_TABLES_DIR
+# ---------------------------------------------------------------------------------------
+
+
+def test_user_table_replaces_the_shipped_one(tmp_path, monkeypatch):
+    name = "E=128,N=768,device_name=NVIDIA_H200,dtype=bf16.json"
+    write(tmp_path, name, {"1": {"backend": "cuda_mma", "token_tile": 128}})
+    monkeypatch.setenv("SWAPMOE_TABLES_DIR", str(tmp_path))
+    p = plan(1, QWEN3)
+    assert (p.backend, p.source, p.tile["tokens_per_pass"]) == ("cuda_mma", "table", 128)
+    assert p.table == str(tmp_path / name)
+    assert any("(user)" in r for r in p.reasons)
+    # the other shipped tables stay
+    assert plan(1, MIXTRAL).table.startswith(swapmoe.TABLES_DIR)
+
+
+def test_user_table_for_a_new_shape_with_nearest_m(tmp_path, monkeypatch):
+    write(tmp_path, _core.table_file_name(64, 512, H200), {
+        "metadata": {"E": 64, "N": 512, "K": 1024, "topk": 4},
+        "16": {"backend": "cuda_generic"},
+        "32": {"backend": "cuda_mma", "token_tile": 16},
+    })
+    monkeypatch.setenv("SWAPMOE_TABLES_DIR", str(tmp_path))
+    shape = (64, 4, 1024, 512)
+    assert plan(24, shape).backend == "cuda_generic"  # a tie goes to the smaller M
+    assert plan(25, shape).backend == "cuda_mma"
+    assert plan(200, shape).source == "heuristic"
+
+
+def test_rejected_entry_falls_back_and_logs_once(tmp_path, monkeypatch, caplog):
+    # cuda_decode holds at most 512 slots: M=128 with topk 8 is 1024
+    write(tmp_path, _core.table_file_name(40, 512, H200), {"128": {"backend": "cuda_decode"}})
+    monkeypatch.setenv("SWAPMOE_TABLES_DIR", str(tmp_path))
+    shape = (40, 8, 1024, 512)
+    with caplog.at_level(logging.INFO, logger="swapmoe"):
+        p = plan(128, shape)
+        plan(100, shape)
+    assert p.source == "heuristic" and p.backend == "cuda_mma"
+    assert any("table: rejected cuda_decode" in r and "512" in r for r in p.reasons)
+    records = [r for r in caplog.records if r.name == "swapmoe" and "cannot run" in r.getMessage()]
+    assert len(records) == 1 and records[0].levelno == logging.WARNING
+
+
+def test_malformed_table_is_ignored_with_a_reason(tmp_path, monkeypatch, caplog):
+    write(tmp_path, _core.table_file_name(48, 512, H200), "{not json")
+    monkeypatch.setenv("SWAPMOE_TABLES_DIR", str(tmp_path))
+    with caplog.at_level(logging.WARNING, logger="swapmoe"):
+        p = plan(8, (48, 8, 1024, 512))
+    assert p.source == "heuristic"
+    assert any("malformed" in r and "not valid JSON" in r for r in p.reasons)
+    assert any("malformed" in r.getMessage() for r in caplog.records if r.name == "swapmoe")
+    info = _core.tables_info()
+    assert any(not f["ok"] and f["origin"] == "user" for f in info["files"])
+    with pytest.raises(swapmoe.ArgumentError, match="not valid JSON"):
+        _core.read_table(str(tmp_path / _core.table_file_name(48, 512, H200)))
+
+
+def test_missing_user_folder_is_a_reason(tmp_path, monkeypatch):
+    monkeypatch.setenv("SWAPMOE_TABLES_DIR", str(tmp_path / "nope"))
+    p = plan(8, (56, 8, 1024, 512))
+    assert any("cannot be listed" in r for r in p.reasons)
+
+
+def test_external_backends_only_when_allowed(tmp_path, monkeypatch):
+    write(tmp_path, _core.table_file_name(24, 512, H200), {
+        "64": {"backend": "vllm_triton", "times_us": {"vllm_triton": 80.0, "cuda_mma:t64": 90.0,
+                                                      "cuda_generic": 200.0}},
+    })
+    monkeypatch.setenv("SWAPMOE_TABLES_DIR", str(tmp_path))
+    shape = (24, 8, 1024, 512)
+    p = plan(64, shape)
+    assert (p.backend, p.source, p.fallback, p.tile["tokens_per_pass"]) == ("cuda_mma", "table", None, 64)
+    assert any("vllm_triton is a candidate only" in r for r in p.reasons)
+    p = plan(64, shape, external_backends=("vllm_triton",))
+    assert (p.backend, p.source, p.fallback, p.swap_ab) == ("vllm_triton", "table", "cuda_mma", False)
+    p = plan(64, shape, external_backends="vllm_triton")  # one name alone is accepted
+    assert p.backend == "vllm_triton"
+    assert plan(64, shape, external_backends=["flashinfer_cutlass"]).backend == "cuda_mma"
+    with pytest.raises(swapmoe.ArgumentError, match="external_backends"):
+        plan(64, shape, external_backends=("triton",))
+
+
+def test_overrides_beat_tables(monkeypatch):
+    monkeypatch.setenv("SWAPMOE_BACKEND", "cuda_decode")
+    p = plan(1, MIXTRAL)
+    assert (p.backend, p.source) == ("cuda_decode", "override")
+    monkeypatch.delenv("SWAPMOE_BACKEND")
+    monkeypatch.setenv("SWAPMOE_MMA_TOKEN_TILE", "128")
+    p = plan(1024, QWEN3)  # the table says tile 64
+    assert (p.backend, p.source, p.tile["tokens_per_pass"]) == ("cuda_mma", "override", 128)
+    assert any("token tile 128 forced" in r for r in p.reasons)
+    monkeypatch.setenv("SWAPMOE_MMA_TOKEN_TILE", "32")
+    with pytest.raises(swapmoe.ArgumentError, match="SWAPMOE_MMA_TOKEN_TILE"):
+        plan(1024, QWEN3)
+
+
+def test_table_names_and_fp8():
+    assert _core.table_file_name(128, 768, H200) == "E=128,N=768,device_name=NVIDIA_H200,dtype=bf16.json"
+    assert _core.table_file_name(256, 256, H200, "bf16", "fp8_block128") == \
+        "E=256,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json"
+    assert _core.table_file_name(256, 256, H200, quant="fp8_tensor").endswith("dtype=fp8_w8a8.json")
+    with pytest.raises(swapmoe.ArgumentError, match="not in this build") as e:
+        plan(8, DEEPSEEK_TP8, quant="fp8_block128")
+    assert "block_shape=[128,128]" in str(e.value)
+
+
+def test_describe_plan_reports_source_and_table():
+    np = pytest.importorskip("numpy")
+    x = np.zeros((4, 64), np.float32)
+    w1, w2 = np.zeros((8, 64, 64), np.float32), np.zeros((8, 64, 32), np.float32)
+    d = _core.describe_plan(x, w1, w2, np.zeros((4, 2), np.float32), np.zeros((4, 2), np.int32))
+    assert d["backend"] == "cpu" and d["source"] == "heuristic" and d["table"] is None
+
+
+# ---------------------------------------------------------------------------------------
+# swapmoe explain
+# ---------------------------------------------------------------------------------------
+
+
+def test_explain_shows_source_and_table(capsys):
+    assert cli.main(["explain", "--model", "mixtral-8x7b", "--device-name", H200, "--m", "1,300"]) == 0
+    out = capsys.readouterr().out
+    assert "tables: 3 loaded from" in out
+    assert "M=1: cuda_generic (table; swap_ab=False) on NVIDIA H200 sm_90" in out
+    assert "table: " + os.path.join(swapmoe.TABLES_DIR, "E=8;N=14336;device_name=NVIDIA_H200;dtype=bf16.json") \
+        + " entry M=1 (used)" in out
+    assert "M=300: cuda_mma (heuristic;" in out and "(not used, see the reasons)" in out
+
+
+def test_explain_external_backends(tmp_path, monkeypatch, capsys):
+    write(tmp_path, _core.table_file_name(32, 512, H200), {"8": {"backend": "vllm_triton"}})
+    monkeypatch.setenv("SWAPMOE_TABLES_DIR", str(tmp_path))
+    argv = ["explain", "--shape", "32,4,1024,512", "--device-name", H200, "--m", "8"]
+    assert cli.main(argv + ["--external-backends", "vllm_triton"]) == 0
+    assert "M=8: vllm_triton (table; swap_ab=False; swapmoe fallback" in capsys.readouterr().out
+    assert cli.main(argv) == 0
+    assert "(heuristic;" in capsys.readouterr().out
+    assert cli.main(argv + ["--external-backends", "cutlass"]) == 2
+    assert "external_backends" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("quant", ["fp8_tensor", "fp8_channel", "fp8_block128"])
+def test_explain_fp8_says_not_in_this_build(quant, capsys):
+    assert cli.main(["explain", "--model", "qwen3-30b-a3b", "--device-name", H200, "--quant", quant]) == 2
+    err = capsys.readouterr().err
+    assert f"--quant {quant}: FP8 kernels are not in this build yet" in err
+    assert "dtype=fp8_w8a8" in err
+
+
+def test_check_lists_tables(capsys):
+    assert cli.main(["check"]) == 0
+    out = capsys.readouterr().out
+    assert "tuned tables: 3 loaded" in out
+    for name in SHIPPED:
+        assert f"shipped: {name}" in out
+
+
+# ---------------------------------------------------------------------------------------
+# swapmoe tune: pure parts
+# ---------------------------------------------------------------------------------------
+
+
+def test_labels_and_candidates():
+    assert T.candidate_label("cuda_mma", 64) == "cuda_mma:t64" and T.candidate_label("cuda_decode") == "cuda_decode"
+    assert T.parse_label("cuda_mma:t16") == ("cuda_mma", 16)
+    assert T.parse_label("vllm_triton") == ("vllm_triton", None)
+    assert T.swapmoe_candidates("bf16") == ["cuda_decode", "cuda_mma:t16", "cuda_mma:t64", "cuda_mma:t128",
+                                            "cuda_generic"]
+    assert T.swapmoe_candidates("fp32") == ["cuda_decode", "cuda_generic"]
+
+
+def test_ineligible_candidates_ask_the_oracle():
+    shape = T.B.preset_shape("qwen3-30b-a3b")
+    assert T.ineligible("cuda_mma:t64", 8, shape, "bf16", H200, (9, 0)) is None
+    assert "512" in T.ineligible("cuda_decode", 128, shape, "bf16", H200, (9, 0))
+    assert "float32" in T.ineligible("cuda_mma:t16", 8, shape, "fp32", H200, (9, 0))
+    assert "SWAPMOE_BACKEND" not in os.environ and "SWAPMOE_MMA_TOKEN_TILE" not in os.environ
+
+
+def test_forced_restores_the_environment(monkeypatch):
+    monkeypatch.setenv("SWAPMOE_BACKEND", "cuda_generic")
+    with T.forced("cuda_mma:t128"):
+        assert os.environ["SWAPMOE_BACKEND"] == "cuda_mma" and os.environ["SWAPMOE_MMA_TOKEN_TILE"] == "128"
+        p = plan(1024, QWEN3)
+        assert (p.source, p.tile["tokens_per_pass"]) == ("override", 128)
+    assert os.environ["SWAPMOE_BACKEND"] == "cuda_generic" and "SWAPMOE_MMA_TOKEN_TILE" not in os.environ
+
+
+def test_points_to_run_resumes_and_force_remeasures():
+    table = {"metadata": {}, "1": {"backend": "cuda_decode"}, "64": {"backend": "cuda_mma"}}
+    assert T.points_to_run([64, 1, 8, 8], table) == [8]
+    assert T.points_to_run([1, 8, 64], table, force=True) == [1, 8, 64]
+    assert T.points_to_run([1, 2], None) == [1, 2]
+
+
+def test_pruning_only_simt_backends_after_a_loss():
+    entries = {
+        8: {"times_us": {"cuda_decode": 300.0, "cuda_mma:t16": 100.0, "cuda_generic": 150.0}},
+        64: {"times_us": {"cuda_generic": 500.0, "cuda_mma:t16": 200.0}},
+    }
+    assert "3.0x the best at M=8" in T.pruned("cuda_decode", 16, entries)
+    assert T.pruned("cuda_decode", 8, entries) is None  # only smaller M count
+    assert T.pruned("cuda_generic", 64, entries) is None  # 1.5x at M=8
+    assert "2.5x the best at M=64" in T.pruned("cuda_generic", 128, entries)
+    assert T.pruned("cuda_mma:t16", 4096, {1: {"times_us": {"cuda_mma:t16": 100.0, "cuda_decode": 1.0}}}) is None
+    assert T.pruned("cuda_decode", 16, entries, factor=0) is None
+
+
+def test_make_entry_and_merge():
+    e = T.make_entry({"cuda_mma:t16": 120.0, "cuda_mma:t64": 110.0, "cuda_generic": 300.0, "vllm_triton": 100.0},
+                     {"cuda_decode": "it holds at most 512 slots"}, source="test")
+    assert e["backend"] == "vllm_triton" and "token_tile" not in e and e["time_us"] == 100.0
+    assert list(e["times_us"]) == ["vllm_triton", "cuda_mma:t64", "cuda_mma:t16", "cuda_generic"]
+    assert e["best_swapmoe"] == "cuda_mma:t64" and e["skipped"]["cuda_decode"].startswith("it holds")
+    e2 = T.make_entry({"cuda_mma:t64": 50.0, "cuda_decode": 60.0})
+    assert (e2["backend"], e2["token_tile"]) == ("cuda_mma", 64) and "best_swapmoe" not in e2
+    with pytest.raises(ValueError):
+        T.make_entry({})
+    meta = {"E": 8, "N": 64, "K": 128, "topk": 2, "device_name": H200, "dtype": "bf16", "quant": None,
+            "date": "2026-12-02", "created": "2026-12-02"}
+    old = {"metadata": dict(meta, created="2026-12-01", runs=1), "1": {"backend": "cuda_decode"},
+           "8": {"backend": "cuda_generic"}}
+    new = T.merge_table(old, {8: e2, 4: e}, meta)
+    assert list(new) == ["metadata", "1", "4", "8"]
+    assert new["8"] is e2 and new["metadata"]["created"] == "2026-12-01" and new["metadata"]["runs"] == 2
+    assert T.compatible(old["metadata"], meta) is None
+    assert "K=128" in T.compatible(old["metadata"], dict(meta, K=256))
+
+
+def test_written_table_is_read_by_the_oracle(tmp_path, monkeypatch):
+    """The writer's output goes through the Rust parser and steers select_backend."""
+    shape = T.B.shard_shape("t", 16, 2, 1024, 512)
+    meta = T.table_metadata(shape, "bf16", H200, (9, 0), 8, 0, "timer", {"torch": "x"})
+    entries = {
+        1: T.make_entry({"cuda_decode": 20.0, "cuda_generic": 15.0, "cuda_mma:t16": 30.0}),
+        64: T.make_entry({"cuda_mma:t16": 90.0, "cuda_mma:t64": 80.0, "vllm_triton": 70.0}),
+    }
+    path = tmp_path / _core.table_file_name(16, 512, H200).replace(",", ";")
+    assert T.table_path(str(tmp_path), _core.table_file_name(16, 512, H200)) == str(path)
+    T.write_table(str(path), T.merge_table(None, entries, meta))
+    assert os.listdir(tmp_path) == [path.name]  # no temporary file left behind
+    parsed = _core.read_table(str(path))
+    assert parsed["metadata"]["K"] == 1024 and parsed["metadata"]["topk"] == 2
+    assert parsed["entries"][64]["backend"] == "vllm_triton"
+    assert parsed["entries"][64]["times_us"]["cuda_mma:t64"] == 80.0
+    monkeypatch.setenv("SWAPMOE_TABLES_DIR", str(tmp_path))
+    assert plan(1, (16, 2, 1024, 512)).backend == "cuda_generic"
+    p = plan(64, (16, 2, 1024, 512))
+    assert (p.backend, p.tile["tokens_per_pass"]) == ("cuda_mma", 64)
+    assert plan(64, (16, 2, 1024, 512), external_backends=["vllm_triton"]).backend == "vllm_triton"
+
+
+def test_table_path_resumes_either_spelling(tmp_path):
+    name = _core.table_file_name(8, 64, H200)
+    assert T.table_path(str(tmp_path), name) == str(tmp_path / name.replace(",", ";"))
+    (tmp_path / name).write_text("{}")  # a vLLM-spelled file already there is resumed
+    assert T.table_path(str(tmp_path), name) == str(tmp_path / name)
+
+
+def test_read_json_table_and_out_dir(tmp_path, monkeypatch):
+    assert T.read_json_table(str(tmp_path / "none.json")) is None
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1]")
+    with pytest.raises(T.TuneError, match="JSON object"):
+        T.read_json_table(str(bad))
+    with pytest.raises(T.TuneError, match="--out-dir"):
+        T.resolve_out_dir(None)
+    monkeypatch.setenv("SWAPMOE_TABLES_DIR", str(tmp_path / "env"))
+    assert T.resolve_out_dir(None) == str(tmp_path / "env") and (tmp_path / "env").is_dir()
+    assert T.resolve_out_dir(str(tmp_path / "a" / "b")) == str(tmp_path / "a" / "b")
+
+
+# ---------------------------------------------------------------------------------------
+# swapmoe tune: errors on a machine without a GPU
+# ---------------------------------------------------------------------------------------
+
+
+def _no_gpu():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU")
+
+
+def run_cli(*args, env=None):
+    e = dict(os.environ)
+    e.pop("SWAPMOE_TABLES_DIR", None)
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "swapmoe", *args], capture_output=True, text=True, timeout=120,
+                          env=e)
+
+
+def test_tune_without_gpu_exits_2_with_a_clear_error(tmp_path):
+    _no_gpu()
+    r = run_cli("tune", "--model", "qwen3-30b-a3b", "--m", "1,8", "--out-dir", str(tmp_path / "t"))
+    assert r.returncode == 2, r.stderr
+    assert "swapmoe tune: error: needs a CUDA GPU" in r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == ""
+    assert os.listdir(tmp_path / "t") == []  # nothing written
+
+
+@pytest.mark.parametrize("argv, text", [
+    (["tune", "--model", "qwen3-30b-a3b"], "--out-dir"),
+    (["tune", "--out-dir", "X"], "name the shapes"),
+    (["tune", "--model", "qwen3-30b-a3b,nope", "--out-dir", "X"], "--model"),
+    (["tune", "-E", "8", "-K", "64", "--out-dir", "X"], "all four"),
+    (["tune", "-E", "8", "-K", "64", "-N", "32", "--topk", "2", "--model", "mixtral-8x7b", "--out-dir", "X"],
+     "not with"),
+    (["tune", "--model", "qwen3-30b-a3b", "--quant", "fp8_tensor", "--out-dir", "X"], "not implemented yet"),
+    (["tune", "--model", "qwen3-30b-a3b", "--m", "0", "--out-dir", "X"], "--m"),
+])
+def test_tune_bad_requests_exit_2(argv, text, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(argv + ["--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "swapmoe tune: error:" in err and text in err, err
+
+
+def test_tune_parser():
+    a = cli.build_parser().parse_args(["tune", "--model", "qwen3-30b-a3b,mixtral-8x7b", "--out-dir", "d"])
+    assert a.m == ",".join(map(str, T.DEFAULT_M)) and a.vllm and a.check and not a.force
+    assert a.layers == 8 and a.prune == T.DEFAULT_PRUNE and a.dtype == "bf16"
+    shapes = cli._tune_shapes(a)
+    assert [s.key() for s in shapes] == [QWEN3, MIXTRAL]
+    a = cli.build_parser().parse_args(["tune", "-E", "64", "-K", "1024", "-N", "512", "--topk", "4", "--tp", "2"])
+    assert [s.key() for s in cli._tune_shapes(a)] == [(64, 4, 1024, 256)]
+
+
+# ---------------------------------------------------------------------------------------
+# swapmoe tune: the sweep, with a fake device
+# ---------------------------------------------------------------------------------------
+
+
+class FakeRunner(T.Runner):
+    """Deterministic times: decode wins at M <= 2, generic is slow, the tiles trade places,
+    vLLM's Triton wins at M = 64."""
+
+    def __init__(self, wrong=(), fail=(), stop_at=None, vllm=True):
+        self.labels = T.swapmoe_candidates("bf16") + (["vllm_triton"] if vllm else [])
+        self.wrong, self.fail, self.stop_at = set(wrong), set(fail), stop_at
+        self.timed = []
+        self.shapes = []
+
+    def start_shape(self, shape):
+        self.shapes.append(shape.name)
+
+    def inputs(self, shape, M):
+        return M
+
+    def ineligible(self, label, shape, M):
+        if label == "cuda_decode" and M * shape.topk > 512:
+            return f"it holds at most M*topk = 512 slots, got {M * shape.topk}"
+        return None
+
+    def check(self, labels, M):
+        return {lb: ("check failed: rel_err 1 > 0.01" if lb in self.wrong else None) for lb in labels}
+
+    def time_us(self, label, M):
+        if M == self.stop_at:
+            raise KeyboardInterrupt
+        if label in self.fail:
+            raise RuntimeError("CUDA error: boom")
+        self.timed.append((label, M))
+        base = {"cuda_decode": 10.0 * M if M <= 2 else 15.0 * M, "cuda_mma:t16": 15.0 + 4.0 * M,
+                "cuda_mma:t64": 35.0 + 2.0 * M,
+                "cuda_mma:t128": 60.0 + 2.0 * M, "cuda_generic": 12.0 * M + 5.0,
+                "vllm_triton": 100.0 if M == 64 else 1e6}
+        return base[label], "graph"
+
+
+def _plans(tmp_path, ms, force=False, shapes=None, K=1024):
+    shapes = shapes or [T.B.shard_shape("fake", 16, 8, K, 512)]
+    return T.prepare(
+        shapes, str(tmp_path), ms, force,
+        meta_of=lambda sh: T.table_metadata(sh, "bf16", H200, (9, 0), 8, 0, "fake timer", {}),
+        file_name=lambda sh: _core.table_file_name(sh.E, sh.N, H200, "bf16"))
+
+
+def test_sweep_writes_a_table_the_oracle_follows(tmp_path, monkeypatch):
+    runner = FakeRunner()
+    [s] = T.sweep(_plans(tmp_path, [1, 2, 8, 64, 128]), runner)
+    assert s["measured"] == [1, 2, 8, 64, 128]
+    t = _core.read_table(s["path"])
+    assert s["path"].endswith("E=16;N=512;device_name=NVIDIA_H200;dtype=bf16.json")
+    e = t["entries"]
+    assert e[1]["backend"] == "cuda_decode" and e[2]["backend"] == "cuda_decode"
+    assert (e[8]["backend"], e[8]["token_tile"]) == ("cuda_mma", 16)
+    assert e[64]["backend"] == "vllm_triton"
+    assert (e[128]["backend"], e[128]["token_tile"]) == ("cuda_mma", 64)
+    # decode was more than 2x the best at M=8 (120 vs 47): pruned from M=64 on
+    with open(s["path"], encoding="utf-8") as f:
+        raw = json.load(f)
+    assert raw["64"]["skipped"]["cuda_decode"].startswith("pruned: ")
+    assert raw["128"]["skipped"]["cuda_decode"].startswith("it holds at most")
+    assert ("cuda_decode", 64) not in runner.timed
+    assert raw["64"]["best_swapmoe"] == "cuda_mma:t64" and raw["metadata"]["runs"] == 1
+    monkeypatch.setenv("SWAPMOE_TABLES_DIR", str(tmp_path))
+    shape = (16, 8, 1024, 512)
+    assert plan(2, shape).source == "table" and plan(2, shape).backend == "cuda_decode"
+    p = plan(64, shape)
+    assert (p.backend, p.tile["tokens_per_pass"]) == ("cuda_mma", 64)  # vllm_triton skipped outside vLLM
+    assert plan(64, shape, external_backends=["vllm_triton"]).backend == "vllm_triton"
+
+
+def test_sweep_resumes_after_an_interruption(tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        T.sweep(_plans(tmp_path, [1, 2, 8, 64]), FakeRunner(stop_at=8))
+    [path] = [os.path.join(tmp_path, f) for f in os.listdir(tmp_path)]
+    assert sorted(_core.read_table(path)["entries"]) == [1, 2]  # written after each M
+    runner = FakeRunner()
+    plans = _plans(tmp_path, [1, 2, 8, 64])
+    assert plans[0].todo == [8, 64]
+    [s] = T.sweep(plans, runner)
+    assert s["measured"] == [8, 64] and s["skipped_m"] == [1, 2]
+    assert {m for _, m in runner.timed} == {8, 64}
+    with open(path, encoding="utf-8") as f:
+        raw = json.load(f)
+    assert [k for k in raw if k != "metadata"] == ["1", "2", "8", "64"] and raw["metadata"]["runs"] == 2
+    # --force re-measures everything
+    assert _plans(tmp_path, [1, 2, 8, 64], force=True)[0].todo == [1, 2, 8, 64]
+    # nothing to do: no timing at all
+    runner = FakeRunner()
+    T.sweep(_plans(tmp_path, [1, 64]), runner)
+    assert runner.timed == []
+
+
+def test_sweep_drops_wrong_and_failing_candidates(tmp_path):
+    runner = FakeRunner(wrong={"cuda_mma:t16"}, fail={"cuda_generic"}, vllm=False)
+    [s] = T.sweep(_plans(tmp_path, [1, 8]), runner)
+    assert not any(lb == "cuda_mma:t16" for lb, _ in runner.timed)  # dropped at the first M, for all M
+    e8 = s["entries"][8]
+    assert e8["skipped"]["cuda_mma:t16"].startswith("dropped for this shape: check failed")
+    assert e8["skipped"]["cuda_generic"] == "failed: RuntimeError: CUDA error: boom"
+    assert (e8["backend"], e8["token_tile"]) == ("cuda_mma", 64)
+    assert "vllm_triton" not in e8["times_us"]
+
+
+def test_sweep_stops_when_the_device_is_lost(tmp_path):
+    class Lost(FakeRunner):
+        def time_us(self, label, M):
+            if M == 8:
+                raise T.DeviceLost("cuda_mma:t16 broke the CUDA context")
+            return super().time_us(label, M)
+
+    with pytest.raises(T.DeviceLost):
+        T.sweep(_plans(tmp_path, [1, 8, 64]), Lost())
+    [path] = [os.path.join(tmp_path, f) for f in os.listdir(tmp_path)]
+    assert sorted(_core.read_table(path)["entries"]) == [1]
+
+
+def test_prepare_refuses_a_table_of_another_k(tmp_path):
+    T.sweep(_plans(tmp_path, [1]), FakeRunner())
+    with pytest.raises(T.TuneError, match="K=1024"):
+        _plans(tmp_path, [1, 2], K=2048)
+    plans = _plans(tmp_path, [1, 2], K=2048, force=True)
+    assert plans[0].old is None and plans[0].todo == [1, 2]
+    [path] = [os.path.join(tmp_path, f) for f in os.listdir(tmp_path)]
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("{broken")
+    with pytest.raises(T.TuneError, match="JSON"):
+        _plans(tmp_path, [1])
+    assert _plans(tmp_path, [1], force=True)[0].todo == [1]
