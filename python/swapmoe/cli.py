@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--ep", type=int, default=1, metavar="N", help="expert parallel: divides E")
     x.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
     x.add_argument("--quant", choices=list(B.QUANTS), default="none",
-                   help="weight quantization; the FP8 variants are not implemented yet in this build and exit 2")
+                   help="weight quantization: FP8 W8A8 plans need sm_89+ (fp8_tensor assumes static activation scales)")
     x.add_argument("--m", metavar="M,M,...", default="1,8,64,1024", help="token counts")
     x.add_argument("--device-name", metavar="NAME", default=None,
                    help='ask for this device (e.g. "NVIDIA H200") instead of CUDA device 0; needs no GPU')
@@ -320,9 +320,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
     shape = _shape_from_args(args)
     assert shape is not None  # the shape group is required
-    if args.quant != "none":
-        print(f"swapmoe explain: error: --quant {args.quant}: {B.FP8_NOT_IMPLEMENTED}", file=sys.stderr)
-        return 2
+    quant = None if args.quant == "none" else args.quant
     cap = None
     if args.capability:
         try:
@@ -333,12 +331,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 2
     print(f"swapmoe {swapmoe.__version__} explain: {shape.name}  E={shape.E} topk={shape.topk} "
-          f"K={shape.K} N={shape.N}  {args.dtype}")
+          f"K={shape.K} N={shape.N}  {args.dtype}" + (f" {quant}" if quant else ""))
     for m in B.parse_m_list(args.m):
         try:
             plan = swapmoe.select_backend(m, shape.E, shape.topk, shape.K, shape.N, dtype=args.dtype,
                                           device_capability=cap, device_name=args.device_name,
-                                          backend=args.backend)
+                                          backend=args.backend, quant=quant)
         except swapmoe.Error as e:
             print(f"swapmoe explain: error: {e}", file=sys.stderr)
             return 2

@@ -50,15 +50,15 @@ def select_backend(
     ``top_k``, hidden size K and intermediate size N (contiguous, aligned tensors).
 
     With neither ``device_name`` nor ``device_capability`` the current CUDA device 0 is
-    asked; a known ``device_name`` (e.g. ``"NVIDIA H200"``) needs no GPU. ``quant`` other
-    than None raises :class:`ArgumentError`: FP8 is not in this build yet."""
+    asked; a known ``device_name`` (e.g. ``"NVIDIA H200"``) needs no GPU. ``quant``:
+    ``"fp8_tensor"`` (static activation scales assumed), ``"fp8_channel"`` or
+    ``"fp8_block128"`` plan FP8 W8A8 weights; FP8 on a device below sm_89 raises
+    :class:`ArgumentError`."""
     if quant not in QUANTS:
         raise ArgumentError(f"quant: expected one of {QUANTS}, got {quant!r}")
-    if quant is not None:
-        raise ArgumentError(f"quant: FP8 fused experts are not implemented in this build, got {quant!r}")
     cap = tuple(int(v) for v in device_capability) if device_capability is not None else None
     d = _core.select_backend(num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype, cap,
-                             device_name, None, backend)
+                             device_name, None, backend, quant)
     return Plan(
         backend=d["backend"],
         swap_ab=bool(d["swap_ab"]),

@@ -109,6 +109,9 @@ pub fn fused_experts(
             layout.total
         )));
     }
+    if p.quant.is_some() {
+        return fp8(dev, p, plan, &layout, workspace, stream);
+    }
     let ws = |off: usize| (workspace + off) as u64;
     let slot_expert = ws(layout.slot_expert);
     let expert_offsets = ws(layout.expert_offsets);
@@ -603,4 +606,18 @@ pub fn select_experts(p: &RouterProblem, stream: usize) -> Result<()> {
         crate::oracle::router_uses_pdl(&dev.caps),
         &mut args,
     )
+}
+
+/// The FP8 W8A8 path (placeholder until the kernels land).
+fn fp8(
+    _dev: &DeviceState,
+    _p: &MoeProblem,
+    _plan: &Plan,
+    _layout: &WorkspaceLayout,
+    _workspace: usize,
+    _stream: usize,
+) -> Result<()> {
+    Err(Error::Argument(
+        "use_fp8_w8a8: the CUDA FP8 path is not built yet".into(),
+    ))
 }
