@@ -18,6 +18,7 @@
 // the previous kernel in the stream before reading anything, and let the next one start
 // its launch early.
 #include "common/moe_common.cuh"
+#include "common/fp8_moe.cuh"
 
 namespace swapmoe {
 namespace {
@@ -212,6 +213,139 @@ __device__ __forceinline__ void gemm2_sum(
   }
 }
 
+
+// --------------------------------------------------------------------------- FP8 W8A8
+//
+// decode_moe_fp8_gemm1 / decode_moe_fp8_gemm2_sum: the same two GEMMs with e4m3 weights.
+// GEMM1 reads the input quantized by swapmoe_fp8_quant_x (cuda/generic_moe.cu: one CTA
+// per token, launched first) and writes the f32 intermediate plus its absmax; GEMM2
+// quantizes the intermediate as it loads it (its scales span N or 128 columns, more
+// than one GEMM1 CTA holds) and dequantizes with the weight scales. See
+// cuda/common/fp8_moe.cuh for the rules.
+template <int SCHEME, int VEC>
+__device__ __forceinline__ void fp8_gemm1(
+    const uint8_t* __restrict__ xq, long long xq_row, const float* __restrict__ x_scale, int groups_k,
+    const uint8_t* __restrict__ w1, long long w1_expert_stride, long long w1_row_stride,
+    const float* __restrict__ w1s, long long w1s_e, long long w1s_r, long long w1s_c,
+    const void* __restrict__ topk_weights, int topk_weights_code, long long topk_weights_row_stride,
+    const void* __restrict__ topk_ids, int ids_is_i64, long long ids_row_stride, const int* __restrict__ expert_map,
+    int M, int topk, int global_E, int local_E, int N, int K, int act, int weight_on_input,
+    float* __restrict__ inter, float* __restrict__ inter_amax, int groups_n) {
+  __shared__ ExpertSlots r;
+  __shared__ unsigned smax[kAmaxChunk];
+  pdl_wait();
+  pdl_launch_dependents();
+  find_expert_slots(r, topk_ids, ids_is_i64, ids_row_stride, expert_map, M, topk, global_E, local_E, blockIdx.y);
+  const int e = r.expert;
+  if (e < 0) return;  // CTA-uniform: fewer distinct experts than grid rows
+  const int row0 = blockIdx.x * kRows;
+  const int row = row0 + (threadIdx.x >> 5);
+  fp8_gemm1_rows<SCHEME, VEC, kTok>(r.slots, r.count, e, row, row < N, row0, xq, xq_row, x_scale, groups_k, w1,
+                                    w1_expert_stride, w1_row_stride, w1s, w1s_e, w1s_r, w1s_c, topk_weights,
+                                    topk_weights_code, topk_weights_row_stride, topk, N, K, act, weight_on_input,
+                                    inter, inter_amax, groups_n, smax);
+}
+
+template <typename T, int SCHEME, int VEC>
+__device__ __forceinline__ void fp8_gemm2_sum(
+    const float* __restrict__ inter, const float* __restrict__ inter_amax, const float* __restrict__ a2_static,
+    int groups_n, const uint8_t* __restrict__ w2, long long w2_expert_stride, long long w2_row_stride,
+    const float* __restrict__ w2s, long long w2s_e, long long w2s_r, long long w2s_c,
+    const void* __restrict__ topk_weights, int topk_weights_code, long long topk_weights_row_stride,
+    const void* __restrict__ topk_ids, int ids_is_i64, long long ids_row_stride, const int* __restrict__ expert_map,
+    int M, int topk, int global_E, int local_E, int N, int K, int weight_on_input, T* __restrict__ out,
+    long long out_row_stride) {
+  __shared__ float partial[kMaxSlots][kRows];
+  __shared__ float partial_folded[kRows][kRows];
+  __shared__ int slot_expert[kMaxSlots];
+  pdl_wait();
+  pdl_launch_dependents();
+  const int S = M * topk;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int r0 = blockIdx.x * kRows;
+  const int rows = min(kRows, K - r0);
+  const int rb = SCHEME == kQBlock ? r0 / kFp8Block : r0;  // the CTA's rows share one 128-row block
+  for (int s = threadIdx.x; s < S; s += kThreads)
+    slot_expert[s] = slot_local_expert(topk_ids, ids_is_i64, ids_row_stride, expert_map, topk, global_E, local_E, s);
+  __syncthreads();
+  const int parts = S >= kRows ? 1 : (kRows + S - 1) / S;
+  const int seg = ((N + parts - 1) / parts + 32 * VEC - 1) / (32 * VEC) * (32 * VEC);
+  for (int item = warp; item < S * parts; item += kRows) {
+    const int s = item / parts, q = item - s * parts;
+    const int e = slot_expert[s];
+    if (e < 0) continue;
+    const float* a = inter + (long long)s * N;
+    const uint8_t* w = w2 + e * w2_expert_stride + (long long)r0 * w2_row_stride;
+    const int n_end = min(N, (q + 1) * seg);
+    const float st = SCHEME == kQBlock ? 1.f : inter_scale<SCHEME>(inter_amax, a2_static, s, 0, groups_n);
+    const float it = __frcp_rn(st);
+    float acc[kRows] = {};
+    for (int n = q * seg + lane * VEC; n < n_end; n += 32 * VEC) {
+      float sn = st, inv = it, wsg[kRows];
+      if constexpr (SCHEME == kQBlock) {
+        const int g = n / kFp8Block;
+        sn = inter_scale<SCHEME>(inter_amax, a2_static, s, g, groups_n);
+        inv = 0.f;
+        const float ws = w2s[scale_off(e, rb, g, w2s_e, w2s_r, w2s_c)];
+#pragma unroll
+        for (int i = 0; i < kRows; ++i) wsg[i] = sn * ws;
+      }
+      float av[VEC];
+      load_inter_q<SCHEME, VEC>(a + n, sn, inv, av);
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) {
+        if (i < rows) {
+          float wv[VEC];
+          load_fp8_f32<VEC>(w + (long long)i * w2_row_stride + n, wv);
+          float d = 0.f;
+#pragma unroll
+          for (int v = 0; v < VEC; ++v) d = fmaf(wv[v], av[v], d);
+          if constexpr (SCHEME == kQBlock) acc[i] = fmaf(d, wsg[i], acc[i]);
+          else acc[i] += d;
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) acc[i] = warp_sum(acc[i]);
+    if (lane < kRows) {
+      float mine = 0.f;
+#pragma unroll
+      for (int i = 0; i < kRows; ++i)
+        if (i == lane) mine = acc[i];
+      if (lane < rows) {
+        if constexpr (SCHEME == kQTensor) mine *= st * w2s[scale_off(e, 0, 0, w2s_e, 0, 0)];
+        else if constexpr (SCHEME == kQChannel) mine *= st * w2s[scale_off(e, r0 + lane, 0, w2s_e, w2s_r, 0)];
+      }
+      partial[item][lane] = mine;
+    }
+  }
+  __syncthreads();
+  if (parts > 1) {
+    for (int idx = threadIdx.x; idx < S * kRows; idx += kThreads) {
+      const int s = idx / kRows, i = idx - s * kRows;
+      float v = 0.f;
+      for (int q = 0; q < parts; ++q) v += partial[s * parts + q][i];
+      partial_folded[s][i] = v;
+    }
+    __syncthreads();
+  }
+  const float(*part)[kRows] = parts > 1 ? partial_folded : partial;
+  for (int idx = threadIdx.x; idx < M * kRows; idx += kThreads) {
+    const int t = idx / kRows, i = idx - t * kRows;
+    if (i >= rows) continue;
+    float sum = 0.f;
+    for (int k = 0; k < topk; ++k) {
+      const int s = t * topk + k;
+      if (slot_expert[s] < 0) continue;
+      const float wgt = weight_on_input ? 1.f
+                                        : load_scalar(topk_weights, topk_weights_code,
+                                                      (long long)t * topk_weights_row_stride + k);
+      sum += wgt * part[s][i];
+    }
+    out[(long long)t * out_row_stride + r0 + i] = from_f32<T>(sum);
+  }
+}
+
 }  // namespace
 }  // namespace swapmoe
 
@@ -252,3 +386,47 @@ SWAPMOE_DECODE_INSTANTIATE(bf16, __nv_bfloat16, 1)
 SWAPMOE_DECODE_INSTANTIATE(bf16, __nv_bfloat16, 8)
 SWAPMOE_DECODE_INSTANTIATE(f16, __half, 1)
 SWAPMOE_DECODE_INSTANTIATE(f16, __half, 8)
+
+#define SWAPMOE_DECODE_FP8_GEMM1(NAME, SCHEME, VEC)                                               \
+  extern "C" __global__ void __launch_bounds__(swapmoe::kThreads) decode_moe_fp8_gemm1_##NAME##_v##VEC( \
+      const uint8_t *xq, long long xq_row, const float *x_scale, int groups_k, const uint8_t *w1,  \
+      long long w1_expert_stride, long long w1_row_stride, const float *w1s, long long w1s_e,     \
+      long long w1s_r, long long w1s_c, const void *topk_weights, int topk_weights_code,          \
+      long long topk_weights_row_stride, const void *topk_ids, int ids_is_i64,                    \
+      long long ids_row_stride, const int *expert_map, int M, int topk, int global_E, int local_E, \
+      int N, int K, int act, int weight_on_input, float *inter, float *inter_amax, int groups_n) { \
+    swapmoe::fp8_gemm1<SCHEME, VEC>(xq, xq_row, x_scale, groups_k, w1, w1_expert_stride,          \
+                                    w1_row_stride, w1s, w1s_e, w1s_r, w1s_c, topk_weights,        \
+                                    topk_weights_code, topk_weights_row_stride, topk_ids,         \
+                                    ids_is_i64, ids_row_stride, expert_map, M, topk, global_E,    \
+                                    local_E, N, K, act, weight_on_input, inter, inter_amax,       \
+                                    groups_n);                                                    \
+  }
+#define SWAPMOE_DECODE_FP8_GEMM2(SUFFIX, T, NAME, SCHEME, VEC)                                    \
+  extern "C" __global__ void __launch_bounds__(swapmoe::kThreads)                                \
+      decode_moe_fp8_gemm2_sum_##SUFFIX##_##NAME##_v##VEC(                                        \
+          const float *inter, const float *inter_amax, const float *a2_static, int groups_n,      \
+          const uint8_t *w2, long long w2_expert_stride, long long w2_row_stride, const float *w2s, \
+          long long w2s_e, long long w2s_r, long long w2s_c, const void *topk_weights,            \
+          int topk_weights_code, long long topk_weights_row_stride, const void *topk_ids,         \
+          int ids_is_i64, long long ids_row_stride, const int *expert_map, int M, int topk,       \
+          int global_E, int local_E, int N, int K, int weight_on_input, T *out,                   \
+          long long out_row_stride) {                                                             \
+    swapmoe::fp8_gemm2_sum<T, SCHEME, VEC>(                                                       \
+        inter, inter_amax, a2_static, groups_n, w2, w2_expert_stride, w2_row_stride, w2s, w2s_e,  \
+        w2s_r, w2s_c, topk_weights, topk_weights_code, topk_weights_row_stride, topk_ids,         \
+        ids_is_i64, ids_row_stride, expert_map, M, topk, global_E, local_E, N, K,                 \
+        weight_on_input, out, out_row_stride);                                                    \
+  }
+#define SWAPMOE_DECODE_FP8(NAME, SCHEME, VEC)                                                     \
+  SWAPMOE_DECODE_FP8_GEMM1(NAME, SCHEME, VEC)                                                     \
+  SWAPMOE_DECODE_FP8_GEMM2(f32, float, NAME, SCHEME, VEC)                                         \
+  SWAPMOE_DECODE_FP8_GEMM2(bf16, __nv_bfloat16, NAME, SCHEME, VEC)                                \
+  SWAPMOE_DECODE_FP8_GEMM2(f16, __half, NAME, SCHEME, VEC)
+
+SWAPMOE_DECODE_FP8(tensor, swapmoe::kQTensor, 1)
+SWAPMOE_DECODE_FP8(tensor, swapmoe::kQTensor, 16)
+SWAPMOE_DECODE_FP8(channel, swapmoe::kQChannel, 1)
+SWAPMOE_DECODE_FP8(channel, swapmoe::kQChannel, 16)
+SWAPMOE_DECODE_FP8(block, swapmoe::kQBlock, 1)
+SWAPMOE_DECODE_FP8(block, swapmoe::kQBlock, 16)

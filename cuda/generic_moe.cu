@@ -172,3 +172,254 @@ SWAPMOE_INSTANTIATE(f16, __half, 8)
 SWAPMOE_REDUCE(f32, float)
 SWAPMOE_REDUCE(bf16, __nv_bfloat16)
 SWAPMOE_REDUCE(f16, __half)
+
+// --------------------------------------------------------------------------- FP8 W8A8
+//
+// FP8 call on the generic path (S = M*topk slots):
+//   swapmoe_route_align       slot groups per local expert
+//   swapmoe_fp8_absmax_T      (dynamic per-tensor input scale only) partial absmax of x
+//   swapmoe_fp8_quant_x_T     x -> x_q (e4m3) + scales, one CTA per token; zeroes the
+//                             intermediate's absmax accumulators
+//   generic_moe_fp8_gemm1     inter[s] = act(g) * u (f32) + intermediate absmax
+//   generic_moe_fp8_gemm2     y[s] = w * (quantize(inter[s]) . w2_q[e]^T) dequantized
+//   generic_moe_topk_reduce   out[t] = sum over k (as the bf16 path)
+// The per-token and per-group scales need the whole row or group before the first element
+// can be quantized, and every GEMM1 CTA of an expert would redo that for the same tokens,
+// so one CTA per token quantizes x once; GEMM1 then streams x_q as 16-byte e4m3 vectors.
+// The intermediate's scales span N (or 128 columns), which 8-row GEMM1 CTAs do not hold
+// whole: GEMM1 writes f32 plus absmax, and GEMM2 quantizes as it loads.
+#include "common/fp8_moe.cuh"
+
+namespace swapmoe {
+namespace {
+
+constexpr int kQuantThreads = 256;  // threads of the quantize-x and absmax kernels (`FP8_QUANT_THREADS`)
+
+// Max over the CTA (non-negative values; result broadcast to every thread).
+__device__ __forceinline__ float cta_max(float v, unsigned* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  unsigned m = __reduce_max_sync(0xffffffffu, __float_as_uint(v));
+  __syncthreads();  // red may hold the previous call's values
+  if (lane == 0) red[warp] = m;
+  __syncthreads();
+  m = 0u;
+  for (int w = 0; w < (int)(blockDim.x >> 5); ++w) m = max(m, red[w]);
+  return __uint_as_float(m);
+}
+
+// partials[b] = finite absmax of the elements b, b + P*blockDim, ... of x [M, K].
+template <typename T>
+__device__ __forceinline__ void fp8_absmax(const T* __restrict__ x, long long x_row_stride, int M, int K,
+                                           float* __restrict__ partials) {
+  __shared__ unsigned red[kQuantThreads / 32];
+  const long long total = (long long)M * K;
+  float m = 0.f;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (long long)gridDim.x * blockDim.x) {
+    const long long r = i / K, c = i - r * K;
+    m = fmaxf(m, finite_abs(to_f32(x[r * x_row_stride + c])));
+  }
+  m = cta_max(m, red);
+  if (threadIdx.x == 0) partials[blockIdx.x] = m;
+}
+
+// Token blockIdx.x of x to e4m3 (x_q row stride xq_row) and its scale(s); also zeroes the
+// intermediate absmax accumulators (amax_count floats) for GEMM1.
+template <typename T>
+__device__ __forceinline__ void fp8_quant_x(const T* __restrict__ x, long long x_row_stride, int K, int scheme,
+                                            const float* __restrict__ a1_static, const float* __restrict__ partials,
+                                            int num_partials, uint8_t* __restrict__ xq, long long xq_row,
+                                            float* __restrict__ x_scale, int groups_k,
+                                            float* __restrict__ inter_amax, long long amax_count) {
+  __shared__ unsigned red[kQuantThreads / 32];
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < amax_count;
+       i += (long long)gridDim.x * blockDim.x)
+    inter_amax[i] = 0.f;
+  const int t = blockIdx.x;
+  const T* xr = x + (long long)t * x_row_stride;
+  uint8_t* qr = xq + (long long)t * xq_row;
+  if (scheme == kQBlock) {
+    // one warp per 128-column group, 4 columns per lane
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int g = warp; g < groups_k; g += blockDim.x >> 5) {
+      float v[4];
+      float m = 0.f;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int c = g * kFp8Block + i * 32 + lane;
+        v[i] = c < K ? to_f32(xr[c]) : 0.f;
+        m = fmaxf(m, finite_abs(v[i]));
+      }
+      m = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(m)));
+      const float s = fp8_group_scale(m);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int c = g * kFp8Block + i * 32 + lane;
+        if (c < K) qr[c] = fp8_quantize(v[i], s, 0.f, false);
+      }
+      if (lane == 0) x_scale[(long long)t * groups_k + g] = s;
+    }
+    return;
+  }
+  float s;
+  if (scheme == kQTensor) {
+    if (a1_static) {
+      s = *a1_static;
+    } else {
+      float m = 0.f;
+      for (int i = 0; i < num_partials; ++i) m = fmaxf(m, partials[i]);
+      s = fp8_dynamic_scale(m);
+    }
+  } else {
+    float m = 0.f;
+    for (int c = threadIdx.x; c < K; c += blockDim.x) m = fmaxf(m, finite_abs(to_f32(xr[c])));
+    s = fp8_dynamic_scale(cta_max(m, red));
+  }
+  const float inv = __frcp_rn(s);
+  for (int c = threadIdx.x; c < K; c += blockDim.x) qr[c] = fp8_quantize(to_f32(xr[c]), s, inv, scheme == kQTensor);
+  if (threadIdx.x == 0) x_scale[t] = s;
+}
+
+template <int SCHEME, int VEC>
+__device__ __forceinline__ void fp8_generic_gemm1(
+    const uint8_t* __restrict__ xq, long long xq_row, const float* __restrict__ x_scale, int groups_k,
+    const uint8_t* __restrict__ w1, long long w1_expert_stride, long long w1_row_stride,
+    const float* __restrict__ w1s, long long w1s_e, long long w1s_r, long long w1s_c,
+    const void* __restrict__ topk_weights, int topk_weights_code, long long topk_weights_row_stride,
+    const int* __restrict__ expert_offsets, const int* __restrict__ sorted_slots,
+    const int* __restrict__ active_experts, const int* __restrict__ num_active, int topk, int N, int K, int act,
+    int weight_on_input, float* __restrict__ inter, float* __restrict__ inter_amax, int groups_n) {
+  __shared__ unsigned smax[kAmaxChunk];
+  if ((int)blockIdx.y >= *num_active) return;  // CTA-uniform
+  const int e = active_experts[blockIdx.y];
+  const int row0 = blockIdx.x * kRows;
+  const int row = row0 + (threadIdx.x >> 5);
+  const int begin = expert_offsets[e], end = expert_offsets[e + 1];
+  fp8_gemm1_rows<SCHEME, VEC, kTok>(sorted_slots + begin, end - begin, e, row, row < N, row0, xq, xq_row, x_scale,
+                                    groups_k, w1, w1_expert_stride, w1_row_stride, w1s, w1s_e, w1s_r, w1s_c,
+                                    topk_weights, topk_weights_code, topk_weights_row_stride, topk, N, K, act,
+                                    weight_on_input, inter, inter_amax, groups_n, smax);
+}
+
+// y[s, row] = router_weight * dequant(quantize(inter[s]) . w2_q[e, row]); one warp per row.
+template <int SCHEME, int VEC>
+__device__ __forceinline__ void fp8_generic_gemm2(
+    const float* __restrict__ inter, const float* __restrict__ inter_amax, const float* __restrict__ a2_static,
+    int groups_n, const uint8_t* __restrict__ w2, long long w2_expert_stride, long long w2_row_stride,
+    const float* __restrict__ w2s, long long w2s_e, long long w2s_r, long long w2s_c,
+    const void* __restrict__ topk_weights, int topk_weights_code, long long topk_weights_row_stride,
+    const int* __restrict__ expert_offsets, const int* __restrict__ sorted_slots,
+    const int* __restrict__ active_experts, const int* __restrict__ num_active, int topk, int N, int K,
+    int weight_on_input, float* __restrict__ y) {
+  if ((int)blockIdx.y >= *num_active) return;
+  const int e = active_experts[blockIdx.y];
+  const int row = blockIdx.x * kRows + (threadIdx.x >> 5);
+  if (row >= K) return;  // warp-uniform; no barrier follows
+  const int lane = threadIdx.x & 31;
+  const uint8_t* w = w2 + e * w2_expert_stride + (long long)row * w2_row_stride;
+  const int rb = SCHEME == kQBlock ? row / kFp8Block : row;
+  const int begin = expert_offsets[e], end = expert_offsets[e + 1];
+  for (int t0 = begin; t0 < end; t0 += kTok) {
+    const int nt = min(kTok, end - t0);
+    int slot[kTok];
+    float st[kTok], it[kTok];
+#pragma unroll
+    for (int i = 0; i < kTok; ++i) {
+      slot[i] = sorted_slots[t0 + min(i, nt - 1)];
+      st[i] = SCHEME == kQBlock ? 1.f : inter_scale<SCHEME>(inter_amax, a2_static, slot[i], 0, groups_n);
+      it[i] = __frcp_rn(st[i]);
+    }
+    float acc[kTok] = {};
+    for (int n = lane * VEC; n < N; n += 32 * VEC) {
+      float wv[VEC];
+      load_fp8_f32<VEC>(w + n, wv);
+      const int g = n / kFp8Block;
+      const float wsg = SCHEME == kQBlock ? w2s[scale_off(e, rb, g, w2s_e, w2s_r, w2s_c)] : 1.f;
+#pragma unroll
+      for (int i = 0; i < kTok; ++i) {
+        if (i < nt) {
+          float s = st[i], inv = it[i];
+          if constexpr (SCHEME == kQBlock) {
+            s = inter_scale<SCHEME>(inter_amax, a2_static, slot[i], g, groups_n);
+            inv = 0.f;
+          }
+          float av[VEC];
+          load_inter_q<SCHEME, VEC>(inter + (long long)slot[i] * N + n, s, inv, av);
+          float d = 0.f;
+#pragma unroll
+          for (int v = 0; v < VEC; ++v) d = fmaf(wv[v], av[v], d);
+          if constexpr (SCHEME == kQBlock) acc[i] = fmaf(d, s * wsg, acc[i]);
+          else acc[i] += d;
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kTok; ++i) acc[i] = warp_sum(acc[i]);
+    if (lane < nt) {
+      float a = 0.f, s = 1.f;
+      int si = 0;
+#pragma unroll
+      for (int i = 0; i < kTok; ++i)
+        if (i == lane) { a = acc[i]; si = slot[i]; s = st[i]; }
+      if constexpr (SCHEME == kQTensor) a *= s * w2s[scale_off(e, 0, 0, w2s_e, 0, 0)];
+      else if constexpr (SCHEME == kQChannel) a *= s * w2s[scale_off(e, rb, 0, w2s_e, w2s_r, 0)];
+      if (!weight_on_input) {
+        const int t = si / topk, k = si - t * topk;
+        a *= load_scalar(topk_weights, topk_weights_code, (long long)t * topk_weights_row_stride + k);
+      }
+      y[(long long)si * K + row] = a;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace swapmoe
+
+#define SWAPMOE_FP8_PREP(SUFFIX, T)                                                               \
+  extern "C" __global__ void __launch_bounds__(swapmoe::kQuantThreads) swapmoe_fp8_absmax_##SUFFIX(  \
+      const T *x, long long x_row_stride, int M, int K, float *partials) {                        \
+    swapmoe::fp8_absmax<T>(x, x_row_stride, M, K, partials);                                      \
+  }                                                                                               \
+  extern "C" __global__ void __launch_bounds__(swapmoe::kQuantThreads) swapmoe_fp8_quant_x_##SUFFIX( \
+      const T *x, long long x_row_stride, int K, int scheme, const float *a1_static,              \
+      const float *partials, int num_partials, uint8_t *xq, long long xq_row, float *x_scale,     \
+      int groups_k, float *inter_amax, long long amax_count) {                                    \
+    swapmoe::fp8_quant_x<T>(x, x_row_stride, K, scheme, a1_static, partials, num_partials, xq,    \
+                            xq_row, x_scale, groups_k, inter_amax, amax_count);                   \
+  }
+SWAPMOE_FP8_PREP(f32, float)
+SWAPMOE_FP8_PREP(bf16, __nv_bfloat16)
+SWAPMOE_FP8_PREP(f16, __half)
+
+#define SWAPMOE_FP8_GENERIC(NAME, SCHEME, VEC)                                                    \
+  extern "C" __global__ void __launch_bounds__(swapmoe::kRows * 32) generic_moe_fp8_gemm1_##NAME##_v##VEC( \
+      const uint8_t *xq, long long xq_row, const float *x_scale, int groups_k, const uint8_t *w1,  \
+      long long w1_expert_stride, long long w1_row_stride, const float *w1s, long long w1s_e,     \
+      long long w1s_r, long long w1s_c, const void *topk_weights, int topk_weights_code,          \
+      long long topk_weights_row_stride, const int *expert_offsets, const int *sorted_slots,      \
+      const int *active_experts, const int *num_active, int topk, int N, int K, int act,          \
+      int weight_on_input, float *inter, float *inter_amax, int groups_n) {                       \
+    swapmoe::fp8_generic_gemm1<SCHEME, VEC>(                                                      \
+        xq, xq_row, x_scale, groups_k, w1, w1_expert_stride, w1_row_stride, w1s, w1s_e, w1s_r,    \
+        w1s_c, topk_weights, topk_weights_code, topk_weights_row_stride, expert_offsets,          \
+        sorted_slots, active_experts, num_active, topk, N, K, act, weight_on_input, inter,        \
+        inter_amax, groups_n);                                                                    \
+  }                                                                                               \
+  extern "C" __global__ void __launch_bounds__(swapmoe::kRows * 32) generic_moe_fp8_gemm2_##NAME##_v##VEC( \
+      const float *inter, const float *inter_amax, const float *a2_static, int groups_n,          \
+      const uint8_t *w2, long long w2_expert_stride, long long w2_row_stride, const float *w2s,   \
+      long long w2s_e, long long w2s_r, long long w2s_c, const void *topk_weights,                \
+      int topk_weights_code, long long topk_weights_row_stride, const int *expert_offsets,        \
+      const int *sorted_slots, const int *active_experts, const int *num_active, int topk, int N, \
+      int K, int weight_on_input, float *y) {                                                     \
+    swapmoe::fp8_generic_gemm2<SCHEME, VEC>(                                                      \
+        inter, inter_amax, a2_static, groups_n, w2, w2_expert_stride, w2_row_stride, w2s, w2s_e,  \
+        w2s_r, w2s_c, topk_weights, topk_weights_code, topk_weights_row_stride, expert_offsets,   \
+        sorted_slots, active_experts, num_active, topk, N, K, weight_on_input, y);                \
+  }
+SWAPMOE_FP8_GENERIC(tensor, swapmoe::kQTensor, 1)
+SWAPMOE_FP8_GENERIC(tensor, swapmoe::kQTensor, 16)
+SWAPMOE_FP8_GENERIC(channel, swapmoe::kQChannel, 1)
+SWAPMOE_FP8_GENERIC(channel, swapmoe::kQChannel, 16)
+SWAPMOE_FP8_GENERIC(block, swapmoe::kQBlock, 1)
+SWAPMOE_FP8_GENERIC(block, swapmoe::kQBlock, 16)

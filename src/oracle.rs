@@ -2,7 +2,7 @@
 //! and tile lives here, with a one-line reason; launch code only carries a plan out.
 
 use crate::error::{Error, Result};
-use crate::problem::{DType, Device, MoeProblem};
+use crate::problem::{DType, Device, MoeProblem, QuantScheme};
 use crate::tables::{self, Choice, ExternalBackend, Loaded, Quant, TableSet};
 use std::collections::HashSet;
 use std::fmt;
@@ -47,6 +47,8 @@ pub const BULK_MAX_SLOTS: usize = 64;
 /// `kStageBytes`). GEMM1 and GEMM2 CTAs fit on one SM together (2 x 100 KiB), so GEMM2's
 /// weight stream starts under GEMM1's tail.
 pub const BULK_SMEM_BYTES: usize = 5 * 20480;
+/// Smallest compute capability the FP8 path runs on (Ada, Hopper and later).
+pub const FP8_MIN_CAPABILITY: (i32, i32) = (8, 9);
 /// Threads of the routing-alignment CTA (`kThreads` in cuda/route_align.cu).
 pub const ROUTE_ALIGN_THREADS: usize = 1024;
 /// Threads per CTA of the top-k reduction.
@@ -119,16 +121,38 @@ pub enum KernelId {
     MmaGemm2(DType, usize),
     /// Router (cuda/route_topk.cu), by logits dtype.
     RouteTopk(DType),
+    /// FP8 W8A8 (cuda/generic_moe.cu): hidden states (by dtype) to e4m3 plus scales.
+    Fp8QuantX(DType),
+    /// FP8: partial absmax of the hidden states, for a dynamic per-tensor scale.
+    Fp8AbsmaxPartials(DType),
+    /// FP8 GEMMs: (scheme, vector width in e4m3 elements: 1 or 16); GEMM2 of the decode
+    /// path also by output dtype.
+    DecodeFp8Gemm1(QuantScheme, usize),
+    DecodeFp8Gemm2Sum(DType, QuantScheme, usize),
+    GenericFp8Gemm1(QuantScheme, usize),
+    GenericFp8Gemm2(QuantScheme, usize),
     /// Bulk-copy decode kernels (cuda/sm90_bulk_decode.cu), bf16 or fp16.
     BulkGemm1Act(DType),
     BulkGemm2Sum(DType),
 }
+
+const FP8_SCHEMES: [QuantScheme; 3] = [
+    QuantScheme::Tensor,
+    QuantScheme::Channel,
+    QuantScheme::Block,
+];
+/// Vector width of the FP8 GEMMs' 16-byte loads, in e4m3 elements.
+pub const FP8_VEC: usize = 16;
 
 const FLOAT_DTYPES: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
 
 fn mma_slot(d: DType, tile: usize) -> usize {
     let t = MMA_TOKEN_TILES.iter().position(|x| *x == tile).unwrap_or(0);
     t + 3 * usize::from(d == DType::F16)
+}
+
+fn fp8_slot(q: QuantScheme, v: usize) -> usize {
+    2 * q.code() as usize + usize::from(v > 1)
 }
 
 fn dtype_index(d: DType) -> usize {
@@ -141,12 +165,27 @@ pub fn vector_width(d: DType) -> usize {
 }
 
 impl KernelId {
-    pub const COUNT: usize = 1 + 3 * 2 + 3 * 2 + 3 + 3 * 2 + 3 * 2 + 2 * 3 * 2 + 3 + 2 * 2;
+    pub const COUNT: usize = 1
+        + 3 * 2
+        + 3 * 2
+        + 3
+        + 3 * 2
+        + 3 * 2
+        + 2 * 3 * 2
+        + 3
+        + 3
+        + 3
+        + 3 * 2 * 3
+        + 3 * 3 * 2
+        + 2 * 2;
 
     pub fn module(&self) -> &'static str {
         match self {
             KernelId::RouteAlign => "route_align",
-            KernelId::DecodeGemm1Act(..) | KernelId::DecodeGemm2Sum(..) => "decode_moe",
+            KernelId::DecodeGemm1Act(..)
+            | KernelId::DecodeGemm2Sum(..)
+            | KernelId::DecodeFp8Gemm1(..)
+            | KernelId::DecodeFp8Gemm2Sum(..) => "decode_moe",
             KernelId::MmaGemm1Act(..) | KernelId::MmaGemm2(..) => "sm80_mma_moe",
             KernelId::RouteTopk(..) => "route_topk",
             KernelId::BulkGemm1Act(..) | KernelId::BulkGemm2Sum(..) => "sm90_bulk_decode",
@@ -165,6 +204,14 @@ impl KernelId {
             KernelId::MmaGemm1Act(d, t) => format!("sm80_moe_gemm1_act_{}_t{t}", d.suffix()),
             KernelId::MmaGemm2(d, t) => format!("sm80_moe_gemm2_{}_t{t}", d.suffix()),
             KernelId::RouteTopk(d) => format!("swapmoe_route_topk_{}", d.suffix()),
+            KernelId::Fp8QuantX(d) => format!("swapmoe_fp8_quant_x_{}", d.suffix()),
+            KernelId::Fp8AbsmaxPartials(d) => format!("swapmoe_fp8_absmax_{}", d.suffix()),
+            KernelId::DecodeFp8Gemm1(q, v) => format!("decode_moe_fp8_gemm1_{}_v{v}", q.name()),
+            KernelId::DecodeFp8Gemm2Sum(d, q, v) => {
+                format!("decode_moe_fp8_gemm2_sum_{}_{}_v{v}", d.suffix(), q.name())
+            }
+            KernelId::GenericFp8Gemm1(q, v) => format!("generic_moe_fp8_gemm1_{}_v{v}", q.name()),
+            KernelId::GenericFp8Gemm2(q, v) => format!("generic_moe_fp8_gemm2_{}_v{v}", q.name()),
             KernelId::BulkGemm1Act(d) => format!("bulk_moe_gemm1_act_{}", d.suffix()),
             KernelId::BulkGemm2Sum(d) => format!("bulk_moe_gemm2_sum_{}", d.suffix()),
         }
@@ -182,8 +229,14 @@ impl KernelId {
             KernelId::MmaGemm1Act(d, t) => 28 + mma_slot(d, t),
             KernelId::MmaGemm2(d, t) => 34 + mma_slot(d, t),
             KernelId::RouteTopk(d) => 40 + dtype_index(d),
-            KernelId::BulkGemm1Act(d) => 43 + usize::from(d == DType::F16),
-            KernelId::BulkGemm2Sum(d) => 45 + usize::from(d == DType::F16),
+            KernelId::Fp8QuantX(d) => 43 + dtype_index(d),
+            KernelId::Fp8AbsmaxPartials(d) => 46 + dtype_index(d),
+            KernelId::DecodeFp8Gemm1(q, v) => 49 + fp8_slot(q, v),
+            KernelId::GenericFp8Gemm1(q, v) => 55 + fp8_slot(q, v),
+            KernelId::GenericFp8Gemm2(q, v) => 61 + fp8_slot(q, v),
+            KernelId::DecodeFp8Gemm2Sum(d, q, v) => 67 + 6 * dtype_index(d) + fp8_slot(q, v),
+            KernelId::BulkGemm1Act(d) => 85 + usize::from(d == DType::F16),
+            KernelId::BulkGemm2Sum(d) => 87 + usize::from(d == DType::F16),
         }
     }
 
@@ -207,6 +260,20 @@ impl KernelId {
             }
             v.push(KernelId::BulkGemm1Act(d));
             v.push(KernelId::BulkGemm2Sum(d));
+        }
+        for d in FLOAT_DTYPES {
+            v.push(KernelId::Fp8QuantX(d));
+            v.push(KernelId::Fp8AbsmaxPartials(d));
+        }
+        for q in FP8_SCHEMES {
+            for w in [1, FP8_VEC] {
+                v.push(KernelId::DecodeFp8Gemm1(q, w));
+                v.push(KernelId::GenericFp8Gemm1(q, w));
+                v.push(KernelId::GenericFp8Gemm2(q, w));
+                for d in FLOAT_DTYPES {
+                    v.push(KernelId::DecodeFp8Gemm2Sum(d, q, w));
+                }
+            }
         }
         v
     }
@@ -367,7 +434,7 @@ pub struct Request<'a> {
     pub backend: Option<Backend>,
     /// A forced tensor-core token tile, applied when the plan is cuda_mma.
     pub mma_token_tile: Option<usize>,
-    /// The problem's weight quantization (only `Quant::None` can be planned in this build).
+    /// The table key's weight quantization; None: the problem's own (its FP8 scheme, if any).
     pub quant: Option<Quant>,
     /// External backends the caller can run (inside vLLM); tables may pick them.
     pub external: &'a [ExternalBackend],
@@ -405,15 +472,16 @@ pub fn plan(p: &MoeProblem, caps: Option<&DeviceCaps>) -> Plan {
 /// The decision, in order: an explicit override, a tuned table entry that the call can
 /// run, the heuristics. Errors: a forced backend or tile that cannot run the call, FP8.
 pub fn decide(p: &MoeProblem, caps: Option<&DeviceCaps>, req: &Request) -> Result<Plan> {
-    let quant = req.quant.unwrap_or(Quant::None);
-    if quant != Quant::None {
-        let name = caps.map(|c| tables::file_name(p.local_experts, p.n, &c.name, p.dtype, quant));
-        return Err(Error::Argument(format!(
-            "quant: FP8 kernels are not in this build yet, so the oracle cannot plan {}{}",
-            quant.name().unwrap_or("none"),
-            name.map(|n| format!(" (its tuned table would be {n})"))
-                .unwrap_or_default()
-        )));
+    if let (Some(q), Some(c)) = (p.quant, caps) {
+        if c.capability < FP8_MIN_CAPABILITY && p.device != Device::Cpu {
+            return Err(Error::Argument(format!(
+                "use_fp8_w8a8: FP8 ({}) needs compute capability >= 8.9 (sm_89, native e4m3 conversions), got {} (sm_{}{})",
+                q.scheme.name(),
+                c.name,
+                c.capability.0,
+                c.capability.1
+            )));
+        }
     }
     if let Some(t) = req.mma_token_tile {
         if !MMA_TOKEN_TILES.contains(&t) {
@@ -503,6 +571,14 @@ fn heuristic(c: &mut Candidates) -> Backend {
     c.reasons.push(format!(
         "cuda_decode: rejected, M*topk = {slots} (limit {DECODE_HEURISTIC_MAX_SLOTS}) with ~{per_expert:.1} slots per expert (limit {DECODE_HEURISTIC_MAX_SLOTS_PER_EXPERT}): its GEMM2 would re-read weight rows per slot"
     ));
+    if p.quant.is_some() {
+        c.reasons
+            .push("cuda_mma: rejected, it has no FP8 kernels in this build".into());
+        c.reasons.push(
+            "cuda_generic: the FP8 path for every M beyond decode (SIMT, e4m3 weights as 16-byte vectors)".into(),
+        );
+        return Backend::CudaGeneric;
+    }
     match c.eligible(Backend::CudaMma) {
         Ok(()) => {
             c.reasons.push(format!(
@@ -533,7 +609,12 @@ fn from_table(
     log: &mut Option<LogNote>,
 ) -> Option<(Backend, Option<ExternalBackend>)> {
     let p = c.p;
-    let quant = req.quant.unwrap_or(Quant::None);
+    let quant = req.quant.unwrap_or(match p.quant.map(|q| q.scheme) {
+        None => Quant::None,
+        Some(QuantScheme::Tensor) => Quant::Fp8Tensor,
+        Some(QuantScheme::Channel) => Quant::Fp8Channel,
+        Some(QuantScheme::Block) => Quant::Fp8Block128,
+    });
     let file = tables::file_name(p.local_experts, p.n, &caps.name, p.dtype, quant);
     if set.disabled {
         c.reasons.push(format!(
@@ -772,7 +853,9 @@ pub fn offline_caps(
 }
 
 /// The plan for a shape alone (contiguous, 16-byte aligned tensors on a CUDA device), for
-/// `swapmoe.select_backend` and `swapmoe explain`: [`decide`] with `req`.
+/// `swapmoe.select_backend` and `swapmoe explain`: [`decide`] with `req`. With `quant`, the
+/// weights are e4m3 with that scheme's scales; a per-tensor question assumes static
+/// activation scales (as FP8 checkpoints ship them).
 #[allow(clippy::too_many_arguments)]
 pub fn plan_for_shape(
     num_tokens: i64,
@@ -781,10 +864,11 @@ pub fn plan_for_shape(
     hidden_size: i64,
     intermediate_size: i64,
     dtype: DType,
+    quant: Option<QuantScheme>,
     caps: &DeviceCaps,
     req: &Request,
 ) -> Result<Plan> {
-    use crate::problem::{Activation, MoeArgs, TensorDesc};
+    use crate::problem::{Activation, MoeArgs, QuantArgs, TensorDesc};
     let dev = Device::Cuda(0);
     let t = |d, shape: &[i64]| TensorDesc::contiguous(d, shape, dev, 1 << 20);
     let (m, e, k, n) = (num_tokens, num_experts, hidden_size, intermediate_size);
@@ -793,12 +877,34 @@ pub fn plan_for_shape(
             "select_backend: expected num_tokens >= 0, num_experts >= 1, 1 <= top_k <= num_experts, hidden_size >= 1 and intermediate_size >= 1, got {m}, {e}, {top_k}, {k}, {n}"
         )));
     }
-    let (h, w1, w2) = (
-        t(dtype, &[m, k]),
-        t(dtype, &[e, 2 * n, k]),
-        t(dtype, &[e, k, n]),
-    );
+    let wd = if quant.is_some() {
+        DType::F8E4M3
+    } else {
+        dtype
+    };
+    let (h, w1, w2) = (t(dtype, &[m, k]), t(wd, &[e, 2 * n, k]), t(wd, &[e, k, n]));
     let (tw, ids) = (t(DType::F32, &[m, top_k]), t(DType::I32, &[m, top_k]));
+    let b = crate::problem::FP8_BLOCK as i64;
+    let (s1, s2) = match quant {
+        Some(QuantScheme::Block) => (
+            vec![e, (2 * n + b - 1) / b, (k + b - 1) / b],
+            vec![e, (k + b - 1) / b, (n + b - 1) / b],
+        ),
+        Some(QuantScheme::Channel) => (vec![e, 2 * n], vec![e, k]),
+        _ => (vec![e], vec![e]),
+    };
+    let (w1s, w2s, a_s) = (t(DType::F32, &s1), t(DType::F32, &s2), t(DType::F32, &[1]));
+    let block = [b, b];
+    let static_act = quant == Some(QuantScheme::Tensor);
+    let q = QuantArgs {
+        use_fp8_w8a8: quant.is_some(),
+        per_channel_quant: quant == Some(QuantScheme::Channel),
+        block_shape: (quant == Some(QuantScheme::Block)).then_some(&block[..]),
+        w1_scale: quant.map(|_| &w1s),
+        w2_scale: quant.map(|_| &w2s),
+        a1_scale: static_act.then_some(&a_s),
+        a2_scale: static_act.then_some(&a_s),
+    };
     let p = MoeProblem::new(&MoeArgs {
         hidden_states: &h,
         w1: &w1,
@@ -810,6 +916,7 @@ pub fn plan_for_shape(
         activation: Activation::Silu,
         apply_router_weight_on_input: false,
         global_num_experts: -1,
+        quant: q,
     })?;
     decide(&p, Some(caps), req)
 }
@@ -849,18 +956,28 @@ impl<'a> Candidates<'a> {
             ));
         }
         let d = p.dtype;
-        let w = vector_width(d) as i64;
+        let fp8 = p.quant.is_some();
+        // FP8 GEMM1 reads the quantized input from the workspace, not hidden_states.
+        let w = if fp8 { FP8_VEC } else { vector_width(d) } as i64;
         let s = &p.strides;
         let o = &p.operands;
         let gemm1_ok = p.k as i64 % w == 0
-            && s.hidden_row % w == 0
+            && (fp8 || s.hidden_row % w == 0)
             && s.w1_expert % w == 0
             && s.w1_row % w == 0
-            && aligned(o.hidden_states, 16)
+            && (fp8 || aligned(o.hidden_states, 16))
             && aligned(o.w1, 16);
         let gemm2_ok =
             p.n as i64 % w == 0 && s.w2_expert % w == 0 && s.w2_row % w == 0 && aligned(o.w2, 16);
         if p.device != Device::Cpu {
+            if let Some(q) = p.quant {
+                reasons.push(format!(
+                    "fp8: W8A8 e4m3, {} scales, input scale {}, intermediate scale {}",
+                    q.scheme.name(),
+                    if q.a1_scale != 0 { "static" } else { "dynamic" },
+                    if q.a2_scale != 0 { "static" } else { "dynamic" }
+                ));
+            }
             reasons.push(if gemm1_ok {
                 format!("gemm1: 16-byte loads, K and the hidden_states/w1 strides are multiples of {w}")
             } else {
@@ -924,7 +1041,9 @@ impl<'a> Candidates<'a> {
             )),
             Backend::CudaDecode => Ok(()),
             Backend::CudaBulkDecode => {
-                if self.hopper_sms.is_none() {
+                if p.quant.is_some() {
+                    Err("it has no FP8 kernels in this build".into())
+                } else if self.hopper_sms.is_none() {
                     Err("it needs an sm_90 (Hopper) device: TMA bulk copies and mbarriers".into())
                 } else if !matches!(p.dtype, DType::BF16 | DType::F16) {
                     Err(format!(
@@ -943,7 +1062,9 @@ impl<'a> Candidates<'a> {
                 }
             }
             Backend::CudaMma => {
-                if !matches!(p.dtype, DType::BF16 | DType::F16) {
+                if p.quant.is_some() {
+                    Err("it has no FP8 kernels in this build".into())
+                } else if !matches!(p.dtype, DType::BF16 | DType::F16) {
                     Err(format!(
                         "it needs bfloat16 or float16, got {}",
                         p.dtype.name()
@@ -991,58 +1112,88 @@ impl<'a> Candidates<'a> {
         let tile = self.tile.unwrap_or_else(|| self.mma_token_tile());
         let mut reasons = self.reasons;
         let mut ctas = 0;
-        let (kernels, rows_per_cta, tokens_per_pass, pdl) = match b {
-            Backend::Cpu => (vec![], 0, 0, false),
-            Backend::CudaBulkDecode => {
-                ctas = self.hopper_sms.unwrap_or(132);
-                reasons.push(format!(
-                    "cuda_bulk_decode: a persistent grid of {ctas} CTAs streams weights and activations through 5 x 20 KiB bulk-copy stages per SM; GEMM2 starts its weight stream under GEMM1's tail (pdl)"
-                ));
-                (
-                    vec![KernelId::BulkGemm1Act(d), KernelId::BulkGemm2Sum(d)],
-                    BULK_ROWS_PER_ITEM,
-                    BULK_TOKENS_PER_PASS,
-                    true,
-                )
+        let fp8_front = |v: &mut Vec<KernelId>| {
+            if let Some(q) = self.p.quant {
+                if q.scheme == QuantScheme::Tensor && q.a1_scale == 0 {
+                    v.push(KernelId::Fp8AbsmaxPartials(d));
+                }
+                v.push(KernelId::Fp8QuantX(d));
             }
-            Backend::CudaDecode => {
+        };
+        let (kernels, rows_per_cta, tokens_per_pass, pdl) = match (b, self.p.quant) {
+            (Backend::CudaDecode, Some(q)) => {
                 reasons.push(if self.pdl_ok {
+                    "pdl: sm_90+, the two FP8 GEMMs overlap their start-up with programmatic dependent launch".into()
+                } else {
+                    "pdl: off, programmatic dependent launch needs sm_90".into()
+                });
+                let mut v = vec![];
+                fp8_front(&mut v);
+                v.push(KernelId::DecodeFp8Gemm1(q.scheme, g1));
+                v.push(KernelId::DecodeFp8Gemm2Sum(d, q.scheme, g2));
+                (v, DECODE_ROWS_PER_CTA, DECODE_TOKENS_PER_PASS, self.pdl_ok)
+            }
+            (Backend::CudaGeneric, Some(q)) => {
+                let mut v = vec![KernelId::RouteAlign];
+                fp8_front(&mut v);
+                v.push(KernelId::GenericFp8Gemm1(q.scheme, g1));
+                v.push(KernelId::GenericFp8Gemm2(q.scheme, g2));
+                v.push(KernelId::GenericTopkReduce(d));
+                (v, GENERIC_ROWS_PER_CTA, GENERIC_TOKENS_PER_PASS, false)
+            }
+            (b, _) => match b {
+                Backend::Cpu => (vec![], 0, 0, false),
+                Backend::CudaBulkDecode => {
+                    ctas = self.hopper_sms.unwrap_or(132);
+                    reasons.push(format!(
+                        "cuda_bulk_decode: a persistent grid of {ctas} CTAs streams weights and activations through 5 x 20 KiB bulk-copy stages per SM; GEMM2 starts its weight stream under GEMM1's tail (pdl)"
+                    ));
+                    (
+                        vec![KernelId::BulkGemm1Act(d), KernelId::BulkGemm2Sum(d)],
+                        BULK_ROWS_PER_ITEM,
+                        BULK_TOKENS_PER_PASS,
+                        true,
+                    )
+                }
+                Backend::CudaDecode => {
+                    reasons.push(if self.pdl_ok {
                     "pdl: sm_90+, the two launches overlap their start-up with programmatic dependent launch".into()
                 } else {
                     "pdl: off, programmatic dependent launch needs sm_90".into()
                 });
-                (
+                    (
+                        vec![
+                            KernelId::DecodeGemm1Act(d, g1),
+                            KernelId::DecodeGemm2Sum(d, g2),
+                        ],
+                        DECODE_ROWS_PER_CTA,
+                        DECODE_TOKENS_PER_PASS,
+                        self.pdl_ok,
+                    )
+                }
+                Backend::CudaGeneric => (
                     vec![
-                        KernelId::DecodeGemm1Act(d, g1),
-                        KernelId::DecodeGemm2Sum(d, g2),
+                        KernelId::RouteAlign,
+                        KernelId::GenericGemm1Act(d, g1),
+                        KernelId::GenericGemm2(d, g2),
+                        KernelId::GenericTopkReduce(d),
                     ],
-                    DECODE_ROWS_PER_CTA,
-                    DECODE_TOKENS_PER_PASS,
-                    self.pdl_ok,
-                )
-            }
-            Backend::CudaGeneric => (
-                vec![
-                    KernelId::RouteAlign,
-                    KernelId::GenericGemm1Act(d, g1),
-                    KernelId::GenericGemm2(d, g2),
-                    KernelId::GenericTopkReduce(d),
-                ],
-                GENERIC_ROWS_PER_CTA,
-                GENERIC_TOKENS_PER_PASS,
-                false,
-            ),
-            Backend::CudaMma => (
-                vec![
-                    KernelId::RouteAlign,
-                    KernelId::MmaGemm1Act(d, tile),
-                    KernelId::MmaGemm2(d, tile),
-                    KernelId::GenericTopkReduce(d),
-                ],
-                MMA_ROWS_PER_CTA,
-                tile,
-                false,
-            ),
+                    GENERIC_ROWS_PER_CTA,
+                    GENERIC_TOKENS_PER_PASS,
+                    false,
+                ),
+                Backend::CudaMma => (
+                    vec![
+                        KernelId::RouteAlign,
+                        KernelId::MmaGemm1Act(d, tile),
+                        KernelId::MmaGemm2(d, tile),
+                        KernelId::GenericTopkReduce(d),
+                    ],
+                    MMA_ROWS_PER_CTA,
+                    tile,
+                    false,
+                ),
+            },
         };
         Plan {
             backend: b,
@@ -1121,6 +1272,7 @@ mod tests {
             activation: Activation::Silu,
             apply_router_weight_on_input: false,
             global_num_experts: -1,
+            quant: crate::problem::QuantArgs::default(),
         })
         .unwrap()
     }
@@ -1221,6 +1373,7 @@ mod tests {
             2048,
             768,
             DType::BF16,
+            None,
             &h200,
             &Request::default(),
         )
@@ -1234,6 +1387,7 @@ mod tests {
             4096,
             14336,
             DType::BF16,
+            None,
             &h200,
             &Request::default(),
         )
@@ -1246,6 +1400,7 @@ mod tests {
             4096,
             14336,
             DType::F32,
+            None,
             &h200,
             &Request::default(),
         )
@@ -1258,6 +1413,7 @@ mod tests {
             4096,
             14336,
             DType::BF16,
+            None,
             &h200,
             &Request {
                 backend: Some(Backend::CudaGeneric),
@@ -1266,7 +1422,18 @@ mod tests {
         )
         .unwrap();
         assert!(forced.reasons.iter().any(|r| r.starts_with("override:")));
-        assert!(plan_for_shape(1, 8, 9, 64, 64, DType::BF16, &h200, &Request::default()).is_err());
+        assert!(plan_for_shape(
+            1,
+            8,
+            9,
+            64,
+            64,
+            DType::BF16,
+            None,
+            &h200,
+            &Request::default()
+        )
+        .is_err());
     }
 
     #[test]
@@ -1721,6 +1888,7 @@ mod tests {
             activation: Activation::Silu,
             apply_router_weight_on_input: false,
             global_num_experts: -1,
+            quant: crate::problem::QuantArgs::default(),
         })
         .unwrap();
         let set = tables_with(
@@ -1738,22 +1906,30 @@ mod tests {
     }
 
     #[test]
-    fn fp8_cannot_be_planned_yet_and_names_its_table() {
-        let p = problem(8, 128, 8, 2048, 768, DType::BF16);
-        let err = decide(
-            &p,
-            Some(&h200()),
+    fn fp8_problems_look_up_their_own_tables() {
+        let set = TableSet::default();
+        let p = plan_for_shape(
+            8,
+            128,
+            8,
+            2048,
+            768,
+            DType::BF16,
+            Some(QuantScheme::Block),
+            &h200(),
             &Request {
-                quant: Some(Quant::Fp8Block128),
+                tables: Some(&set),
                 ..Request::default()
             },
         )
-        .unwrap_err();
-        let msg = err.to_string();
-        assert!(msg.contains("fp8_block128") && msg.contains("not in this build"));
+        .unwrap();
+        assert_eq!(p.source, Source::Heuristic);
         assert!(
-            msg.contains("dtype=fp8_w8a8,block_shape=[128,128].json"),
-            "{msg}"
+            p.reasons
+                .iter()
+                .any(|r| r.contains("dtype=fp8_w8a8,block_shape=[128,128]")),
+            "{:?}",
+            p.reasons
         );
     }
 
@@ -1780,5 +1956,106 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn fp8_plans_decode_then_generic_and_needs_sm89() {
+        let h200 = h200();
+        for q in FP8_SCHEMES {
+            let p = plan_for_shape(
+                1,
+                128,
+                8,
+                2048,
+                768,
+                DType::BF16,
+                Some(q),
+                &h200,
+                &Request::default(),
+            )
+            .unwrap();
+            assert_eq!(p.backend, Backend::CudaDecode);
+            assert!(p.kernels.contains(&KernelId::Fp8QuantX(DType::BF16)));
+            assert_eq!(
+                p.kernels.last(),
+                Some(&KernelId::DecodeFp8Gemm2Sum(DType::BF16, q, FP8_VEC))
+            );
+            let p = plan_for_shape(
+                1024,
+                128,
+                8,
+                2048,
+                768,
+                DType::BF16,
+                Some(q),
+                &h200,
+                &Request::default(),
+            )
+            .unwrap();
+            assert_eq!(p.backend, Backend::CudaGeneric);
+            assert!(p.kernels.contains(&KernelId::GenericFp8Gemm1(q, FP8_VEC)));
+            // K = 200: 16-byte e4m3 vectors do not fit, scalar loads
+            let p = plan_for_shape(
+                1024,
+                8,
+                2,
+                200,
+                64,
+                DType::F32,
+                Some(q),
+                &h200,
+                &Request::default(),
+            )
+            .unwrap();
+            assert_eq!((p.gemm1_vec, p.gemm2_vec), (1, FP8_VEC));
+            let forced = plan_for_shape(
+                1024,
+                128,
+                8,
+                2048,
+                768,
+                DType::BF16,
+                Some(q),
+                &h200,
+                &Request {
+                    backend: Some(Backend::CudaMma),
+                    ..Request::default()
+                },
+            );
+            assert!(matches!(forced, Err(Error::Argument(ref m)) if m.contains("FP8")));
+            let a100 = offline_caps(Some("NVIDIA A100-SXM4-80GB"), None, None).unwrap();
+            let err = plan_for_shape(
+                1,
+                128,
+                8,
+                2048,
+                768,
+                DType::BF16,
+                Some(q),
+                &a100,
+                &Request::default(),
+            )
+            .unwrap_err();
+            assert!(
+                matches!(err, Error::Argument(ref m) if m.contains("use_fp8_w8a8") && m.contains("sm_80"))
+            );
+        }
+        // a per-tensor question assumes static scales: no absmax pre-pass
+        let p = plan_for_shape(
+            1,
+            128,
+            8,
+            2048,
+            768,
+            DType::BF16,
+            Some(QuantScheme::Tensor),
+            &h200,
+            &Request::default(),
+        )
+        .unwrap();
+        assert!(!p
+            .kernels
+            .iter()
+            .any(|k| matches!(k, KernelId::Fp8AbsmaxPartials(_))));
     }
 }

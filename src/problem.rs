@@ -16,6 +16,8 @@ pub enum DType {
     F16,
     I32,
     I64,
+    /// float8_e4m3fn (DLPack code 10, 8 bits): FP8 weights.
+    F8E4M3,
     /// Anything else, kept for the error message: (DLPack type code, bits).
     Other(u8, u8),
 }
@@ -28,6 +30,7 @@ impl DType {
             DType::F16 => "float16".into(),
             DType::I32 => "int32".into(),
             DType::I64 => "int64".into(),
+            DType::F8E4M3 => "float8_e4m3fn".into(),
             DType::Other(code, bits) => match (code, bits) {
                 (2, 64) => "float64".into(),
                 (0, 8) => "int8".into(),
@@ -45,6 +48,7 @@ impl DType {
             DType::F32 | DType::I32 => 4,
             DType::BF16 | DType::F16 => 2,
             DType::I64 => 8,
+            DType::F8E4M3 => 1,
             DType::Other(_, bits) => (*bits as usize).div_ceil(8),
         }
     }
@@ -59,6 +63,7 @@ impl DType {
             DType::F16 => "f16",
             DType::I32 => "i32",
             DType::I64 => "i64",
+            DType::F8E4M3 => "f8e4m3",
             DType::Other(..) => "other",
         }
     }
@@ -153,6 +158,303 @@ impl Activation {
     }
 }
 
+/// Columns (and rows) of one FP8 scale block: the only `block_shape` accepted is [128, 128].
+pub const FP8_BLOCK: usize = 128;
+/// Largest finite float8_e4m3fn value.
+pub const FP8_MAX: f32 = 448.0;
+/// Smallest dynamic per-tensor / per-token scale (vLLM's `min_scaling_factor`,
+/// 1 / (448 * 512)): an all-zero input gets this scale instead of 0, so no 0/0.
+pub const FP8_MIN_SCALE: f32 = 1.0 / (448.0 * 512.0);
+/// Smallest absmax of a per-token-group (block) scale (vLLM's `eps` of
+/// per_token_group_quant_fp8): scale = max(absmax, 1e-10) / 448.
+pub const FP8_GROUP_EPS: f32 = 1e-10;
+
+/// How FP8 W8A8 weights and activations are scaled (vLLM's `fused_experts_impl` with
+/// `use_fp8_w8a8=True`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QuantScheme {
+    /// w1_scale [E], w2_scale [E]; activations one scale per tensor (a1_scale/a2_scale
+    /// static, or dynamic absmax / 448).
+    Tensor,
+    /// `per_channel_quant=True`: w1_scale [E, 2N], w2_scale [E, K]; activations dynamic
+    /// per token (row absmax / 448).
+    Channel,
+    /// `block_shape=[128, 128]`: w1_scale [E, ceil(2N/128), ceil(K/128)], w2_scale
+    /// [E, ceil(K/128), ceil(N/128)]; activations dynamic per token per 128 columns.
+    Block,
+}
+
+impl QuantScheme {
+    /// Code passed to kernels and kernel-name suffix.
+    pub fn code(&self) -> i32 {
+        match self {
+            QuantScheme::Tensor => 0,
+            QuantScheme::Channel => 1,
+            QuantScheme::Block => 2,
+        }
+    }
+    pub fn name(&self) -> &'static str {
+        match self {
+            QuantScheme::Tensor => "tensor",
+            QuantScheme::Channel => "channel",
+            QuantScheme::Block => "block",
+        }
+    }
+    /// The `quant` names of `swapmoe.select_backend`.
+    pub fn parse(s: &str) -> Option<QuantScheme> {
+        match s {
+            "fp8_tensor" => Some(QuantScheme::Tensor),
+            "fp8_channel" => Some(QuantScheme::Channel),
+            "fp8_block128" => Some(QuantScheme::Block),
+            _ => None,
+        }
+    }
+    /// Activation scales per row of `cols` columns: 1, or one per 128-column group.
+    pub fn groups(&self, cols: usize) -> usize {
+        match self {
+            QuantScheme::Block => cols.div_ceil(FP8_BLOCK),
+            _ => 1,
+        }
+    }
+}
+
+/// The FP8 arguments of one call, before validation (all absent without FP8).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct QuantArgs<'a> {
+    pub use_fp8_w8a8: bool,
+    pub per_channel_quant: bool,
+    pub block_shape: Option<&'a [i64]>,
+    pub w1_scale: Option<&'a TensorDesc>,
+    pub w2_scale: Option<&'a TensorDesc>,
+    pub a1_scale: Option<&'a TensorDesc>,
+    pub a2_scale: Option<&'a TensorDesc>,
+}
+
+/// A float32 weight-scale tensor seen as [E, rows, cols] with element strides (0 on the
+/// dimensions the scheme broadcasts).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct ScaleDesc {
+    pub addr: usize,
+    pub expert: i64,
+    pub row: i64,
+    pub col: i64,
+}
+
+impl ScaleDesc {
+    /// Element offset of (expert, row, col).
+    pub fn offset(&self, e: usize, r: usize, c: usize) -> usize {
+        (e as i64 * self.expert + r as i64 * self.row + c as i64 * self.col) as usize
+    }
+}
+
+/// Validated FP8 W8A8 description.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fp8Quant {
+    pub scheme: QuantScheme,
+    pub w1_scale: ScaleDesc,
+    pub w2_scale: ScaleDesc,
+    /// Address of the static float32 input scale, 0 when dynamic.
+    pub a1_scale: usize,
+    /// Address of the static float32 intermediate scale, 0 when dynamic.
+    pub a2_scale: usize,
+}
+
+fn scale_dims_ok(t: &TensorDesc, accepted: &[&[i64]]) -> bool {
+    accepted.contains(&t.shape.as_slice())
+}
+
+fn check_scale_tensor(name: &str, t: &TensorDesc, device: Device) -> Result<()> {
+    if t.dtype != DType::F32 {
+        return Err(Error::DType(format!(
+            "{name}: expected float32, got {}",
+            t.dtype.name()
+        )));
+    }
+    check_device(name, t, device)?;
+    if let Some((axis, s)) = t.strides.iter().enumerate().find(|(_, s)| **s < 0) {
+        return Err(Error::Shape(format!(
+            "{name}: expected non-negative strides, got stride {s} on dimension {axis}"
+        )));
+    }
+    Ok(())
+}
+
+/// A weight scale of `shape` variants; returns it as [E, rows, cols] strides.
+fn weight_scale(
+    name: &str,
+    t: Option<&TensorDesc>,
+    device: Device,
+    accepted: &[&[i64]],
+    what: &str,
+) -> Result<ScaleDesc> {
+    let Some(t) = t else {
+        return Err(Error::Argument(format!(
+            "{name}: expected a float32 tensor {what} with use_fp8_w8a8=True, got None"
+        )));
+    };
+    check_scale_tensor(name, t, device)?;
+    if !scale_dims_ok(t, accepted) {
+        let shapes: Vec<String> = accepted.iter().map(|s| dims(s)).collect();
+        return Err(Error::Shape(format!(
+            "{name}: expected shape {} {what}, got {}",
+            shapes.join(" or "),
+            dims(&t.shape)
+        )));
+    }
+    let st = |i: usize| -> i64 {
+        if i < t.shape.len() && t.shape[i] > 1 {
+            t.strides[i]
+        } else {
+            0
+        }
+    };
+    Ok(ScaleDesc {
+        addr: t.addr,
+        expert: st(0),
+        row: st(1),
+        col: st(2),
+    })
+}
+
+fn act_scale(name: &str, t: Option<&TensorDesc>, device: Device) -> Result<usize> {
+    let Some(t) = t else { return Ok(0) };
+    check_scale_tensor(name, t, device)?;
+    if !(t.shape.is_empty() || t.shape == [1]) {
+        return Err(Error::Shape(format!(
+            "{name}: expected a scalar float32 tensor of shape [] or [1] (a static per-tensor scale), got shape {}",
+            dims(&t.shape)
+        )));
+    }
+    Ok(t.addr)
+}
+
+impl Fp8Quant {
+    /// Validates the FP8 arguments for weights [E, 2N, K] and [E, K, N]. `None` without FP8.
+    pub fn validate(
+        q: &QuantArgs<'_>,
+        e: i64,
+        n: i64,
+        k: i64,
+        device: Device,
+    ) -> Result<Option<Fp8Quant>> {
+        if !q.use_fp8_w8a8 {
+            let given = [
+                ("per_channel_quant", q.per_channel_quant),
+                ("block_shape", q.block_shape.is_some()),
+                ("w1_scale", q.w1_scale.is_some()),
+                ("w2_scale", q.w2_scale.is_some()),
+                ("a1_scale", q.a1_scale.is_some()),
+                ("a2_scale", q.a2_scale.is_some()),
+            ];
+            if let Some((name, _)) = given.iter().find(|(_, g)| *g) {
+                return Err(Error::Argument(format!(
+                    "{name}: expected {} without use_fp8_w8a8=True, got {}",
+                    if *name == "per_channel_quant" {
+                        "False"
+                    } else {
+                        "None"
+                    },
+                    if *name == "per_channel_quant" {
+                        "True"
+                    } else {
+                        "a value"
+                    }
+                )));
+            }
+            return Ok(None);
+        }
+        let scheme = match (q.block_shape, q.per_channel_quant) {
+            (Some(b), _) if b != [FP8_BLOCK as i64, FP8_BLOCK as i64] => {
+                let parts: Vec<String> = b.iter().map(|v| v.to_string()).collect();
+                return Err(Error::Argument(format!(
+                    "block_shape: expected [128, 128] or None, got [{}]",
+                    parts.join(", ")
+                )));
+            }
+            (Some(_), true) => {
+                return Err(Error::Argument(
+                    "per_channel_quant: expected False with block_shape=[128, 128] (block scales are per 128x128 tile), got True".into(),
+                ))
+            }
+            (Some(_), false) => QuantScheme::Block,
+            (None, true) => QuantScheme::Channel,
+            (None, false) => QuantScheme::Tensor,
+        };
+        let b = FP8_BLOCK as i64;
+        let (w1_scale, w2_scale) = match scheme {
+            QuantScheme::Tensor => (
+                weight_scale(
+                    "w1_scale",
+                    q.w1_scale,
+                    device,
+                    &[&[e], &[e, 1], &[e, 1, 1]],
+                    "(one scale per expert)",
+                )?,
+                weight_scale(
+                    "w2_scale",
+                    q.w2_scale,
+                    device,
+                    &[&[e], &[e, 1], &[e, 1, 1]],
+                    "(one scale per expert)",
+                )?,
+            ),
+            QuantScheme::Channel => (
+                weight_scale(
+                    "w1_scale",
+                    q.w1_scale,
+                    device,
+                    &[&[e, 2 * n], &[e, 2 * n, 1]],
+                    "(per output channel, per_channel_quant=True)",
+                )?,
+                weight_scale(
+                    "w2_scale",
+                    q.w2_scale,
+                    device,
+                    &[&[e, k], &[e, k, 1]],
+                    "(per output channel, per_channel_quant=True)",
+                )?,
+            ),
+            QuantScheme::Block => (
+                weight_scale(
+                    "w1_scale",
+                    q.w1_scale,
+                    device,
+                    &[&[e, (2 * n + b - 1) / b, (k + b - 1) / b]],
+                    "([E, ceil(2N/128), ceil(K/128)], block_shape=[128, 128])",
+                )?,
+                weight_scale(
+                    "w2_scale",
+                    q.w2_scale,
+                    device,
+                    &[&[e, (k + b - 1) / b, (n + b - 1) / b]],
+                    "([E, ceil(K/128), ceil(N/128)], block_shape=[128, 128])",
+                )?,
+            ),
+        };
+        if scheme != QuantScheme::Tensor {
+            let why = if scheme == QuantScheme::Block {
+                "with block_shape=[128, 128] (activations are quantized dynamically per token per 128 columns)"
+            } else {
+                "with per_channel_quant=True (activations are quantized dynamically per token)"
+            };
+            for (name, t) in [("a1_scale", q.a1_scale), ("a2_scale", q.a2_scale)] {
+                if t.is_some() {
+                    return Err(Error::Argument(format!(
+                        "{name}: expected None {why}, got a tensor"
+                    )));
+                }
+            }
+        }
+        Ok(Some(Fp8Quant {
+            scheme,
+            w1_scale,
+            w2_scale,
+            a1_scale: act_scale("a1_scale", q.a1_scale, device)?,
+            a2_scale: act_scale("a2_scale", q.a2_scale, device)?,
+        }))
+    }
+}
+
 /// The inputs of one call, before validation.
 pub struct MoeArgs<'a> {
     pub hidden_states: &'a TensorDesc,
@@ -165,6 +467,8 @@ pub struct MoeArgs<'a> {
     pub activation: Activation,
     pub apply_router_weight_on_input: bool,
     pub global_num_experts: i64,
+    /// FP8 W8A8 arguments (`QuantArgs::default()` without FP8).
+    pub quant: QuantArgs<'a>,
 }
 
 /// Element strides of every operand, in elements.
@@ -207,8 +511,12 @@ pub struct MoeProblem {
     pub local_experts: usize,
     /// Experts the router ids refer to.
     pub global_experts: usize,
-    /// dtype of hidden_states, w1, w2 and out.
+    /// dtype of hidden_states and out (and of w1, w2 without FP8).
     pub dtype: DType,
+    /// dtype of w1 and w2: `dtype`, or float8_e4m3fn with FP8.
+    pub weight_dtype: DType,
+    /// FP8 W8A8 scales and scheme (`use_fp8_w8a8=True`).
+    pub quant: Option<Fp8Quant>,
     pub topk_weights_dtype: DType,
     pub topk_ids_dtype: DType,
     pub activation: Activation,
@@ -277,6 +585,34 @@ fn check_device(name: &str, t: &TensorDesc, device: Device) -> Result<()> {
     Ok(())
 }
 
+/// The weights' dtype: the activations' dtype, or float8_e4m3fn with `use_fp8_w8a8`
+/// (uint8 is taken as raw e4m3 bytes then, for numpy, which has no float8).
+fn check_weight_dtype(name: &str, w: &TensorDesc, act: DType, fp8: bool) -> Result<DType> {
+    let is_fp8 = w.dtype == DType::F8E4M3;
+    if fp8 {
+        if is_fp8 || w.dtype == DType::Other(1, 8) {
+            return Ok(DType::F8E4M3);
+        }
+        return Err(Error::DType(format!(
+            "{name}: expected float8_e4m3fn (use_fp8_w8a8=True), got {}",
+            w.dtype.name()
+        )));
+    }
+    if w.dtype != act {
+        let hint = if is_fp8 {
+            "; FP8 weights need use_fp8_w8a8=True with w1_scale and w2_scale"
+        } else {
+            ""
+        };
+        return Err(Error::DType(format!(
+            "{name}: expected {} (the dtype of hidden_states), got {}{hint}",
+            act.name(),
+            w.dtype.name()
+        )));
+    }
+    Ok(act)
+}
+
 /// Largest local expert count the GPU routing kernel holds in shared memory.
 pub const MAX_GPU_LOCAL_EXPERTS: usize = 8192;
 
@@ -307,13 +643,8 @@ impl MoeProblem {
 
         let w1 = a.w1;
         check_ndim("w1", w1, 3, "[E, 2N, K]")?;
-        if w1.dtype != h.dtype {
-            return Err(Error::DType(format!(
-                "w1: expected {} (the dtype of hidden_states), got {}",
-                h.dtype.name(),
-                w1.dtype.name()
-            )));
-        }
+        let fp8 = a.quant.use_fp8_w8a8;
+        let weight_dtype = check_weight_dtype("w1", w1, h.dtype, fp8)?;
         let e = w1.shape[0];
         if e < 1 || w1.shape[1] < 2 || w1.shape[1] % 2 != 0 || w1.shape[2] != k {
             return Err(Error::Shape(format!(
@@ -327,10 +658,10 @@ impl MoeProblem {
 
         let w2 = a.w2;
         check_ndim("w2", w2, 3, "[E, K, N]")?;
-        if w2.dtype != h.dtype {
+        if check_weight_dtype("w2", w2, h.dtype, fp8)? != weight_dtype {
             return Err(Error::DType(format!(
-                "w2: expected {} (the dtype of hidden_states), got {}",
-                h.dtype.name(),
+                "w2: expected {} (the dtype of w1), got {}",
+                weight_dtype.name(),
                 w2.dtype.name()
             )));
         }
@@ -458,6 +789,8 @@ impl MoeProblem {
             }
         }
 
+        let quant = Fp8Quant::validate(&a.quant, e, n, k, device)?;
+
         Ok(MoeProblem {
             m: m as usize,
             k: k as usize,
@@ -466,6 +799,8 @@ impl MoeProblem {
             local_experts: e as usize,
             global_experts: global as usize,
             dtype: h.dtype,
+            weight_dtype,
+            quant,
             topk_weights_dtype: tw.dtype,
             topk_ids_dtype: ids.dtype,
             activation: a.activation,
@@ -501,7 +836,12 @@ impl MoeProblem {
 
     /// Bytes of weights the op must read if `experts_touched` experts are used.
     pub fn weight_bytes(&self, experts_touched: usize) -> usize {
-        experts_touched * 3 * self.n * self.k * self.dtype.size()
+        experts_touched * 3 * self.n * self.k * self.weight_dtype.size()
+    }
+
+    /// The FP8 scheme, if any.
+    pub fn scheme(&self) -> Option<QuantScheme> {
+        self.quant.map(|q| q.scheme)
     }
 }
 
@@ -509,7 +849,7 @@ impl fmt::Display for MoeProblem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "MoeProblem(M={}, K={}, N={}, topk={}, E={}, global_E={}, dtype={}, act={}, router_weight_on_input={}, expert_map={}, device={})",
+            "MoeProblem(M={}, K={}, N={}, topk={}, E={}, global_E={}, dtype={}{}, act={}, router_weight_on_input={}, expert_map={}, device={})",
             self.m,
             self.k,
             self.n,
@@ -517,6 +857,10 @@ impl fmt::Display for MoeProblem {
             self.local_experts,
             self.global_experts,
             self.dtype.name(),
+            match self.quant {
+                Some(q) => format!(", fp8_w8a8={}", q.scheme.name()),
+                None => String::new(),
+            },
             self.activation.name(),
             self.apply_router_weight_on_input,
             self.has_expert_map,
@@ -544,16 +888,26 @@ pub struct WorkspaceLayout {
     pub tile_start: usize,
     /// int32 [1]
     pub num_tiles: usize,
-    /// dtype [S, N]: act(gate) * up
+    /// dtype [S, N]: act(gate) * up (float32 with FP8: quantized as GEMM2 loads it)
     pub intermediate: usize,
     /// float32 [S, K]: per-slot GEMM2 output, router weight applied
     pub slot_out: usize,
+    /// FP8 only (empty otherwise). e4m3 [M, round_up(K, 16)]: the quantized input.
+    pub x_q: usize,
+    /// float32 [M, groups of K]: the input's scales (one per token, or per 128 columns).
+    pub x_scale: usize,
+    /// float32 [FP8_AMAX_PARTIALS]: partial absmax of the input (dynamic per-tensor).
+    pub x_partials: usize,
+    /// float32 [S, groups of N]: absmax of the intermediate (per tensor: element 0).
+    pub inter_amax: usize,
     pub total: usize,
 }
 
 const WS_ALIGN: usize = 256;
 /// Smallest token tile of the tensor-core kernels (sizes the tile lists).
 pub const MIN_TOKEN_TILE: usize = 16;
+/// CTAs of the dynamic per-tensor input absmax kernel (`kAmaxPartials` in cuda/generic_moe.cu).
+pub const FP8_AMAX_PARTIALS: usize = 128;
 
 fn align_up(x: usize) -> usize {
     x.div_ceil(WS_ALIGN) * WS_ALIGN
@@ -562,6 +916,21 @@ fn align_up(x: usize) -> usize {
 impl WorkspaceLayout {
     /// Layout for `slots` = M*topk slots. `elem_size` is the activation dtype's size.
     pub fn new(slots: usize, local_experts: usize, n: usize, k: usize, elem_size: usize) -> Self {
+        let m = if slots == 0 { 0 } else { 1 };
+        Self::with_quant(m, slots.max(m), local_experts, n, k, elem_size, None)
+    }
+
+    /// Layout for M tokens and `slots_per_token` = topk, with the FP8 sections of `quant`.
+    pub fn with_quant(
+        m: usize,
+        topk: usize,
+        local_experts: usize,
+        n: usize,
+        k: usize,
+        elem_size: usize,
+        quant: Option<QuantScheme>,
+    ) -> Self {
+        let slots = m.saturating_mul(topk);
         let mut at = 0usize;
         let mut take = |bytes: usize| {
             let start = at;
@@ -577,8 +946,22 @@ impl WorkspaceLayout {
         let tile_expert = take(4 * tiles);
         let tile_start = take(4 * tiles);
         let num_tiles = take(4);
-        let intermediate = take(elem_size * slots * n);
+        let inter_elem = if quant.is_some() { 4 } else { elem_size };
+        let intermediate = take(inter_elem * slots * n);
         let slot_out = take(4 * slots * k);
+        let (xq, xs, xp, ia) = match quant {
+            Some(q) => (
+                m * k.div_ceil(16) * 16,
+                4 * m * q.groups(k),
+                4 * FP8_AMAX_PARTIALS,
+                4 * slots.max(1) * q.groups(n),
+            ),
+            None => (0, 0, 0, 0),
+        };
+        let x_q = take(xq);
+        let x_scale = take(xs);
+        let x_partials = take(xp);
+        let inter_amax = take(ia);
         WorkspaceLayout {
             slot_expert,
             expert_offsets,
@@ -590,6 +973,10 @@ impl WorkspaceLayout {
             num_tiles,
             intermediate,
             slot_out,
+            x_q,
+            x_scale,
+            x_partials,
+            inter_amax,
             total: at,
         }
     }
@@ -601,6 +988,14 @@ impl WorkspaceLayout {
     }
 
     pub fn for_problem(p: &MoeProblem) -> Self {
-        Self::new(p.slots(), p.local_experts, p.n, p.k, p.dtype.size())
+        Self::with_quant(
+            p.m,
+            p.topk,
+            p.local_experts,
+            p.n,
+            p.k,
+            p.dtype.size(),
+            p.scheme(),
+        )
     }
 }

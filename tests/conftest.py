@@ -425,3 +425,192 @@ def run_case(case: Case, lib: str, dtype: str, rng: np.random.Generator, device:
         pad[tuple(slice(b, b + s) for b, s in zip(offset, out.shape))] = np.nan
         assert np.isnan(pad).all(), "out: elements outside the [M, K] view were written"
     return out, ref, inp
+
+
+# --------------------------------------------------------------------------- FP8 W8A8
+
+from swapmoe.reference import (  # noqa: E402
+    FP8_BLOCK,
+    e4m3_decode,
+    e4m3_encode,
+    fused_experts_fp8_ref,
+    rel_error_with_flips,
+    round_e4m3,
+)
+
+FP8_SCHEMES = ["tensor", "channel", "block"]
+
+# FP8 tolerances (relative Frobenius error vs the float64 reference, after flips). Both
+# sides quantize the input identically (same float32 scale and division, same rounding),
+# so x_q is bit-identical; what is left is float32 accumulation order in the GEMMs (about
+# 1e-6 at these sizes), the float32 vs float64 intermediate, and the rounding of the
+# output to its dtype. The intermediate can straddle an e4m3 rounding midpoint: that one
+# element then moves one fp8 step (up to 12.5% of it, about 1% of a row for N = 64), which
+# no sensible tolerance can absorb, so the reference lists every element within 1e-4
+# (relative) of a midpoint and the check adds the ones that bring the reference closer
+# (rel_error_with_flips). With flips accounted for, the dtype tolerances of the bf16/fp16/
+# fp32 path hold: float32 1e-5 (the CPU path measures <= 2e-7; margin for the GPU's
+# __expf and summation order),
+# float16 3e-3 and bfloat16 1e-2 (output rounding, 2^-11 and 2^-8 per element).
+FP8_TOLERANCE = {"float32": 1e-5, "float16": 3e-3, "bfloat16": 1e-2}
+
+
+def fp8_weight(rng: np.random.Generator, w: np.ndarray, scheme: str, trailing: bool = False):
+    """Quantizes float32 weights [E, R, C] like a checkpoint would (scale = absmax / 448,
+    times a random factor in [0.8, 1.25], so that some weights saturate): returns (e4m3
+    bytes uint8 [E, R, C], float32 scale of the scheme's shape; with ``trailing`` the
+    [E, 1, 1] / [E, R, 1] variants)."""
+    E, R, C = w.shape
+    if scheme == "tensor":
+        s = np.abs(w).reshape(E, -1).max(axis=1) / 448.0
+    elif scheme == "channel":
+        s = np.abs(w).max(axis=2) / 448.0
+    else:
+        gr, gc = -(-R // FP8_BLOCK), -(-C // FP8_BLOCK)
+        pad = np.zeros((E, gr * FP8_BLOCK, gc * FP8_BLOCK), np.float32)
+        pad[:, :R, :C] = np.abs(w)
+        s = pad.reshape(E, gr, FP8_BLOCK, gc, FP8_BLOCK).max(axis=(2, 4)) / 448.0
+    s = np.maximum(s * rng.uniform(0.8, 1.25, size=s.shape), 1e-12).astype(np.float32)
+    if scheme == "tensor":
+        full = s[:, None, None]
+    elif scheme == "channel":
+        full = s[:, :, None]
+    else:
+        full = np.repeat(np.repeat(s, FP8_BLOCK, axis=1), FP8_BLOCK, axis=2)[:, :R, :C]
+    codes = e4m3_encode(round_e4m3(np.clip(w / full.astype(np.float64), -448, 448)))
+    if trailing and scheme == "tensor":
+        s = s.reshape(E, 1, 1)
+    elif trailing and scheme == "channel":
+        s = s[:, :, None]
+    return codes, s
+
+
+def make_fp8_problem(rng: np.random.Generator, case: Case, scheme: str, *, static: bool = False,
+                     trailing: bool = False) -> dict:
+    """make_problem plus e4m3 weights and their scales; with ``static`` (per tensor only)
+    also a1_scale and a2_scale (0-d float32, chosen so that some values saturate)."""
+    prob = make_problem(rng, case)
+    prob["w1_codes"], prob["w1_scale"] = fp8_weight(rng, prob["w1"], scheme, trailing)
+    prob["w2_codes"], prob["w2_scale"] = fp8_weight(rng, prob["w2"], scheme, trailing)
+    prob["scheme"] = scheme
+    prob["a1_scale"] = prob["a2_scale"] = None
+    if static:
+        assert scheme == "tensor"
+        amax = float(np.abs(prob["x"]).max()) if prob["x"].size else 1.0
+        prob["a1_scale"] = np.asarray(amax / 448.0 * 0.8, np.float32)  # the largest 20% saturate
+        prob["a2_scale"] = np.asarray([3.0 / 448.0], np.float32)  # |act*mul| > 3 saturates
+    return prob
+
+
+def _fp8_tensor(codes: np.ndarray, lib: str, device: str):
+    if lib == "numpy":
+        return np.ascontiguousarray(codes)
+    return torch.from_numpy(np.ascontiguousarray(codes)).view(torch.float8_e4m3fn).to(device)
+
+
+def _f32(a, lib: str, device: str):
+    if a is None:
+        return None
+    if lib == "numpy":
+        return np.ascontiguousarray(a, dtype=np.float32)
+    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).to(device)
+
+
+def to_fp8_inputs(prob: dict, case: Case, lib: str, dtype: str, device: str = "cpu") -> dict:
+    """to_inputs with e4m3 weights (torch float8_e4m3fn, numpy uint8 bytes) and scales."""
+    inp = to_inputs(prob, case, lib, dtype, device)
+    inp["w1"] = _fp8_tensor(prob["w1_codes"], lib, device)
+    inp["w2"] = _fp8_tensor(prob["w2_codes"], lib, device)
+    inp["buffers"].pop("w1", None)
+    inp["buffers"].pop("w2", None)
+    for name in ("w1_scale", "w2_scale", "a1_scale", "a2_scale"):
+        inp[name] = _f32(prob[name], lib, device)
+    inp["scheme"] = prob["scheme"]
+    return inp
+
+
+def fp8_kwargs(inp: dict) -> dict:
+    scheme = inp["scheme"]
+    return dict(
+        use_fp8_w8a8=True,
+        w1_scale=inp["w1_scale"],
+        w2_scale=inp["w2_scale"],
+        a1_scale=inp["a1_scale"],
+        a2_scale=inp["a2_scale"],
+        per_channel_quant=scheme == "channel",
+        block_shape=[128, 128] if scheme == "block" else None,
+    )
+
+
+def fp8_call(inp: dict, case: Case, **kw):
+    return call(inp, case, **{**fp8_kwargs(inp), **kw})
+
+
+def fp8_reference(inp: dict, case: Case):
+    """(out float64, flips) of the float64 FP8 reference for the op's inputs."""
+    emap = inp["expert_map"]
+
+    def host(t):
+        return None if t is None else to_f64(t)
+
+    def codes(t):
+        if torch is not None and isinstance(t, torch.Tensor):
+            return t.detach().cpu().view(torch.uint8).numpy()
+        return np.asarray(t)
+
+    scheme = inp["scheme"]
+    return fused_experts_fp8_ref(
+        to_f64(inp["x"]),
+        e4m3_decode(codes(inp["w1"])),
+        e4m3_decode(codes(inp["w2"])),
+        to_f64(inp["tw"]),
+        to_i64(inp["ids"]),
+        w1_scale=host(inp["w1_scale"]),
+        w2_scale=host(inp["w2_scale"]),
+        a1_scale=host(inp["a1_scale"]),
+        a2_scale=host(inp["a2_scale"]),
+        per_channel_quant=scheme == "channel",
+        block_shape=[128, 128] if scheme == "block" else None,
+        activation=case.act,
+        apply_router_weight_on_input=case.on_input,
+        expert_map=None if emap is None else to_i64(emap),
+    )
+
+
+def check_fp8_close(out, ref: np.ndarray, flips, dtype: str, *, what: str = "") -> float:
+    assert tuple(out.shape) == ref.shape, (tuple(out.shape), ref.shape)
+    assert dtype_name(out) == dtype, (dtype_name(out), dtype)
+    o = to_f64(out)
+    assert np.isfinite(o).all(), f"{what}: non-finite output at {np.argwhere(~np.isfinite(o))[:5].tolist()}"
+    err = rel_error_with_flips(o, ref, flips)
+    assert err <= FP8_TOLERANCE[dtype], f"{what}: rel_error {err:.3g} > {FP8_TOLERANCE[dtype]} ({dtype}, {len(flips)} flips)"
+    return err
+
+
+def run_fp8_case(case: Case, scheme: str, lib: str, dtype: str, rng: np.random.Generator, device: str = "cpu",
+                 *, static: bool = False, trailing: bool = False, **kw):
+    """Builds an FP8 case, calls the op (out per case.out) and checks it against the
+    float64 FP8 reference. Returns (out, ref, flips, inp)."""
+    prob = make_fp8_problem(rng, case, scheme, static=static, trailing=trailing)
+    inp = to_fp8_inputs(prob, case, lib, dtype, device)
+    ref, flips = fp8_reference(inp, case)
+    if case.ids != "none" and case.M > 0:
+        assert np.linalg.norm(ref) > 0, "degenerate case: the reference is all zeros"
+    before = {n: snapshot(inp[n]) for n in ("x", "tw", "ids")}
+    if case.out == "poison":
+        given = poison(inp["x"])
+        out = fp8_call(inp, case, out=given, **kw)
+        assert out is given
+    elif case.out == "inplace":
+        out = fp8_call(inp, case, out=inp["x"], **kw)
+        assert out is inp["x"]
+    else:
+        out = fp8_call(inp, case, **kw)
+    if device != "cpu":
+        torch.cuda.synchronize()
+    check_fp8_close(out, ref, flips, dtype, what=f"{case.id}-{scheme}")
+    for name, old in before.items():
+        if name == "x" and case.out == "inplace":
+            continue
+        assert same_bits(snapshot(inp[name]), old), f"{name} was modified"
+    return out, ref, flips, inp

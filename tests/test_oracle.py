@@ -67,7 +67,7 @@ def test_override_argument_and_env(monkeypatch):
     "kw,cls,needle",
     [
         (dict(device_name="Some GPU"), swapmoe.ArgumentError, "device_capability"),
-        (dict(quant="fp8_tensor"), swapmoe.ArgumentError, "quant"),
+        (dict(quant="fp8_tensor", device_name="NVIDIA A100-SXM4-80GB"), swapmoe.ArgumentError, "sm_89"),
         (dict(quant="int4"), swapmoe.ArgumentError, "quant"),
         (dict(dtype="fp64"), swapmoe.DTypeError, "dtype"),
         (dict(backend="fastest"), swapmoe.ArgumentError, "backend"),
@@ -92,7 +92,16 @@ def test_explain_offline(capsys):
 
 
 def test_explain_errors_exit_2(capsys):
-    assert cli.main(["explain", "--shape", "8,2,256,128", "--device-name", "NVIDIA H200", "--quant", "fp8_tensor"]) == 2
+    assert cli.main(["explain", "--shape", "8,2,256,128", "--capability", "8.0", "--device-name", "A100",
+                     "--quant", "fp8_tensor"]) == 2
     assert cli.main(["explain", "--shape", "8,2,256,128", "--device-name", "X", "--capability", "nine"]) == 2
     err = capsys.readouterr().err
-    assert "--quant fp8_tensor" in err and "--capability" in err
+    assert "sm_89" in err and "--capability" in err
+
+
+def test_explain_fp8(capsys):
+    assert cli.main(["explain", "--shape", "128,8,2048,768", "--device-name", "NVIDIA H200", "--quant",
+                     "fp8_block128", "--m", "1,1024"]) == 0
+    out = capsys.readouterr().out
+    assert "fp8_block128" in out and "decode_moe_fp8_gemm1_block_v16" in out
+    assert "M=1024: cuda_generic" in out and "generic_moe_fp8_gemm2_block_v16" in out

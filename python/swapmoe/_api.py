@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import operator
 import sys
-from typing import Any, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from . import _core
 from .errors import ArgumentError, DTypeError, ShapeError
@@ -23,14 +23,23 @@ def _shape(x: Any) -> Optional[tuple]:
         return None
 
 
-def workspace_bytes(hidden_states: Any, w1: Any, topk_ids: Any) -> int:
+def workspace_bytes(hidden_states: Any, w1: Any, topk_ids: Any, quant: Optional[str] = None) -> int:
     """Bytes of CUDA workspace one call needs, from the shapes of its inputs (0 when the
-    shapes are not those of a valid call: the op itself then raises a precise error)."""
+    shapes are not those of a valid call: the op itself then raises a precise error).
+    ``quant``: None, ``"fp8_tensor"``, ``"fp8_channel"`` or ``"fp8_block128"``."""
     h, w, ids = _shape(hidden_states), _shape(w1), _shape(topk_ids)
     if not h or not w or not ids or len(h) != 2 or len(w) != 3 or len(ids) != 2:
         return 0
     itemsize = getattr(getattr(hidden_states, "dtype", None), "itemsize", 0) or 2
-    return _core.workspace_bytes(h[0], ids[1], w[1] // 2, h[1], w[0], itemsize)
+    return _core.workspace_bytes(h[0], ids[1], w[1] // 2, h[1], w[0], itemsize, quant)
+
+
+def _quant_name(use_fp8_w8a8: bool, per_channel_quant: bool, block_shape: Any) -> Optional[str]:
+    if not use_fp8_w8a8:
+        return None
+    if block_shape is not None:
+        return "fp8_block128"
+    return "fp8_channel" if per_channel_quant else "fp8_tensor"
 
 
 def fused_experts(
@@ -47,6 +56,13 @@ def fused_experts(
     out: Any = None,
     check_ids: bool = False,
     backend: Optional[str] = None,
+    use_fp8_w8a8: bool = False,
+    w1_scale: Any = None,
+    w2_scale: Any = None,
+    a1_scale: Any = None,
+    a2_scale: Any = None,
+    per_channel_quant: bool = False,
+    block_shape: Optional[List[int]] = None,
 ) -> Any:
     """Fused MoE experts with vLLM's semantics; returns ``out`` ([M, K]).
 
@@ -69,6 +85,21 @@ def fused_experts(
     - backend: force a backend (``"cuda_decode"``, ``"cuda_generic"``, ``"cpu"``) instead of
       the oracle's choice; ``$SWAPMOE_BACKEND`` does the same for every call. A backend that
       cannot run the call raises :class:`ArgumentError`.
+    - FP8 W8A8 (vLLM's ``use_fp8_w8a8=True``): w1/w2 are float8_e4m3fn (numpy: uint8
+      holding e4m3 bytes) and hidden_states stays bf16/fp16/fp32; the output has the
+      hidden dtype. Schemes, with float32 scales:
+
+      - per tensor: ``w1_scale``/``w2_scale`` ``[E]`` (or ``[E, 1]``, ``[E, 1, 1]``);
+        ``a1_scale``/``a2_scale`` scalar (``[]`` or ``[1]``) static scales of the input and
+        of the intermediate, or None for dynamic ones (absmax / 448);
+      - ``per_channel_quant=True``: ``w1_scale [E, 2N]``, ``w2_scale [E, K]`` (or with a
+        trailing 1); activations quantized dynamically per token;
+      - ``block_shape=[128, 128]``: ``w1_scale [E, ceil(2N/128), ceil(K/128)]``,
+        ``w2_scale [E, ceil(K/128), ceil(N/128)]``; activations dynamic per token per 128
+        columns.
+
+      NaN or inf in hidden_states (or the intermediate) quantizes to NaN and is left out of
+      every absmax: it reaches exactly the output rows of its token. CUDA needs sm_89+.
 
     torch tensors go through ``torch.ops.swapmoe`` under ``torch.compile``; CUDA tensors
     launch on ``torch.cuda.current_stream()``. numpy arrays run the CPU path.
@@ -93,6 +124,13 @@ def fused_experts(
         out=out,
         check_ids=check_ids,
         backend=backend,
+        use_fp8_w8a8=use_fp8_w8a8,
+        w1_scale=w1_scale,
+        w2_scale=w2_scale,
+        a1_scale=a1_scale,
+        a2_scale=a2_scale,
+        per_channel_quant=per_channel_quant,
+        block_shape=block_shape,
     )
 
 
@@ -110,7 +148,8 @@ def _fused_experts_dlpack(hidden_states, w1, w2, topk_weights, topk_ids, *, out,
 
         if out is None:
             out = cupy.empty(hidden_states.shape, dtype=hidden_states.dtype)
-        workspace = cupy.empty(workspace_bytes(hidden_states, w1, topk_ids), dtype=cupy.uint8)
+        quant = _quant_name(kw.get("use_fp8_w8a8", False), kw.get("per_channel_quant", False), kw.get("block_shape"))
+        workspace = cupy.empty(workspace_bytes(hidden_states, w1, topk_ids, quant), dtype=cupy.uint8)
         stream = cupy.cuda.get_current_stream().ptr
     elif out is None:
         if module != "numpy":
@@ -212,6 +251,13 @@ def fused_moe(
     expert_map: Any = None,
     out: Any = None,
     backend: Optional[str] = None,
+    use_fp8_w8a8: bool = False,
+    w1_scale: Any = None,
+    w2_scale: Any = None,
+    a1_scale: Any = None,
+    a2_scale: Any = None,
+    per_channel_quant: bool = False,
+    block_shape: Optional[List[int]] = None,
 ) -> Any:
     """The whole MoE layer from router logits: :func:`select_experts` then
     :func:`fused_experts`, both on the GPU for CUDA tensors with no host sync.
@@ -252,4 +298,11 @@ def fused_moe(
         expert_map=expert_map,
         out=out,
         backend=backend,
+        use_fp8_w8a8=use_fp8_w8a8,
+        w1_scale=w1_scale,
+        w2_scale=w2_scale,
+        a1_scale=a1_scale,
+        a2_scale=a2_scale,
+        per_channel_quant=per_channel_quant,
+        block_shape=block_shape,
     )

@@ -19,6 +19,13 @@ def fused_experts(
     check_ids: bool = False,
     stream: int = 0,
     backend: Optional[str] = None,
+    use_fp8_w8a8: bool = False,
+    w1_scale: Optional[Any] = None,
+    w2_scale: Optional[Any] = None,
+    a1_scale: Optional[Any] = None,
+    a2_scale: Optional[Any] = None,
+    per_channel_quant: bool = False,
+    block_shape: Optional[list[int]] = None,
 ) -> None:
     """Runs the op into ``out``. CUDA tensors need ``workspace`` (a CUDA buffer of at least
     ``workspace_bytes(...)`` bytes) and launch on ``stream`` (a CUstream address; the
@@ -77,7 +84,9 @@ def tables_info() -> dict[str, Any]:
 def _set_shipped_tables_dir(path: Optional[str]) -> None:
     """Sets the folder of the shipped tables (called by ``swapmoe/__init__.py``)."""
 
-def workspace_bytes(m: int, topk: int, n: int, k: int, num_experts: int, elem_size: int) -> int: ...
+def workspace_bytes(
+    m: int, topk: int, n: int, k: int, num_experts: int, elem_size: int, quant: Optional[str] = None
+) -> int: ...
 def describe_plan(
     hidden_states: Any,
     w1: Any,

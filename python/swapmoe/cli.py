@@ -113,8 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--ep", type=int, default=1, metavar="N", help="expert parallel: divides E")
     x.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
     x.add_argument("--quant", choices=list(B.QUANTS), default="none",
-                   help="weight quantization; the oracle cannot plan the FP8 variants in this build (no FP8 "
-                        "kernels yet): they exit 2 and name the table they would use")
+                   help="weight quantization: FP8 W8A8 plans need sm_89+ (fp8_tensor assumes static activation scales)")
     x.add_argument("--external-backends", metavar="NAME,...", default="",
                    help="backends outside swapmoe the caller can run (inside vLLM): vllm_triton, "
                         "flashinfer_cutlass; tuned tables may pick them")

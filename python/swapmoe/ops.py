@@ -5,7 +5,7 @@ on ``torch.cuda.current_stream()``, so the op can be captured in a CUDA graph.""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional
 
 import torch
 
@@ -38,22 +38,41 @@ def _run(
     expert_map: Optional[torch.Tensor],
     check_ids: bool = False,
     backend: Optional[str] = None,
+    use_fp8_w8a8: bool = False,
+    w1_scale: Optional[torch.Tensor] = None,
+    w2_scale: Optional[torch.Tensor] = None,
+    a1_scale: Optional[torch.Tensor] = None,
+    a2_scale: Optional[torch.Tensor] = None,
+    per_channel_quant: bool = False,
+    block_shape: Optional[List[int]] = None,
 ) -> None:
     # This is the eager hot path: positional arguments, no extra layers.
     workspace = None
     stream = 0
     if hidden_states.is_cuda:
         stream = _current_stream(hidden_states)
+        quant = quant_name(use_fp8_w8a8, per_channel_quant, block_shape)
         try:
             h, w = hidden_states.shape, w1.shape
-            nbytes = _workspace_bytes(h[0], topk_ids.shape[1], w[1] // 2, h[1], w[0], hidden_states.element_size())
+            nbytes = _workspace_bytes(h[0], topk_ids.shape[1], w[1] // 2, h[1], w[0], hidden_states.element_size(),
+                                      quant)
         except (IndexError, TypeError, ValueError):
             nbytes = 0  # malformed shapes: the core names the argument before it needs a workspace
         if nbytes:
             workspace = torch.empty(nbytes, dtype=torch.uint8, device=hidden_states.device)
     _fused_experts_core(hidden_states, w1, w2, topk_weights, topk_ids, out, workspace, activation,
                         apply_router_weight_on_input, global_num_experts, expert_map, check_ids,
-                        stream, backend)
+                        stream, backend, use_fp8_w8a8, w1_scale, w2_scale, a1_scale, a2_scale,
+                        per_channel_quant, block_shape)
+
+
+def quant_name(use_fp8_w8a8: bool, per_channel_quant: bool, block_shape) -> Optional[str]:
+    """The workspace's quantization scheme (the core validates the arguments)."""
+    if not use_fp8_w8a8:
+        return None
+    if block_shape is not None:
+        return "fp8_block128"
+    return "fp8_channel" if per_channel_quant else "fp8_tensor"
 
 
 def _empty_out(hidden_states: torch.Tensor) -> torch.Tensor:
@@ -72,17 +91,26 @@ def fused_experts_op(
     global_num_experts: int = -1,
     expert_map: Optional[torch.Tensor] = None,
     backend: Optional[str] = None,
+    use_fp8_w8a8: bool = False,
+    w1_scale: Optional[torch.Tensor] = None,
+    w2_scale: Optional[torch.Tensor] = None,
+    a1_scale: Optional[torch.Tensor] = None,
+    a2_scale: Optional[torch.Tensor] = None,
+    per_channel_quant: bool = False,
+    block_shape: Optional[List[int]] = None,
 ) -> torch.Tensor:
     out = _empty_out(hidden_states)
     _run(hidden_states, w1, w2, topk_weights, topk_ids, out, activation,
-         apply_router_weight_on_input, global_num_experts, expert_map, backend=backend)
+         apply_router_weight_on_input, global_num_experts, expert_map, False, backend,
+         use_fp8_w8a8, w1_scale, w2_scale, a1_scale, a2_scale, per_channel_quant, block_shape)
     return out
 
 
 @fused_experts_op.register_fake
 def _fused_experts_fake(hidden_states, w1, w2, topk_weights, topk_ids, activation="silu",
                         apply_router_weight_on_input=False, global_num_experts=-1, expert_map=None,
-                        backend=None):
+                        backend=None, use_fp8_w8a8=False, w1_scale=None, w2_scale=None, a1_scale=None, a2_scale=None,
+                        per_channel_quant=False, block_shape=None):
     return hidden_states.new_empty(hidden_states.shape)
 
 
@@ -99,21 +127,31 @@ def fused_experts_out_op(
     global_num_experts: int = -1,
     expert_map: Optional[torch.Tensor] = None,
     backend: Optional[str] = None,
+    use_fp8_w8a8: bool = False,
+    w1_scale: Optional[torch.Tensor] = None,
+    w2_scale: Optional[torch.Tensor] = None,
+    a1_scale: Optional[torch.Tensor] = None,
+    a2_scale: Optional[torch.Tensor] = None,
+    per_channel_quant: bool = False,
+    block_shape: Optional[List[int]] = None,
 ) -> None:
     _run(hidden_states, w1, w2, topk_weights, topk_ids, out, activation,
-         apply_router_weight_on_input, global_num_experts, expert_map, backend=backend)
+         apply_router_weight_on_input, global_num_experts, expert_map, False, backend,
+         use_fp8_w8a8, w1_scale, w2_scale, a1_scale, a2_scale, per_channel_quant, block_shape)
 
 
 @fused_experts_out_op.register_fake
 def _fused_experts_out_fake(out, hidden_states, w1, w2, topk_weights, topk_ids, activation="silu",
                             apply_router_weight_on_input=False, global_num_experts=-1, expert_map=None,
-                            backend=None):
+                            backend=None, use_fp8_w8a8=False, w1_scale=None, w2_scale=None, a1_scale=None, a2_scale=None,
+                        per_channel_quant=False, block_shape=None):
     return None
 
 
 def fused_experts_torch(hidden_states, w1, w2, topk_weights, topk_ids, *, activation="silu",
                         apply_router_weight_on_input=False, global_num_experts=-1, expert_map=None,
-                        out=None, check_ids=False, backend=None):
+                        out=None, check_ids=False, backend=None, use_fp8_w8a8=False, w1_scale=None, w2_scale=None, a1_scale=None, a2_scale=None,
+                        per_channel_quant=False, block_shape=None):
     """``swapmoe.fused_experts`` for torch tensors. Eager calls skip the dispatcher (lower
     host overhead); under torch.compile the registered ops are used."""
     if torch.compiler.is_compiling():
@@ -122,15 +160,18 @@ def fused_experts_torch(hidden_states, w1, w2, topk_weights, topk_ids, *, activa
         if out is None:
             return torch.ops.swapmoe.fused_experts(
                 hidden_states, w1, w2, topk_weights, topk_ids, activation,
-                apply_router_weight_on_input, global_num_experts, expert_map, backend)
+                apply_router_weight_on_input, global_num_experts, expert_map, backend,
+                use_fp8_w8a8, w1_scale, w2_scale, a1_scale, a2_scale, per_channel_quant, block_shape)
         torch.ops.swapmoe.fused_experts_out(
             out, hidden_states, w1, w2, topk_weights, topk_ids, activation,
-            apply_router_weight_on_input, global_num_experts, expert_map, backend)
+            apply_router_weight_on_input, global_num_experts, expert_map, backend,
+            use_fp8_w8a8, w1_scale, w2_scale, a1_scale, a2_scale, per_channel_quant, block_shape)
         return out
     if out is None:
         out = _empty_out(hidden_states) if hidden_states.dim() == 2 else hidden_states
     _run(hidden_states, w1, w2, topk_weights, topk_ids, out, activation,
-         apply_router_weight_on_input, global_num_experts, expert_map, check_ids, backend)
+         apply_router_weight_on_input, global_num_experts, expert_map, check_ids, backend,
+         use_fp8_w8a8, w1_scale, w2_scale, a1_scale, a2_scale, per_channel_quant, block_shape)
     return out
 
 

@@ -69,8 +69,13 @@ def select_backend(
     best swapmoe entry.
 
     With neither ``device_name`` nor ``device_capability`` the current CUDA device 0 is
-    asked; a known ``device_name`` (e.g. ``"NVIDIA H200"``) needs no GPU. ``quant`` other
-    than None raises :class:`ArgumentError`: FP8 is not in this build yet."""
+    asked; a known ``device_name`` (e.g. ``"NVIDIA H200"``) needs no GPU. ``quant``:
+    ``"fp8_tensor"`` (static activation scales assumed), ``"fp8_channel"`` or
+    ``"fp8_block128"`` plan FP8 W8A8 weights; FP8 on a device below sm_89 raises
+    :class:`ArgumentError`. ``external_backends`` names backends outside swapmoe the caller
+    can run (``"vllm_triton"``, ``"flashinfer_cutlass"``): tuned tables may pick them."""
+    if quant not in QUANTS:
+        raise ArgumentError(f"quant: expected one of {QUANTS}, got {quant!r}")
     if isinstance(external_backends, str):
         external_backends = (external_backends,)
     cap = (int(device_capability[0]), int(device_capability[1])) if device_capability is not None else None

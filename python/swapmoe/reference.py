@@ -71,6 +71,225 @@ def rel_error(out: np.ndarray, ref: np.ndarray) -> float:
     return float(num / denom)
 
 
+# --------------------------------------------------------------------------- FP8 W8A8
+
+FP8_MAX = 448.0
+FP8_BLOCK = 128
+#: Smallest dynamic per-tensor / per-token scale, 1 / (448 * 512) in float32 (vLLM's
+#: ``min_scaling_factor``).
+FP8_MIN_SCALE = np.float32(1.0) / np.float32(448.0 * 512.0)
+#: Smallest absmax of a per-128-column group (vLLM's ``eps`` of per_token_group_quant_fp8).
+FP8_GROUP_EPS = np.float32(1e-10)
+
+
+def _e4m3_step(a: np.ndarray) -> np.ndarray:
+    """Spacing of e4m3 values around |a| (a >= 0, float64): 2^-9 below 2^-6, else 2^(e-3)."""
+    _, e = np.frexp(np.where(a > 0, a, 1.0))  # a = m * 2^e, m in [0.5, 1)
+    return np.where(a < 2.0**-6, 2.0**-9, np.ldexp(1.0, e - 4))
+
+
+def round_e4m3(v: np.ndarray) -> np.ndarray:
+    """float64 array of the e4m3 values nearest to v (ties to even), saturating at +-448;
+    NaN stays NaN (float8_e4m3fn has no infinity)."""
+    v = np.asarray(v, dtype=np.float64)
+    a = np.minimum(np.abs(v), FP8_MAX)
+    step = _e4m3_step(a)
+    r = np.minimum(np.round(a / step) * step, FP8_MAX)  # np.round: half to even
+    return np.where(np.isnan(v), np.nan, np.copysign(r, v))
+
+
+def e4m3_decode(codes: np.ndarray) -> np.ndarray:
+    """float64 values of e4m3fn bytes (uint8)."""
+    c = np.asarray(codes, dtype=np.uint8).astype(np.int64)
+    sign = np.where(c & 0x80, -1.0, 1.0)
+    e = (c >> 3) & 0xF
+    m = (c & 7).astype(np.float64)
+    v = np.where(e == 0, m * 2.0**-9, (1.0 + m / 8.0) * np.ldexp(1.0, e - 7))
+    return np.where((c & 0x7F) == 0x7F, np.nan, sign * v)
+
+
+def e4m3_encode(values: np.ndarray) -> np.ndarray:
+    """uint8 e4m3fn bytes of values that round_e4m3 returned (exact e4m3 values or NaN)."""
+    v = np.asarray(values, dtype=np.float64)
+    a = np.abs(np.nan_to_num(v, nan=0.0))
+    _, e2 = np.frexp(np.where(a > 0, a, 1.0))
+    normal = a >= 2.0**-6
+    exp = np.where(normal, e2 - 1 + 7, 0)
+    man = np.where(normal, np.round((a / np.ldexp(1.0, e2 - 1) - 1.0) * 8), np.round(a * 512))
+    codes = (np.where(np.signbit(v), 0x80, 0) | (exp.astype(np.int64) << 3) | man.astype(np.int64)).astype(np.uint8)
+    codes[np.isnan(v)] = 0x7F
+    return codes
+
+
+def fp8_quantize(v: np.ndarray, scale, per_tensor: bool) -> np.ndarray:
+    """The e4m3 values (float64) the op stores for float32 values ``v`` with float32
+    ``scale`` (broadcast): ``v * (1/scale)`` for per-tensor scales, ``v / scale`` else, in
+    float32, clamped to +-448, rounded to nearest even. Non-finite v gives NaN."""
+    v32 = np.asarray(v, dtype=np.float32)
+    s32 = np.asarray(scale, dtype=np.float32)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        t = v32 * (np.float32(1.0) / s32) if per_tensor else v32 / s32
+        t = np.clip(t.astype(np.float32), -FP8_MAX, FP8_MAX)
+    return np.where(np.isfinite(v32), round_e4m3(t), np.nan)
+
+
+def _absmax(v: np.ndarray, axis=None) -> np.ndarray:
+    """Largest |v| over the finite values (0 when none), as float32."""
+    a = np.where(np.isfinite(v), np.abs(v), 0.0)
+    return np.asarray(a.max(axis=axis, initial=0.0), dtype=np.float32)
+
+
+def fp8_scheme(per_channel_quant: bool, block_shape) -> str:
+    if block_shape is not None:
+        if list(block_shape) != [FP8_BLOCK, FP8_BLOCK]:
+            raise ValueError(f"block_shape: expected [128, 128], got {block_shape!r}")
+        return "block"
+    return "channel" if per_channel_quant else "tensor"
+
+
+def fp8_act_quant(v: np.ndarray, scheme: str, static_scale=None, rows=None):
+    """Quantizes activations [R, C] (float32 values) per the scheme. ``rows``: mask of the
+    rows that count toward a dynamic per-tensor absmax (default all). Returns (codes
+    float64 [R, C], scales float32 [R, C] expanded to every element)."""
+    v = np.asarray(v, dtype=np.float32)
+    R, C = v.shape
+    if rows is None:
+        rows = np.ones(R, bool)
+    if scheme == "tensor":
+        if static_scale is not None:
+            s = np.float32(np.asarray(static_scale, np.float32).reshape(()))
+        else:
+            s = max(_absmax(v[rows]) / np.float32(FP8_MAX), FP8_MIN_SCALE)
+        s_full = np.full((R, C), s, np.float32)
+        return fp8_quantize(v, s_full, True), s_full
+    if scheme == "channel":
+        s = np.maximum(_absmax(v, axis=1) / np.float32(FP8_MAX), FP8_MIN_SCALE).astype(np.float32)
+        s_full = np.repeat(s[:, None], C, axis=1)
+        return fp8_quantize(v, s_full, False), s_full
+    G = -(-C // FP8_BLOCK)
+    pad = np.zeros((R, G * FP8_BLOCK), np.float32)
+    pad[:, :C] = np.where(np.isfinite(v), np.abs(v), 0.0)
+    gmax = pad.reshape(R, G, FP8_BLOCK).max(axis=2).astype(np.float32)
+    s = (np.maximum(gmax, FP8_GROUP_EPS) / np.float32(FP8_MAX)).astype(np.float32)
+    s_full = np.repeat(s, FP8_BLOCK, axis=1)[:, :C]
+    return fp8_quantize(v, s_full, False), s_full
+
+
+def fp8_weight_scale_full(scale: np.ndarray, scheme: str, rows: int, cols: int) -> np.ndarray:
+    """A weight scale of any accepted shape expanded to float64 [E, rows, cols]."""
+    s = np.asarray(scale, dtype=np.float32).astype(np.float64)
+    E = s.shape[0]
+    if scheme == "tensor":
+        return np.broadcast_to(s.reshape(E, 1, 1), (E, rows, cols))
+    if scheme == "channel":
+        return np.broadcast_to(s.reshape(E, rows, 1), (E, rows, cols))
+    s = s.reshape(E, -(-rows // FP8_BLOCK), -(-cols // FP8_BLOCK))
+    return np.repeat(np.repeat(s, FP8_BLOCK, axis=1), FP8_BLOCK, axis=2)[:, :rows, :cols]
+
+
+def fused_experts_fp8_ref(
+    hidden_states: np.ndarray,
+    w1: np.ndarray,
+    w2: np.ndarray,
+    topk_weights: np.ndarray,
+    topk_ids: np.ndarray,
+    *,
+    w1_scale: np.ndarray,
+    w2_scale: np.ndarray,
+    a1_scale: Optional[np.ndarray] = None,
+    a2_scale: Optional[np.ndarray] = None,
+    per_channel_quant: bool = False,
+    block_shape: Optional[list] = None,
+    activation: str = "silu",
+    apply_router_weight_on_input: bool = False,
+    global_num_experts: int = -1,
+    expert_map: Optional[np.ndarray] = None,
+    flip_margin: float = 1e-4,
+):
+    """float64 reference of the FP8 W8A8 op. ``w1``/``w2`` are the e4m3 weight values
+    (float64, e.g. ``e4m3_decode(codes)``), dequantized here with their scales; the
+    activations are quantized exactly as the op does (``fp8_act_quant``), everything else
+    is float64.
+
+    Returns ``(out, flips)``. The op computes the intermediate in float32, so an element
+    whose scaled value lies within ``flip_margin`` (relative) of a rounding midpoint may
+    round to the other e4m3 neighbour; each such element is a flip ``(token, delta)``:
+    ``delta`` ([K], float64) is what the output row would change by if it rounded the
+    other way."""
+    scheme = fp8_scheme(per_channel_quant, block_shape)
+    x = np.asarray(hidden_states, dtype=np.float32)
+    w1 = np.asarray(w1, dtype=np.float64)
+    w2 = np.asarray(w2, dtype=np.float64)
+    tw = np.asarray(topk_weights, dtype=np.float64)
+    ids = np.asarray(topk_ids, dtype=np.int64)
+    E, two_n, K = w1.shape
+    n = two_n // 2
+    M, topk = ids.shape
+    if global_num_experts < 0:
+        global_num_experts = len(expert_map) if expert_map is not None else E
+    w1d = w1 * fp8_weight_scale_full(w1_scale, scheme, two_n, K)
+    w2d = w2 * fp8_weight_scale_full(w2_scale, scheme, K, n)
+    xq, xs = fp8_act_quant(x, scheme, a1_scale)
+    xd = xq * xs.astype(np.float64)
+
+    local = np.full(M * topk, -1, np.int64)
+    for m in range(M):
+        for k in range(topk):
+            g = int(ids[m, k])
+            if 0 <= g < global_num_experts:
+                e = int(expert_map[g]) if expert_map is not None else g
+                if 0 <= e < E:
+                    local[m * topk + k] = e
+    inter = np.zeros((M * topk, n), np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for slot in np.flatnonzero(local >= 0):
+            m, k = divmod(int(slot), topk)
+            h = w1d[local[slot]] @ xd[m]
+            if apply_router_weight_on_input:
+                h = h * tw[m, k]
+            inter[slot] = _act(activation, h[:n]) * h[n:]
+    valid = local >= 0
+    aq, as_ = fp8_act_quant(inter.astype(np.float32), scheme, a2_scale, rows=valid)
+    ad = aq * as_.astype(np.float64)
+
+    # Elements near a rounding midpoint: the value the other neighbour would give.
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        t = inter / as_.astype(np.float64)
+        a = np.minimum(np.abs(t), FP8_MAX)
+        step = _e4m3_step(a)
+        frac = a / step - np.floor(a / step)
+        near = np.abs(frac - 0.5) * step <= flip_margin * np.maximum(a, 2.0**-9)
+        near &= valid[:, None] & np.isfinite(t) & (np.abs(t) < FP8_MAX)
+        alt = np.copysign(np.where(np.abs(aq) > a, np.floor(a / step) * step, np.ceil(a / step) * step), t)
+
+    out = np.zeros((M, K), np.float64)
+    flips = []
+    with np.errstate(invalid="ignore", over="ignore"):
+        for slot in np.flatnonzero(valid):
+            m, k = divmod(int(slot), topk)
+            e = local[slot]
+            wgt = 1.0 if apply_router_weight_on_input else tw[m, k]
+            out[m] += wgt * (w2d[e] @ ad[slot])
+            for j in np.flatnonzero(near[slot]):
+                d = (alt[slot, j] - aq[slot, j]) * float(as_[slot, j])
+                flips.append((m, wgt * d * w2d[e][:, j]))
+    return out, flips
+
+
+def rel_error_with_flips(out: np.ndarray, ref: np.ndarray, flips) -> float:
+    """rel_error of ``out`` against ``ref`` plus the flips (see fused_experts_fp8_ref)
+    that bring it closer, chosen greedily one at a time."""
+    ref = np.array(ref, dtype=np.float64, copy=True)
+    err = rel_error(out, ref)
+    for m, delta in flips:
+        cand = ref.copy()
+        cand[m] += delta
+        e = rel_error(out, cand)
+        if e < err:
+            ref, err = cand, e
+    return err
+
+
 # --------------------------------------------------------------------------- routing
 
 

@@ -6,6 +6,8 @@
 //!   out[t] += router_weight[t, k] * (h . w2[e]^T)           (summed in k order)
 //! With apply_router_weight_on_input the weight scales x instead (topk == 1).
 
+pub mod fp8;
+
 use crate::error::{Error, Result};
 use crate::problem::{DType, MoeProblem};
 use half::{bf16, f16};
@@ -206,7 +208,11 @@ fn dot<T: Element>(w: &[T], x: &[f32]) -> f32 {
 /// # Safety
 /// `p` must describe live CPU tensors; `out` must not overlap the weights.
 pub unsafe fn fused_experts(p: &MoeProblem) -> Result<()> {
+    let fp8 = p.quant.is_some();
     match p.dtype {
+        DType::F32 if fp8 => fp8::run::<f32>(p),
+        DType::BF16 if fp8 => fp8::run::<bf16>(p),
+        DType::F16 if fp8 => fp8::run::<f16>(p),
         DType::F32 => run::<f32>(p),
         DType::BF16 => run::<bf16>(p),
         DType::F16 => run::<f16>(p),

@@ -9,7 +9,7 @@ use crate::oracle::{
 
 /// Threads per CTA of the tensor-core kernels (`kThreads` in cuda/sm80_mma_moe.cu).
 const MMA_THREADS: u32 = 256;
-use crate::problem::{DType, Device, MoeProblem, WorkspaceLayout};
+use crate::problem::{DType, Device, MoeProblem, WorkspaceLayout, FP8_AMAX_PARTIALS};
 use crate::routing::RouterProblem;
 use cudarc::driver::sys;
 use std::ffi::c_void;
@@ -111,6 +111,7 @@ pub fn fused_experts(
             layout.total
         )));
     }
+
     let ws = |off: usize| (workspace + off) as u64;
     let slot_expert = ws(layout.slot_expert);
     let expert_offsets = ws(layout.expert_offsets);
@@ -128,6 +129,9 @@ pub fn fused_experts(
     let slots = p.slots();
 
     if matches!(plan.backend, Backend::CudaDecode | Backend::CudaBulkDecode) {
+        if p.quant.is_some() {
+            return fp8_decode(dev, p, plan, &layout, workspace, stream);
+        }
         return decode(dev, p, plan, inter, stream);
     }
 
@@ -175,6 +179,11 @@ pub fn fused_experts(
             false,
             &mut args,
         )?;
+    }
+
+    if p.quant.is_some() {
+        fp8_generic(dev, p, plan, &layout, workspace, stream)?;
+        return reduce(dev, p, plan, slot_out, slot_expert, stream);
     }
 
     if plan.backend == Backend::CudaMma {
@@ -621,4 +630,317 @@ pub fn select_experts(p: &RouterProblem, stream: usize) -> Result<()> {
         crate::oracle::router_uses_pdl(&dev.caps),
         &mut args,
     )
+}
+
+/// Threads per CTA of the FP8 quantize-x and absmax kernels (`kQuantThreads`).
+const FP8_QUANT_THREADS: usize = 256;
+
+/// Launches the FP8 input quantization (cuda/generic_moe.cu): the absmax partials when the
+/// plan holds them (dynamic per-tensor input scale), then one CTA per token writing x_q and
+/// its scales and zeroing the intermediate's absmax accumulators.
+fn fp8_quantize_input(
+    dev: &DeviceState,
+    p: &MoeProblem,
+    plan: &Plan,
+    layout: &WorkspaceLayout,
+    workspace: usize,
+    stream: usize,
+) -> Result<()> {
+    let q = p.quant.expect("an FP8 problem");
+    let ws = |off: usize| (workspace + off) as u64;
+    let x = p.operands.hidden_states as u64;
+    let x_row = p.strides.hidden_row;
+    let (m, k) = (p.m as i32, p.k as i32);
+    let partials = ws(layout.x_partials);
+    let mut num_partials = 0i32;
+    for &id in &plan.kernels {
+        match id {
+            KernelId::Fp8AbsmaxPartials(_) => {
+                let per_cta = FP8_QUANT_THREADS * 8;
+                let grid = (p.m * p.k).div_ceil(per_cta).clamp(1, FP8_AMAX_PARTIALS);
+                num_partials = grid as i32;
+                let mut args = params!(x, x_row, m, k, partials);
+                launch(
+                    dev,
+                    id,
+                    (grid as u32, 1, 1),
+                    FP8_QUANT_THREADS as u32,
+                    0,
+                    stream,
+                    false,
+                    &mut args,
+                )?;
+            }
+            KernelId::Fp8QuantX(_) => {
+                let scheme = q.scheme.code();
+                let a1 = q.a1_scale as u64;
+                let xq = ws(layout.x_q);
+                let xq_row = (p.k.div_ceil(16) * 16) as i64;
+                let x_scale = ws(layout.x_scale);
+                let groups_k = q.scheme.groups(p.k) as i32;
+                let inter_amax = ws(layout.inter_amax);
+                let amax_count = (p.slots().max(1) * q.scheme.groups(p.n)) as i64;
+                let mut args = params!(
+                    x,
+                    x_row,
+                    k,
+                    scheme,
+                    a1,
+                    partials,
+                    num_partials,
+                    xq,
+                    xq_row,
+                    x_scale,
+                    groups_k,
+                    inter_amax,
+                    amax_count
+                );
+                launch(
+                    dev,
+                    id,
+                    (p.m as u32, 1, 1),
+                    FP8_QUANT_THREADS as u32,
+                    0,
+                    stream,
+                    false,
+                    &mut args,
+                )?;
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// The FP8 operands every FP8 GEMM takes, as kernel arguments.
+struct Fp8Args {
+    xq: u64,
+    xq_row: i64,
+    x_scale: u64,
+    groups_k: i32,
+    groups_n: i32,
+    inter: u64,
+    inter_amax: u64,
+    a2: u64,
+    w1s: u64,
+    w1s_strides: (i64, i64, i64),
+    w2s: u64,
+    w2s_strides: (i64, i64, i64),
+}
+
+impl Fp8Args {
+    fn new(p: &MoeProblem, layout: &WorkspaceLayout, workspace: usize) -> Self {
+        let q = p.quant.expect("an FP8 problem");
+        let ws = |off: usize| (workspace + off) as u64;
+        Fp8Args {
+            xq: ws(layout.x_q),
+            xq_row: (p.k.div_ceil(16) * 16) as i64,
+            x_scale: ws(layout.x_scale),
+            groups_k: q.scheme.groups(p.k) as i32,
+            groups_n: q.scheme.groups(p.n) as i32,
+            inter: ws(layout.intermediate),
+            inter_amax: ws(layout.inter_amax),
+            a2: q.a2_scale as u64,
+            w1s: q.w1_scale.addr as u64,
+            w1s_strides: (q.w1_scale.expert, q.w1_scale.row, q.w1_scale.col),
+            w2s: q.w2_scale.addr as u64,
+            w2s_strides: (q.w2_scale.expert, q.w2_scale.row, q.w2_scale.col),
+        }
+    }
+}
+
+fn find(plan: &Plan, pred: impl Fn(&KernelId) -> bool) -> Result<KernelId> {
+    plan.kernels
+        .iter()
+        .copied()
+        .find(pred)
+        .ok_or_else(|| Error::Argument(format!("backend: the plan {plan} lacks an FP8 kernel")))
+}
+
+/// The FP8 decode path: quantize x, then the two decode GEMMs (PDL on sm_90).
+fn fp8_decode(
+    dev: &DeviceState,
+    p: &MoeProblem,
+    plan: &Plan,
+    layout: &WorkspaceLayout,
+    workspace: usize,
+    stream: usize,
+) -> Result<()> {
+    fp8_quantize_input(dev, p, plan, layout, workspace, stream)?;
+    let f = Fp8Args::new(p, layout, workspace);
+    let o = p.operands;
+    let s = p.strides;
+    let (m, k, n, topk) = (p.m as i32, p.k as i32, p.n as i32, p.topk as i32);
+    let (local_e, global_e) = (p.local_experts as i32, p.global_experts as i32);
+    let tw = o.topk_weights as u64;
+    let tw_code = p.topk_weights_dtype.scalar_code();
+    let tw_row = s.topk_weights_row;
+    let ids = o.topk_ids as u64;
+    let ids_i64 = i32::from(p.topk_ids_dtype == DType::I64);
+    let ids_row = s.topk_ids_row;
+    let map = o.expert_map as u64;
+    let act = p.activation.code();
+    let on_input = i32::from(p.apply_router_weight_on_input);
+    let rows = plan.rows_per_cta;
+    let block = (rows * 32) as u32;
+    let Fp8Args {
+        xq,
+        xq_row,
+        x_scale,
+        groups_k,
+        groups_n,
+        inter,
+        inter_amax,
+        a2,
+        w1s,
+        w2s,
+        ..
+    } = f;
+    let (w1s_e, w1s_r, w1s_c) = f.w1s_strides;
+    let (w2s_e, w2s_r, w2s_c) = f.w2s_strides;
+    {
+        let w1 = o.w1 as u64;
+        let (w1_e, w1_r) = (s.w1_expert, s.w1_row);
+        let mut args = params!(
+            xq, xq_row, x_scale, groups_k, w1, w1_e, w1_r, w1s, w1s_e, w1s_r, w1s_c, tw, tw_code,
+            tw_row, ids, ids_i64, ids_row, map, m, topk, global_e, local_e, n, k, act, on_input,
+            inter, inter_amax, groups_n
+        );
+        let grid = (
+            p.n.div_ceil(rows) as u32,
+            p.local_experts.min(p.slots()) as u32,
+            1,
+        );
+        let id = find(plan, |k| matches!(k, KernelId::DecodeFp8Gemm1(..)))?;
+        launch(dev, id, grid, block, 0, stream, plan.pdl, &mut args)?;
+    }
+    {
+        let w2 = o.w2 as u64;
+        let (w2_e, w2_r) = (s.w2_expert, s.w2_row);
+        let out = o.out as u64;
+        let out_row = s.out_row;
+        let mut args = params!(
+            inter, inter_amax, a2, groups_n, w2, w2_e, w2_r, w2s, w2s_e, w2s_r, w2s_c, tw, tw_code,
+            tw_row, ids, ids_i64, ids_row, map, m, topk, global_e, local_e, n, k, on_input, out,
+            out_row
+        );
+        let grid = (p.k.div_ceil(rows) as u32, 1, 1);
+        let id = find(plan, |k| matches!(k, KernelId::DecodeFp8Gemm2Sum(..)))?;
+        launch(dev, id, grid, block, 0, stream, plan.pdl, &mut args)?;
+    }
+    Ok(())
+}
+
+/// The FP8 generic path after route_align: quantize x, GEMM1, GEMM2 into the per-slot
+/// outputs (the caller then runs the top-k reduction).
+fn fp8_generic(
+    dev: &DeviceState,
+    p: &MoeProblem,
+    plan: &Plan,
+    layout: &WorkspaceLayout,
+    workspace: usize,
+    stream: usize,
+) -> Result<()> {
+    fp8_quantize_input(dev, p, plan, layout, workspace, stream)?;
+    let f = Fp8Args::new(p, layout, workspace);
+    let ws = |off: usize| (workspace + off) as u64;
+    let expert_offsets = ws(layout.expert_offsets);
+    let sorted_slots = ws(layout.sorted_slots);
+    let active_experts = ws(layout.active_experts);
+    let num_active = ws(layout.num_active);
+    let slot_out = ws(layout.slot_out);
+    let o = p.operands;
+    let s = p.strides;
+    let (k, n, topk) = (p.k as i32, p.n as i32, p.topk as i32);
+    let tw = o.topk_weights as u64;
+    let tw_code = p.topk_weights_dtype.scalar_code();
+    let tw_row = s.topk_weights_row;
+    let act = p.activation.code();
+    let on_input = i32::from(p.apply_router_weight_on_input);
+    let rows = plan.rows_per_cta;
+    let block = (rows * 32) as u32;
+    let active_bound = p.local_experts.min(p.slots()) as u32;
+    let Fp8Args {
+        xq,
+        xq_row,
+        x_scale,
+        groups_k,
+        groups_n,
+        inter,
+        inter_amax,
+        a2,
+        w1s,
+        w2s,
+        ..
+    } = f;
+    let (w1s_e, w1s_r, w1s_c) = f.w1s_strides;
+    let (w2s_e, w2s_r, w2s_c) = f.w2s_strides;
+    {
+        let w1 = o.w1 as u64;
+        let (w1_e, w1_r) = (s.w1_expert, s.w1_row);
+        let mut args = params!(
+            xq,
+            xq_row,
+            x_scale,
+            groups_k,
+            w1,
+            w1_e,
+            w1_r,
+            w1s,
+            w1s_e,
+            w1s_r,
+            w1s_c,
+            tw,
+            tw_code,
+            tw_row,
+            expert_offsets,
+            sorted_slots,
+            active_experts,
+            num_active,
+            topk,
+            n,
+            k,
+            act,
+            on_input,
+            inter,
+            inter_amax,
+            groups_n
+        );
+        let grid = (p.n.div_ceil(rows) as u32, active_bound, 1);
+        let id = find(plan, |k| matches!(k, KernelId::GenericFp8Gemm1(..)))?;
+        launch(dev, id, grid, block, 0, stream, false, &mut args)?;
+    }
+    {
+        let w2 = o.w2 as u64;
+        let (w2_e, w2_r) = (s.w2_expert, s.w2_row);
+        let mut args = params!(
+            inter,
+            inter_amax,
+            a2,
+            groups_n,
+            w2,
+            w2_e,
+            w2_r,
+            w2s,
+            w2s_e,
+            w2s_r,
+            w2s_c,
+            tw,
+            tw_code,
+            tw_row,
+            expert_offsets,
+            sorted_slots,
+            active_experts,
+            num_active,
+            topk,
+            n,
+            k,
+            on_input,
+            slot_out
+        );
+        let grid = (p.k.div_ceil(rows) as u32, active_bound, 1);
+        let id = find(plan, |k| matches!(k, KernelId::GenericFp8Gemm2(..)))?;
+        launch(dev, id, grid, block, 0, stream, false, &mut args)?;
+    }
+    Ok(())
 }

@@ -6,7 +6,9 @@ mod tensor;
 use crate::cuda;
 use crate::error::Error;
 use crate::oracle;
-use crate::problem::{Activation, DType, MoeArgs, MoeProblem, WorkspaceLayout};
+use crate::problem::{
+    Activation, DType, MoeArgs, MoeProblem, QuantArgs, QuantScheme, WorkspaceLayout,
+};
 use crate::routing::{RouterConfig, RouterProblem, Scoring};
 use crate::tables::{ExternalBackend, Quant};
 use pyo3::prelude::*;
@@ -46,6 +48,57 @@ struct MoeInputs {
     topk_weights: tensor::Imported,
     topk_ids: tensor::Imported,
     expert_map: Option<tensor::Imported>,
+    quant: QuantInputs,
+}
+
+/// The FP8 arguments of fused_experts (all absent without FP8).
+#[derive(Default)]
+struct QuantInputs {
+    use_fp8_w8a8: bool,
+    per_channel_quant: bool,
+    block_shape: Option<Vec<i64>>,
+    w1_scale: Option<tensor::Imported>,
+    w2_scale: Option<tensor::Imported>,
+    a1_scale: Option<tensor::Imported>,
+    a2_scale: Option<tensor::Imported>,
+}
+
+impl QuantInputs {
+    #[allow(clippy::too_many_arguments)]
+    fn import(
+        use_fp8_w8a8: bool,
+        per_channel_quant: bool,
+        block_shape: Option<Vec<i64>>,
+        w1_scale: Option<&Bound<'_, PyAny>>,
+        w2_scale: Option<&Bound<'_, PyAny>>,
+        a1_scale: Option<&Bound<'_, PyAny>>,
+        a2_scale: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let imp = |name: &str, t: Option<&Bound<'_, PyAny>>| {
+            t.map(|t| tensor::import(name, t)).transpose()
+        };
+        Ok(QuantInputs {
+            use_fp8_w8a8,
+            per_channel_quant,
+            block_shape,
+            w1_scale: imp("w1_scale", w1_scale)?,
+            w2_scale: imp("w2_scale", w2_scale)?,
+            a1_scale: imp("a1_scale", a1_scale)?,
+            a2_scale: imp("a2_scale", a2_scale)?,
+        })
+    }
+
+    fn args(&self) -> QuantArgs<'_> {
+        QuantArgs {
+            use_fp8_w8a8: self.use_fp8_w8a8,
+            per_channel_quant: self.per_channel_quant,
+            block_shape: self.block_shape.as_deref(),
+            w1_scale: self.w1_scale.as_ref().map(|t| &t.desc),
+            w2_scale: self.w2_scale.as_ref().map(|t| &t.desc),
+            a1_scale: self.a1_scale.as_ref().map(|t| &t.desc),
+            a2_scale: self.a2_scale.as_ref().map(|t| &t.desc),
+        }
+    }
 }
 
 impl MoeInputs {
@@ -66,6 +119,7 @@ impl MoeInputs {
             expert_map: expert_map
                 .map(|m| tensor::import("expert_map", m))
                 .transpose()?,
+            quant: QuantInputs::default(),
         })
     }
 
@@ -87,6 +141,7 @@ impl MoeInputs {
             activation,
             apply_router_weight_on_input,
             global_num_experts,
+            quant: self.quant.args(),
         })
     }
 }
@@ -95,9 +150,9 @@ impl MoeInputs {
 /// `workspace_bytes(...)` bytes on the device. Launches on `stream` (a CUstream address,
 /// 0 for the legacy default stream).
 #[pyfunction]
-#[pyo3(signature = (hidden_states, w1, w2, topk_weights, topk_ids, out, workspace=None, activation="silu", apply_router_weight_on_input=false, global_num_experts=-1, expert_map=None, check_ids=false, stream=0, backend=None))]
+#[pyo3(signature = (hidden_states, w1, w2, topk_weights, topk_ids, out, workspace=None, activation="silu", apply_router_weight_on_input=false, global_num_experts=-1, expert_map=None, check_ids=false, stream=0, backend=None, use_fp8_w8a8=false, w1_scale=None, w2_scale=None, a1_scale=None, a2_scale=None, per_channel_quant=false, block_shape=None))]
 #[pyo3(
-    text_signature = "(hidden_states, w1, w2, topk_weights, topk_ids, out, workspace=None, activation='silu', apply_router_weight_on_input=False, global_num_experts=-1, expert_map=None, check_ids=False, stream=0, backend=None)"
+    text_signature = "(hidden_states, w1, w2, topk_weights, topk_ids, out, workspace=None, activation='silu', apply_router_weight_on_input=False, global_num_experts=-1, expert_map=None, check_ids=False, stream=0, backend=None, use_fp8_w8a8=False, w1_scale=None, w2_scale=None, a1_scale=None, a2_scale=None, per_channel_quant=False, block_shape=None)"
 )]
 #[allow(clippy::too_many_arguments)]
 fn fused_experts(
@@ -116,10 +171,26 @@ fn fused_experts(
     check_ids: bool,
     stream: usize,
     backend: Option<&str>,
+    use_fp8_w8a8: bool,
+    w1_scale: Option<&Bound<'_, PyAny>>,
+    w2_scale: Option<&Bound<'_, PyAny>>,
+    a1_scale: Option<&Bound<'_, PyAny>>,
+    a2_scale: Option<&Bound<'_, PyAny>>,
+    per_channel_quant: bool,
+    block_shape: Option<Vec<i64>>,
 ) -> PyResult<()> {
     let activation = Activation::parse(activation).py_err(py)?;
     let forced = oracle::forced_backend(backend).py_err(py)?;
-    let inputs = MoeInputs::import(hidden_states, w1, w2, topk_weights, topk_ids, expert_map)?;
+    let mut inputs = MoeInputs::import(hidden_states, w1, w2, topk_weights, topk_ids, expert_map)?;
+    inputs.quant = QuantInputs::import(
+        use_fp8_w8a8,
+        per_channel_quant,
+        block_shape,
+        w1_scale,
+        w2_scale,
+        a1_scale,
+        a2_scale,
+    )?;
     let t_out = tensor::import("out", out)?;
     let problem = inputs
         .problem(
@@ -266,17 +337,34 @@ fn select_experts(
     }
 }
 
-/// Bytes of CUDA workspace `fused_experts` needs for M tokens (M*topk slots).
+/// Bytes of CUDA workspace `fused_experts` needs for M tokens (M*topk slots); `quant`:
+/// None, "fp8_tensor", "fp8_channel" or "fp8_block128".
 #[pyfunction]
+#[pyo3(signature = (m, topk, n, k, num_experts, elem_size, quant=None))]
+#[allow(clippy::too_many_arguments)]
 fn workspace_bytes(
+    py: Python<'_>,
     m: usize,
     topk: usize,
     n: usize,
     k: usize,
     num_experts: usize,
     elem_size: usize,
-) -> usize {
-    WorkspaceLayout::new(m.saturating_mul(topk), num_experts, n, k, elem_size).total
+    quant: Option<&str>,
+) -> PyResult<usize> {
+    let q = parse_quant(quant).py_err(py)?;
+    Ok(WorkspaceLayout::with_quant(m, topk, num_experts, n, k, elem_size, q).total)
+}
+
+fn parse_quant(quant: Option<&str>) -> crate::error::Result<Option<QuantScheme>> {
+    match quant {
+        None => Ok(None),
+        Some(s) => QuantScheme::parse(s).map(Some).ok_or_else(|| {
+            Error::Argument(format!(
+                "quant: expected None, 'fp8_tensor', 'fp8_channel' or 'fp8_block128', got {s:?}"
+            ))
+        }),
+    }
 }
 
 /// The plan the oracle makes for a call, as a dict (for `swapmoe explain` and tests).
@@ -374,7 +462,7 @@ fn select_backend<'py>(
     external_backends: Option<Vec<String>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let dtype = parse_float_dtype(dtype).py_err(py)?;
-    let quant = Quant::parse(quant).py_err(py)?;
+    let quant = parse_quant(quant).py_err(py)?;
     let external =
         ExternalBackend::parse_list(external_backends.as_deref().unwrap_or_default()).py_err(py)?;
     let forced = oracle::forced_backend(backend).py_err(py)?;
@@ -395,7 +483,7 @@ fn select_backend<'py>(
     let req = oracle::Request {
         backend: forced,
         mma_token_tile: tile,
-        quant: Some(quant),
+        quant: None,
         external: &external,
         tables: Some(&tables),
     };
@@ -406,6 +494,7 @@ fn select_backend<'py>(
         hidden_size,
         intermediate_size,
         dtype,
+        quant,
         &caps,
         &req,
     )

@@ -50,6 +50,8 @@ fn dtype_of(code: DLDataTypeCode, bits: u8, lanes: u16) -> DType {
         (DLDataTypeCode::BFLOAT, 16, 1) => DType::BF16,
         (DLDataTypeCode::INT, 32, 1) => DType::I32,
         (DLDataTypeCode::INT, 64, 1) => DType::I64,
+        // kDLFloat8_e4m3fn (DLPack 1.1); torch exports float8_e4m3fn with it.
+        (c, 8, 1) if c.0 == 10 => DType::F8E4M3,
         (c, b, _) => DType::Other(c.0, b),
     }
 }

@@ -1,0 +1,273 @@
+"""The CUDA FP8 (e4m3) W8A8 path against the float64 FP8 reference (computed on the CPU),
+with the tolerances and flip accounting of tests/conftest.py (FP8_TOLERANCE). Every test is
+marked ``gpu`` and skipped when torch sees no CUDA device; FP8 needs sm_89+ (on older
+devices the op must raise ArgumentError, tested below)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import swapmoe
+from conftest import (
+    FP8_SCHEMES,
+    FP8_TOLERANCE,
+    Case,
+    check_fp8_close,
+    fp8_call,
+    fp8_kwargs,
+    fp8_reference,
+    has_cuda,
+    make_fp8_problem,
+    poison,
+    run_fp8_case,
+    same_bits,
+    snapshot,
+    to_f64,
+    to_fp8_inputs,
+    torch,
+)
+from swapmoe.reference import rel_error_with_flips
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch is None, reason="needs torch")]
+
+DEV = "cuda"
+DECODE_M = [1, 2, 3, 4, 5, 8, 16, 17, 32, 64]
+
+
+def _fp8_capable() -> bool:
+    return has_cuda() and torch.cuda.get_device_capability() >= (8, 9)
+
+
+needs_sm89 = pytest.mark.skipif(not _fp8_capable(), reason="FP8 needs compute capability >= 8.9")
+
+
+@pytest.fixture(autouse=True)
+def _cuda_sync():
+    yield
+    if has_cuda():
+        torch.cuda.synchronize()
+
+
+# (N, K): 16-byte e4m3 vectors (multiples of 16) and scalar loads with partial 128-blocks.
+VEC_SHAPE = (128, 256)
+ODD_SHAPE = (72, 200)
+
+
+def _case(M, shape=VEC_SHAPE, **kw):
+    N, K = shape
+    base = dict(M=M, E=128, topk=8, N=N, K=K, out="poison")
+    base.update(kw)
+    return Case(**base)
+
+
+@needs_sm89
+@pytest.mark.parametrize("ids", ["uniform", "concentrated"])
+@pytest.mark.parametrize("M", DECODE_M)
+@pytest.mark.parametrize("scheme", FP8_SCHEMES)
+def test_decode_sizes(scheme, M, ids, rng):
+    """Every decode batch size (8 to 512 slots: the oracle's decode and generic sides)."""
+    run_fp8_case(_case(M, ids=ids), scheme, "torch", "bfloat16", rng, device=DEV)
+
+
+@needs_sm89
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("shape", [VEC_SHAPE, ODD_SHAPE], ids=["vec16", "scalar"])
+@pytest.mark.parametrize("backend", ["cuda_decode", "cuda_generic"])
+@pytest.mark.parametrize("scheme", FP8_SCHEMES)
+def test_backends_shapes_dtypes(scheme, backend, shape, dtype, rng):
+    """Both CUDA FP8 backends, 16-byte and scalar loads, every output dtype."""
+    case = _case(9, shape, E=16, topk=4, ids="concentrated")
+    run_fp8_case(case, scheme, "torch", dtype, rng, device=DEV, backend=backend)
+
+
+PREFILL = [
+    _case(300, ids="concentrated", ep=True),
+    _case(300, ODD_SHAPE, E=8, topk=2, ids="invalid", id_dtype="int64"),
+    _case(600, E=8, topk=1, on_input=True, ep=True),
+    _case(200, E=64, topk=6, ids="dup", out="inplace"),
+    _case(300, E=64, topk=6, ids="none"),
+]
+
+
+@needs_sm89
+@pytest.mark.parametrize("case", PREFILL, ids=lambda c: c.id)
+@pytest.mark.parametrize("scheme", FP8_SCHEMES)
+def test_prefill(scheme, case, rng):
+    if case.ids == "none":
+        prob = make_fp8_problem(rng, case, scheme)
+        inp = to_fp8_inputs(prob, case, "torch", "bfloat16", DEV)
+        out = fp8_call(inp, case, out=poison(inp["x"]))
+        torch.cuda.synchronize()
+        assert (to_f64(out) == 0).all()
+        return
+    run_fp8_case(case, scheme, "torch", "bfloat16", rng, device=DEV)
+
+
+ROUTING = [
+    dict(ep=True),
+    dict(ep=True, ids="invalid"),
+    dict(E=16, topk=1, on_input=True),
+    dict(E=8, topk=2, act="gelu", tw_dtype="float16"),
+    dict(E=256, topk=8, ids="concentrated"),  # most experts get no token
+]
+
+
+@needs_sm89
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
+@pytest.mark.parametrize("routing", ROUTING, ids=lambda v: "-".join(f"{k}={v[k]}" for k in v))
+@pytest.mark.parametrize("M", [3, 64])
+def test_per_tensor_routing(M, routing, static, rng):
+    run_fp8_case(_case(M, **routing), "tensor", "torch", "bfloat16", rng, device=DEV, static=static)
+
+
+@needs_sm89
+@pytest.mark.parametrize("routing", ROUTING, ids=lambda v: "-".join(f"{k}={v[k]}" for k in v))
+@pytest.mark.parametrize("scheme", ["channel", "block"])
+def test_channel_block_routing(scheme, routing, rng):
+    run_fp8_case(_case(17, **routing), scheme, "torch", "bfloat16", rng, device=DEV)
+
+
+@needs_sm89
+@pytest.mark.parametrize("scheme", FP8_SCHEMES)
+@pytest.mark.parametrize("M", [5, 300])
+def test_gpu_matches_cpu_path(scheme, M, rng):
+    """The CUDA and CPU FP8 paths agree (same quantization rules, f32 order aside)."""
+    case = _case(M, ODD_SHAPE, E=16, topk=4, ids="invalid", ep=True)
+    prob = make_fp8_problem(rng, case, scheme)
+    gpu = fp8_call(to_fp8_inputs(prob, case, "torch", "float32", DEV), case).cpu()
+    cpu_inp = to_fp8_inputs(prob, case, "torch", "float32")
+    cpu = fp8_call(cpu_inp, case)
+    _, flips = fp8_reference(cpu_inp, case)
+    assert rel_error_with_flips(to_f64(gpu), to_f64(cpu), flips) <= FP8_TOLERANCE["float32"]
+
+
+@needs_sm89
+@pytest.mark.parametrize("scheme", FP8_SCHEMES)
+@pytest.mark.parametrize("M", [4, 100])
+def test_deterministic(scheme, M, rng):
+    case = _case(M, ids="concentrated")
+    inp = to_fp8_inputs(make_fp8_problem(rng, case, scheme), case, "torch", "bfloat16", DEV)
+    first = snapshot(fp8_call(inp, case))
+    for _ in range(3):
+        assert same_bits(snapshot(fp8_call(inp, case)), first)
+
+
+@needs_sm89
+@pytest.mark.parametrize("bad", [math.nan, math.inf], ids=["nan", "inf"])
+@pytest.mark.parametrize("M", [6, 150])
+@pytest.mark.parametrize("scheme", FP8_SCHEMES)
+def test_nonfinite_input(scheme, M, bad, rng):
+    """NaN/inf in one token's input: that token's output row is NaN, every other row is
+    finite and matches the reference (the dynamic scales ignore it)."""
+    case = _case(M, E=8, topk=2)
+    prob = make_fp8_problem(rng, case, scheme)
+    t = M // 2
+    prob["x"][t, 7] = bad
+    inp = to_fp8_inputs(prob, case, "torch", "bfloat16", DEV)
+    ref, flips = fp8_reference(inp, case)
+    o = to_f64(fp8_call(inp, case, out=poison(inp["x"])))
+    assert np.isnan(o[t]).all()
+    keep = np.arange(M) != t
+    assert np.isfinite(o[keep]).all()
+    kept = [(m - (m > t), d) for m, d in flips if m != t]
+    assert rel_error_with_flips(o[keep], ref[keep], kept) <= FP8_TOLERANCE["bfloat16"]
+
+
+@needs_sm89
+@pytest.mark.parametrize("scheme", FP8_SCHEMES)
+@pytest.mark.parametrize("M", [4, 150])
+def test_zero_tokens_and_unused_nan_experts(scheme, M, rng):
+    """All-zero tokens give exact zero rows (no 0/0 scale); NaN weights of experts no token
+    reaches do not leak."""
+    case = _case(M, E=16, topk=2, ids="concentrated")
+    prob = make_fp8_problem(rng, case, scheme)
+    prob["x"][1] = 0.0
+    unused = sorted(set(range(case.E)) - set(prob["ids"].ravel().tolist()))
+    assert unused
+    prob["w1_codes"][unused] = 0x7F
+    prob["w2_codes"][unused] = 0x7F
+    inp = to_fp8_inputs(prob, case, "torch", "bfloat16", DEV)
+    ref, flips = fp8_reference(inp, case)
+    out = fp8_call(inp, case, out=poison(inp["x"]))
+    torch.cuda.synchronize()
+    assert (to_f64(out)[1] == 0).all()
+    check_fp8_close(out, ref, flips, "bfloat16")
+
+
+@needs_sm89
+@pytest.mark.parametrize("scheme", FP8_SCHEMES)
+@pytest.mark.parametrize("M", [4, 100])
+def test_cuda_graph_capture_and_replay(scheme, M, rng):
+    case = _case(M, E=32, topk=6, ids="concentrated")
+    prob = make_fp8_problem(rng, case, scheme)
+    inp = to_fp8_inputs(prob, case, "torch", "bfloat16", DEV)
+    assert swapmoe.warmup(0) > 0
+    out_buf = torch.empty_like(inp["x"])
+    fp8_call(inp, case, out=out_buf)  # one eager call before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fp8_call(inp, case, out=out_buf)
+    for _ in range(2):
+        fresh = make_fp8_problem(rng, case, scheme)
+        for name in ("x", "tw", "ids"):
+            inp[name].copy_(torch.from_numpy(np.ascontiguousarray(fresh[name])).to(inp[name].dtype))
+        out_buf.fill_(math.nan)
+        graph.replay()
+        torch.cuda.synchronize()
+        ref, flips = fp8_reference(inp, case)
+        check_fp8_close(out_buf, ref, flips, "bfloat16", what="graph replay")
+
+
+@needs_sm89
+def test_compile_fullgraph_cuda(rng):
+    torch._dynamo.reset()
+    case = _case(8, E=16, topk=2)
+    inp = to_fp8_inputs(make_fp8_problem(rng, case, "block"), case, "torch", "bfloat16", DEV)
+
+    def f(x, w1, w2, tw, ids, s1, s2):
+        return swapmoe.fused_experts(x, w1, w2, tw, ids, use_fp8_w8a8=True, w1_scale=s1, w2_scale=s2,
+                                     block_shape=[128, 128]) * 2
+
+    args = (inp["x"], inp["w1"], inp["w2"], inp["tw"], inp["ids"], inp["w1_scale"], inp["w2_scale"])
+    assert torch.equal(torch.compile(f, fullgraph=True)(*args), f(*args))
+
+
+@needs_sm89
+def test_mma_backend_refuses_fp8(rng):
+    case = _case(64, E=8, topk=2)
+    inp = to_fp8_inputs(make_fp8_problem(rng, case, "tensor"), case, "torch", "bfloat16", DEV)
+    with pytest.raises(swapmoe.ArgumentError, match="FP8"):
+        fp8_call(inp, case, backend="cuda_mma")
+
+
+@needs_sm89
+def test_plan_picks_fp8_kernels(rng):
+    case = _case(1)
+    inp = to_fp8_inputs(make_fp8_problem(rng, case, "tensor"), case, "torch", "bfloat16", DEV)
+    p = swapmoe.select_backend(1, 128, 8, 256, 128, quant="fp8_tensor")
+    assert p.backend == "cuda_decode" and "decode_moe_fp8_gemm1_tensor_v16" in p.tile["kernels"]
+    ref, flips = fp8_reference(inp, case)
+    check_fp8_close(fp8_call(inp, case), ref, flips, "bfloat16")
+
+
+@pytest.mark.skipif(not has_cuda() or _fp8_capable(), reason="needs a CUDA device below sm_89")
+def test_pre_ada_device_raises(rng):
+    case = _case(2, E=8, topk=2)
+    inp = to_fp8_inputs(make_fp8_problem(rng, case, "tensor"), case, "torch", "bfloat16", DEV)
+    with pytest.raises(swapmoe.ArgumentError, match="sm_89"):
+        fp8_call(inp, case)
+
+
+@needs_sm89
+def test_kwargs_roundtrip(rng):
+    """fp8_kwargs passes scales on the device; a scale on the CPU is a DeviceError."""
+    case = _case(2, E=8, topk=2)
+    inp = to_fp8_inputs(make_fp8_problem(rng, case, "channel"), case, "torch", "bfloat16", DEV)
+    kw = fp8_kwargs(inp)
+    kw["w1_scale"] = kw["w1_scale"].cpu()
+    with pytest.raises(swapmoe.DeviceError, match="w1_scale"):
+        swapmoe.fused_experts(inp["x"], inp["w1"], inp["w2"], inp["tw"], inp["ids"], **kw)
