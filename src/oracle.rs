@@ -560,7 +560,7 @@ fn heuristic(c: &mut Candidates) -> Backend {
     let per_expert = expected_slots_per_expert(slots, p.local_experts);
     if slots <= DECODE_HEURISTIC_MAX_SLOTS && per_expert <= DECODE_HEURISTIC_MAX_SLOTS_PER_EXPERT {
         c.reasons.push(format!(
-            "decode: M*topk = {slots} <= {DECODE_HEURISTIC_MAX_SLOTS} and ~{per_expert:.1} slots per expert, so each GEMM CTA routes for itself and GEMM2 sums over top-k: 2 launches instead of 4"
+            "cuda_decode: M*topk = {slots} <= {DECODE_HEURISTIC_MAX_SLOTS} and ~{per_expert:.1} slots per expert, so each GEMM CTA routes for itself and GEMM2 sums over top-k: 2 launches instead of 4"
         ));
         c.reasons.push(match c.eligible(Backend::CudaBulkDecode) {
             Ok(()) => "cuda_bulk_decode: not picked by the heuristic, measured slower than cuda_decode on the H200 (benches/NOTES.md, v6); a tuned table or backend= can pick it".into(),

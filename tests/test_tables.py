@@ -207,9 +207,8 @@ def test_table_names_and_fp8():
     assert _core.table_file_name(256, 256, H200, "bf16", "fp8_block128") == \
         "E=256,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json"
     assert _core.table_file_name(256, 256, H200, quant="fp8_tensor").endswith("dtype=fp8_w8a8.json")
-    with pytest.raises(swapmoe.ArgumentError, match="not in this build") as e:
-        plan(8, DEEPSEEK_TP8, quant="fp8_block128")
-    assert "block_shape=[128,128]" in str(e.value)
+    p = plan(8, DEEPSEEK_TP8, quant="fp8_block128")  # FP8 plans read their FP8 table names
+    assert any("dtype=fp8_w8a8,block_shape=[128,128]" in r for r in p.reasons), p.reasons
 
 
 def test_describe_plan_reports_source_and_table():
@@ -247,12 +246,15 @@ def test_explain_external_backends(tmp_path, monkeypatch, capsys):
     assert "external_backends" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("quant", ["fp8_tensor", "fp8_channel", "fp8_block128"])
-def test_explain_fp8_says_not_in_this_build(quant, capsys):
-    assert cli.main(["explain", "--model", "qwen3-30b-a3b", "--device-name", H200, "--quant", quant]) == 2
-    err = capsys.readouterr().err
-    assert f"--quant {quant}: FP8 kernels are not in this build yet" in err
-    assert "dtype=fp8_w8a8" in err
+@pytest.mark.parametrize("quant,name", [("fp8_tensor", "dtype=fp8_w8a8.json"),
+                                        ("fp8_channel", "dtype=fp8_w8a8,per_channel=true.json"),
+                                        ("fp8_block128", "dtype=fp8_w8a8,block_shape=[128,128].json")])
+def test_explain_fp8_plans_and_names_its_table(quant, name, capsys):
+    assert cli.main(["explain", "--model", "qwen3-30b-a3b", "--device-name", H200, "--quant", quant,
+                     "--m", "1,1024"]) == 0
+    out = capsys.readouterr().out
+    assert "M=1: cuda_decode (heuristic;" in out and "M=1024: cuda_generic (heuristic;" in out
+    assert name in out and "decode_moe_fp8_gemm1" in out
 
 
 def test_check_lists_tables(capsys):
