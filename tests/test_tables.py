@@ -207,9 +207,11 @@ def test_table_names_and_fp8():
     assert _core.table_file_name(256, 256, H200, "bf16", "fp8_block128") == \
         "E=256,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json"
     assert _core.table_file_name(256, 256, H200, quant="fp8_tensor").endswith("dtype=fp8_w8a8.json")
-    with pytest.raises(swapmoe.ArgumentError, match="not in this build") as e:
-        plan(8, DEEPSEEK_TP8, quant="fp8_block128")
-    assert "block_shape=[128,128]" in str(e.value)
+    # FP8 plans (SIMT kernels) name the FP8 table they would read
+    p = plan(8, DEEPSEEK_TP8, quant="fp8_block128")
+    assert p.backend == "cuda_generic" and p.source == "heuristic"
+    assert any("dtype=fp8_w8a8,block_shape=[128,128].json" in r for r in p.reasons)
+    assert all("fp8" in k for k in p.tile["kernels"] if "gemm" in k)
 
 
 def test_describe_plan_reports_source_and_table():
@@ -248,11 +250,15 @@ def test_explain_external_backends(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("quant", ["fp8_tensor", "fp8_channel", "fp8_block128"])
-def test_explain_fp8_says_not_in_this_build(quant, capsys):
-    assert cli.main(["explain", "--model", "qwen3-30b-a3b", "--device-name", H200, "--quant", quant]) == 2
-    err = capsys.readouterr().err
-    assert f"--quant {quant}: FP8 kernels are not in this build yet" in err
-    assert "dtype=fp8_w8a8" in err
+def test_explain_fp8_shows_the_fp8_plan(quant, capsys):
+    assert cli.main(["explain", "--model", "qwen3-30b-a3b", "--device-name", H200, "--quant", quant,
+                     "--m", "1,64"]) == 0
+    out = capsys.readouterr().out
+    scheme = quant.split("_")[1].replace("128", "")
+    assert f"bf16 {quant}" in out.splitlines()[0]
+    assert "M=1: cuda_decode" in out and f"decode_moe_fp8_gemm1_{scheme}" in out
+    assert "M=64: cuda_generic" in out and f"generic_moe_fp8_gemm1_{scheme}" in out
+    assert "dtype=fp8_w8a8" in out
 
 
 def test_check_lists_tables(capsys):

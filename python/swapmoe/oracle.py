@@ -8,6 +8,7 @@ import dataclasses
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import _core
+from .errors import ArgumentError
 
 QUANTS = (None, "fp8_tensor", "fp8_channel", "fp8_block128")
 #: backends outside swapmoe that a tuned table may name; a caller running inside vLLM
