@@ -24,8 +24,13 @@ for step in "$@"; do
       done ;;
     bench-qwen) python3 -m swapmoe bench --model qwen3-30b-a3b --m ${BENCH_M:-1,2,4,8,16,32,64} --json "$OUT/bench_qwen.json" --plot "$OUT/bench_qwen.png" 2>&1 | tee "$OUT/bench_qwen.txt" | tail -40 ;;
     bench-all)
-      for model in qwen3-30b-a3b deepseek-v3-tp8 mixtral-8x7b; do
-        python3 -m swapmoe bench --model $model --m ${BENCH_M:-1,2,4,8,16,32,64,1024,4096} ${BENCH_ARGS:-} --json "$OUT/bench_$model.json" --plot "$OUT/bench_$model.png" 2>&1 | tee "$OUT/bench_$model.txt" | tail -30
+      # file names get the --quant of BENCH_ARGS (bench_<model>_<quant>.*); unquantized runs keep bench_<model>.*
+      quant=none
+      if [[ " ${BENCH_ARGS:-} " =~ [[:space:]]--quant[=[:space:]]+([a-z0-9_]+) ]]; then quant=${BASH_REMATCH[1]}; fi
+      tag=""; [ "$quant" != none ] && tag="_$quant"
+      for model in ${BENCH_MODELS:-qwen3-30b-a3b deepseek-v3-tp8 mixtral-8x7b}; do
+        name="bench_$model$tag"
+        python3 -m swapmoe bench --model $model --m ${BENCH_M:-1,2,4,8,16,32,64,1024,4096} ${BENCH_ARGS:-} --json "$OUT/$name.json" --plot "$OUT/$name.png" 2>&1 | tee "$OUT/$name.txt" | tail -30
       done ;;
     tune)
       # tuned tables for the public shapes, into $OUT/tables (copy them to python/swapmoe/tables/)

@@ -109,30 +109,6 @@ def test_bad_values_exit_2_with_message(argv, text, capsys):
     assert "error" in err and text in err
 
 
-@pytest.mark.parametrize("quant", ["fp8_tensor", "fp8_channel", "fp8_block128"])
-def test_fp8_quant_exits_2_before_timing(quant, capsys, monkeypatch):
-    def no_timing(*a, **k):
-        raise AssertionError("nothing may be timed for an FP8 --quant")
-
-    monkeypatch.setattr(B, "cpu_time_us", no_timing)
-    monkeypatch.setattr(B, "gpu_time_us", no_timing)
-    assert cli.main(["bench", "--quant", quant, "--no-progress"]) == 2
-    cap = capsys.readouterr()
-    assert cap.out == ""
-    lines = cap.err.strip().splitlines()
-    assert len(lines) == 1, lines
-    assert "FP8 fused experts are not implemented yet in this build" in lines[0] and quant in lines[0]
-    with pytest.raises(B.BenchError, match="not implemented yet"):
-        B.run_bench(quant=quant, device="cpu", progress=False)
-
-
-def test_fp8_quant_subprocess_exit_code():
-    r = run_cli("bench", "--quant", "fp8_tensor", "--no-progress")
-    assert r.returncode == 2 and r.stdout == ""
-    assert len(r.stderr.strip().splitlines()) == 1
-    assert "FP8 fused experts are not implemented yet in this build" in r.stderr
-
-
 def test_m_list():
     assert B.parse_m_list("16,1, 4,4") == [1, 4, 16]
     with pytest.raises(B.BenchError):
@@ -843,3 +819,225 @@ def test_with_routing_needs_uniform_routing():
 
     with pytest.raises(B.BenchError, match="with-routing"):
         B.run_bench(None, device="cpu", m_list=[1], with_routing=True, routing="skewed", progress=False)
+
+
+# ---------------------------------------------------------------------------------------
+# FP8 W8A8 (--quant fp8_*) on the CPU path
+# ---------------------------------------------------------------------------------------
+
+FP8_QUANTS = ["fp8_tensor", "fp8_channel", "fp8_block128"]
+
+
+def _fp8_problem(quant, ep=1, M=6, dtype=torch.bfloat16, seed=3, E=8, topk=3, K=200, N=72):
+    """An FP8 problem as run_bench builds it (K, N with partial 128-blocks)."""
+    shape = B.shard_shape("t", E, topk, K, N, 1, ep)
+    g = torch.Generator().manual_seed(seed)
+    dev = torch.device("cpu")
+    tw, ids = B.make_routing(torch, M, shape.E_global, shape.topk, "uniform", g, dev)
+    x = torch.randn(M, shape.K, generator=g, dtype=dtype)
+    w1, w2, s1, s2 = B.make_fp8_weights(torch, shape, dtype, g, dev, quant)
+    emap = B.make_expert_map(torch, shape, dev)
+    fp8 = B.fp8_kwargs(quant, s1, s2)
+    if quant == "fp8_tensor":
+        a1, a2, _ = B.calibrate_static_scales(torch, shape, w1, w2, fp8, dtype, seed, dev, emap)
+        fp8 = B.fp8_kwargs(quant, s1, s2, a1, a2)
+    return shape, x, w1, w2, tw, ids, emap, fp8
+
+
+@pytest.mark.parametrize("quant", FP8_QUANTS)
+def test_fp8_weights_layouts_and_values(quant):
+    shape = B.shard_shape("t", 4, 2, 200, 136)
+    g = torch.Generator().manual_seed(0)
+    w1, w2, s1, s2 = B.make_fp8_weights(torch, shape, torch.bfloat16, g, torch.device("cpu"), quant)
+    assert w1.dtype == w2.dtype == torch.float8_e4m3fn
+    assert tuple(w1.shape) == (4, 272, 200) and tuple(w2.shape) == (4, 200, 136)
+    want = {"fp8_tensor": ((4,), (4,)), "fp8_channel": ((4, 272), (4, 200)),
+            "fp8_block128": ((4, 3, 2), (4, 2, 2))}[quant]
+    assert B.fp8_scale_shapes(quant, shape) == want
+    assert (tuple(s1.shape), tuple(s2.shape)) == want and s1.dtype == s2.dtype == torch.float32
+    # the same master weights, unquantized, from the same generator state
+    g = torch.Generator().manual_seed(0)
+    m1 = torch.randn(4, 272, 200, generator=g, dtype=torch.bfloat16).mul_(200 ** -0.5)
+    scheme = B.FP8_SCHEMES[quant]
+    d1 = w1.double() * B._expand_weight_scale(torch, s1, scheme, 272, 200).double()
+    assert float((d1 - m1.double()).norm() / m1.double().norm()) < 0.05  # e4m3: 3 mantissa bits
+    assert float(w1.float().abs().max()) == 448.0  # absmax / 448: the largest weight of a group is +-448
+    # the op validates these layouts: the CPU path runs them
+    tw, ids = B.make_routing(torch, 3, 4, 2, "uniform", g, torch.device("cpu"))
+    x = torch.randn(3, 200, dtype=torch.bfloat16)
+    kw = B.fp8_kwargs(quant, s1, s2)
+    out = B.impl_swapmoe(x, w1, w2, tw, ids, None, torch.empty_like(x), fp8=kw)
+    assert bool(torch.isfinite(out).all())
+
+
+def test_fp8_weight_copies_count_one_byte():
+    shape = B.preset_shape("mixtral-8x7b")
+    free = B._free_bytes(torch, torch.device("cpu"))
+    copies, per_copy, _ = B.weight_copies(torch, shape, B.weight_bytes_per_element("fp8_tensor", "bf16"), 8,
+                                          torch.device("cpu"), "fp8_tensor")
+    assert per_copy == 8 * 3 * 14336 * 4096
+    assert copies == min(8, int(B.MEMORY_FRACTION * free // per_copy))
+
+
+@pytest.mark.parametrize("ep", [1, 2])
+@pytest.mark.parametrize("quant", FP8_QUANTS)
+def test_reference64_fp8_matches_numpy_reference(quant, ep):
+    from swapmoe.reference import e4m3_decode, fused_experts_fp8_ref
+
+    shape, x, w1, w2, tw, ids, emap, fp8 = _fp8_problem(quant, ep, M=9, dtype=torch.float32)
+    got, flips = B.reference64_fp8(torch, x, w1, w2, tw, ids, emap, fp8)
+
+    def host(t):
+        return None if t is None else t.double().numpy()
+
+    kw = {} if emap is None else {"expert_map": emap.numpy(), "global_num_experts": shape.E_global}
+    want, want_flips = fused_experts_fp8_ref(
+        x.numpy(), e4m3_decode(w1.view(torch.uint8).numpy()), e4m3_decode(w2.view(torch.uint8).numpy()),
+        tw.numpy(), ids.numpy(), w1_scale=host(fp8["w1_scale"]), w2_scale=host(fp8["w2_scale"]),
+        a1_scale=host(fp8["a1_scale"]), a2_scale=host(fp8["a2_scale"]), per_channel_quant=fp8["per_channel_quant"],
+        block_shape=fp8["block_shape"], **kw)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-10, atol=1e-12)
+    assert flips["m"].numel() == len(want_flips)
+    for f in range(len(want_flips)):
+        m, delta = want_flips[f]
+        assert int(flips["m"][f]) == m
+        mine = flips["coef"][f] * B._w2_columns(torch, w2, fp8["w2_scale"], B.FP8_SCHEMES[quant],
+                                                flips["e"][f:f + 1], flips["j"][f:f + 1])[0]
+        np.testing.assert_allclose(mine.numpy(), delta, rtol=1e-10, atol=1e-14)
+
+
+def test_rel_error_fp8_applies_flips():
+    shape, x, w1, w2, tw, ids, emap, fp8 = _fp8_problem("fp8_channel", M=64, dtype=torch.float32, K=256, N=128)
+    ref, flips = B.reference64_fp8(torch, x, w1, w2, tw, ids, emap, fp8)
+    assert flips["m"].numel() >= 2
+    cols = B._w2_columns(torch, w2, fp8["w2_scale"], "channel", flips["e"][:1], flips["j"][:1])
+    out = ref.clone()
+    out[int(flips["m"][0])] += flips["coef"][0] * cols[0]  # the op rounded one element the other way
+    plain = float((out - ref).norm() / ref.norm())
+    err, used = B.rel_error_fp8(torch, out, ref, flips, w2, fp8)
+    assert plain > 1e-6 and err < 1e-12 and used == 1
+    err, used = B.rel_error_fp8(torch, ref.clone(), ref, flips, w2, fp8)
+    assert err == 0 and used == 0
+    bad = ref.clone()
+    bad[1, 3] = float("nan")
+    assert math.isinf(B.rel_error_fp8(torch, bad, ref, flips, w2, fp8)[0])
+
+
+@pytest.mark.parametrize("quant", FP8_QUANTS)
+def test_fp8_check_point_passes(quant):
+    shape, x, w1, w2, tw, ids, emap, fp8 = _fp8_problem(quant, ep=2, M=7)
+    res = B.check_point(torch, [B.IMPL_SWAPMOE], x, (w1, w2), tw, ids, emap, B.TOLERANCE["bf16"], fp8=fp8)
+    r = res[B.IMPL_SWAPMOE]
+    assert r["ok"] and r["rel_err"] < 1e-2 and "flips" in r, r
+
+
+@pytest.mark.parametrize("quant", FP8_QUANTS)
+def test_fp8_cpu_run(quant, tmp_path, capsys):
+    j = str(tmp_path / "f.json")
+    rc = cli.main(["bench", "--device", "cpu", "--quant", quant, "--shape", "8,2,256,128", "--m", "1,5",
+                   "--layers", "2", "--no-progress", "--check-all", "--baselines", "--json", j])
+    out = capsys.readouterr().out
+    rec = json.load(open(j))
+    assert rc == 0, out
+    assert rec["quant"] == quant and rec["dtype"] == "bf16"
+    assert rec["bytes_per_weight"] == 1 and rec["bytes_per_act"] == 2
+    assert rec["method"]["weight_bytes_per_copy"] == 8 * 3 * 128 * 256
+    assert rec["check"]["ok"] and rec["check"]["reference"] == B.CHECK_REFERENCE_FP8
+    assert rec["check"]["results"]["swapmoe"]["rel_err"] < 1e-2
+    assert all(p["check"]["swapmoe"]["ok"] for p in rec["points"])
+    assert rec["implementations"] == ["swapmoe"]  # the baselines run unquantized weights only
+    assert set(rec["skipped"]) == {B.IMPL_VLLM, B.IMPL_GROUPED, B.IMPL_EAGER}
+    assert all(quant in why for why in rec["skipped"].values())
+    f = rec["method"]["fp8"]
+    assert f["w1_scale_shape"] == list(B.fp8_scale_shapes(quant, B.parse_shape("8,2,256,128"))[0])
+    if quant == "fp8_tensor":
+        assert f["activation_scales"].startswith("static") and f["a1_scale"] > 0 and f["a2_scale"] > 0
+    else:
+        assert f["activation_scales"].startswith("dynamic") and f["a1_scale"] is None
+    assert rec["anchor"]["variant"] == B.anchor_variant(quant, "bf16")
+    for p in rec["points"]:
+        assert p["plan"]["backend"] == "cpu" and p["results"]["swapmoe"]["time_us"] > 0
+        assert p["floor_us"] is None  # no HBM on a CPU run
+        # the floor a GPU run would print: 1 byte per weight, 2 per activation
+        want = (p["experts_touched"] * 3 * 128 * 256 * 1 + 2 * p["M"] * 256 * 2) / 4.42e12 * 1e6
+        got = B.hbm_floor_us(p["experts_touched"], 128, 256, p["M"], rec["bytes_per_act"], rec["bytes_per_act"],
+                             4.42e12, quant=rec["quant"])
+        assert got == pytest.approx(want, rel=1e-12)
+    assert f"bf16 {quant}" in out.splitlines()[0]
+    assert "FP8 reference" in out and "swapmoe" in out and "FAIL" not in out
+    assert f"skipped: {B.IMPL_EAGER}:" in out
+
+
+def test_fp8_cpu_run_with_routing_and_ep():
+    rec = B.run_bench(B.parse_shape("8,2,128,64", ep=2), device="cpu", quant="fp8_block128", m_list=[1, 4],
+                      with_routing=True, progress=False, check_all=True)
+    assert rec["check"]["ok"] and rec["check"]["results"][B.IMPL_ROUTED]["ok"]
+    assert rec["implementations"] == [B.IMPL_SWAPMOE, B.IMPL_ROUTED]
+    assert all(p["results"][B.IMPL_ROUTED]["time_us"] > 0 for p in rec["points"])
+
+
+def _wrong_fp8_impls():
+    def scaled(x, w1, w2, tw, ids, emap, out, fp8=None):
+        B.impl_swapmoe(x, w1, w2, tw, ids, emap, out, fp8=fp8)
+        return out.mul_(1.05)
+
+    def unquantized_activations(x, w1, w2, tw, ids, emap, out, fp8=None):
+        # right weights, activations not quantized: about 4% off, the FP8 check must see it
+        ref = B.reference64(torch, x, _dequant_all(w1, fp8["w1_scale"], fp8), _dequant_all(w2, fp8["w2_scale"], fp8),
+                            tw, ids, emap)
+        return out.copy_(ref)
+
+    def nan_row(x, w1, w2, tw, ids, emap, out, fp8=None):
+        B.impl_swapmoe(x, w1, w2, tw, ids, emap, out, fp8=fp8)
+        out[0, 0] = float("nan")
+        return out
+
+    def drops_fp8(x, w1, w2, tw, ids, emap, out, fp8=None):
+        return B.impl_swapmoe(x, w1, w2, tw, ids, emap, out)
+
+    return {"scaled": scaled, "unquantized": unquantized_activations, "nan": nan_row, "drops_fp8": drops_fp8}
+
+
+def _dequant_all(w, s, fp8):
+    scheme = B._fp8_scheme_of(fp8)
+    return w.double() * B._expand_weight_scale(torch, s, scheme, w.shape[1], w.shape[2]).double()
+
+
+@pytest.mark.parametrize("kind", ["scaled", "unquantized", "nan", "drops_fp8"])
+@pytest.mark.parametrize("quant", ["fp8_tensor", "fp8_block128"])
+def test_fp8_check_catches_a_wrong_impl(quant, kind, monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(B.IMPLS, B.IMPL_SWAPMOE, (_wrong_fp8_impls()[kind], True))
+    j = str(tmp_path / "w.json")
+    rc = cli.main(["bench", "--device", "cpu", "--quant", quant, "--shape", "8,2,256,128",
+                   "--m", "4", "--layers", "2", "--no-progress", "--json", j])
+    out = capsys.readouterr().out
+    rec = json.load(open(j))
+    assert rc == 1 and not rec["check"]["ok"] and rec["check"]["failed_M"] == [4]
+    r = rec["check"]["results"]["swapmoe"]
+    assert not r["ok"]
+    if kind == "drops_fp8":  # fp8 weights without use_fp8_w8a8: the op refuses, an error entry
+        assert r["error"] and r["rel_err"] is None and "swapmoe ERROR" in out
+    elif kind == "nan":
+        assert r["rel_err"] == "inf" and "inf (NaN/unwritten)" in out
+    else:
+        assert r["rel_err"] > r["tol"] and "FAIL" in out
+    assert any("CHECK FAILED for swapmoe" in n for n in rec["notes"])
+
+
+@pytest.mark.parametrize("quant", FP8_QUANTS)
+def test_fp8_plan_column(quant):
+    """CPU tensors: the cpu backend; a GPU run asks select_backend(..., quant=) (here offline,
+    as for a device other than 0) for the FP8 kernels and the workspace."""
+    shape, x, w1, w2, tw, ids, emap, fp8 = _fp8_problem(quant, M=1, K=256, N=128)
+    p = B.describe_point_plan(torch, x, (w1, w2), tw, ids, emap, shape, "bf16", quant, False)
+    assert p["backend"] == "cpu"
+    p = B.describe_point_plan(torch, x, (w1, w2), tw, ids, emap, shape, "bf16", quant, True,
+                              {"device_name": "NVIDIA H200", "device_capability": (9, 0)})
+    assert isinstance(p, dict), p
+    assert p["backend"] == "cuda_decode" and any("fp8" in k for k in p["kernels"])
+    import swapmoe
+
+    assert p["workspace_bytes"] == swapmoe.workspace_bytes(x, w1, ids, quant) > 0
+    p = B.describe_point_plan(torch, x, (w1, w2), tw, ids, emap, shape, "bf16", quant, True,
+                              {"device_name": "NVIDIA H200", "device_capability": (8, 0)})
+    assert isinstance(p, str) and "Error" in p  # FP8 below sm_89: the error text, not a crash

@@ -207,8 +207,11 @@ def test_table_names_and_fp8():
     assert _core.table_file_name(256, 256, H200, "bf16", "fp8_block128") == \
         "E=256,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json"
     assert _core.table_file_name(256, 256, H200, quant="fp8_tensor").endswith("dtype=fp8_w8a8.json")
-    p = plan(8, DEEPSEEK_TP8, quant="fp8_block128")  # FP8 plans read their FP8 table names
-    assert any("dtype=fp8_w8a8,block_shape=[128,128]" in r for r in p.reasons), p.reasons
+    # FP8 plans (SIMT kernels) name the FP8 table they would read
+    p = plan(8, DEEPSEEK_TP8, quant="fp8_block128")
+    assert p.backend == "cuda_generic" and p.source == "heuristic"
+    assert any("dtype=fp8_w8a8,block_shape=[128,128].json" in r for r in p.reasons)
+    assert all("fp8" in k for k in p.tile["kernels"] if "gemm" in k)
 
 
 def test_describe_plan_reports_source_and_table():
@@ -246,15 +249,16 @@ def test_explain_external_backends(tmp_path, monkeypatch, capsys):
     assert "external_backends" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("quant,name", [("fp8_tensor", "dtype=fp8_w8a8.json"),
-                                        ("fp8_channel", "dtype=fp8_w8a8,per_channel=true.json"),
-                                        ("fp8_block128", "dtype=fp8_w8a8,block_shape=[128,128].json")])
-def test_explain_fp8_plans_and_names_its_table(quant, name, capsys):
+@pytest.mark.parametrize("quant", ["fp8_tensor", "fp8_channel", "fp8_block128"])
+def test_explain_fp8_shows_the_fp8_plan(quant, capsys):
     assert cli.main(["explain", "--model", "qwen3-30b-a3b", "--device-name", H200, "--quant", quant,
-                     "--m", "1,1024"]) == 0
+                     "--m", "1,64"]) == 0
     out = capsys.readouterr().out
-    assert "M=1: cuda_decode (heuristic;" in out and "M=1024: cuda_generic (heuristic;" in out
-    assert name in out and "decode_moe_fp8_gemm1" in out
+    scheme = quant.split("_")[1].replace("128", "")
+    assert f"bf16 {quant}" in out.splitlines()[0]
+    assert "M=1: cuda_decode" in out and f"decode_moe_fp8_gemm1_{scheme}" in out
+    assert "M=64: cuda_generic" in out and f"generic_moe_fp8_gemm1_{scheme}" in out
+    assert "dtype=fp8_w8a8" in out
 
 
 def test_check_lists_tables(capsys):

@@ -15,7 +15,19 @@ in the same run; ``%gemm`` is a point's TF/s over it.
 
 Baselines timed the same way (GPU default): the torch eager pipeline, the
 ``torch._grouped_mm`` pipeline and, when ``import vllm`` works, vLLM's own
-``fused_experts`` (the whole op: align, GEMMs, activation, sum).
+``fused_experts`` (the whole op: align, GEMMs, activation, sum). With an FP8 ``--quant``
+only swapmoe (and ``fused_moe`` with ``--with-routing``) is timed; the baselines are listed in
+``record["skipped"]`` with the reason.
+
+FP8 (``--quant fp8_tensor|fp8_channel|fp8_block128``): each weight copy is drawn as bf16
+master weights (one chunk of experts at a time) and quantized to ``float8_e4m3fn`` with
+scale = absmax / 448 per expert (tensor), per output row (channel) or per 128x128 block, in
+the layouts ``fused_experts`` validates. fp8_tensor uses static activation scales computed
+once from a calibration sample (see :func:`calibrate_static_scales`), as vLLM's FP8
+checkpoints and the anchor's fp8-tensor variant do; fp8_channel and fp8_block128 quantize
+activations dynamically (per token, per token and 128 columns). The check compares against
+a float64 reference on the dequantized weights that quantizes the activations as the op does
+(:func:`reference64_fp8`), with e4m3 rounding-midpoint flips accounted for.
 
 torch, triton, tqdm and matplotlib are imported inside functions, so importing this module
 stays light.
@@ -63,9 +75,21 @@ QUANTS: Dict[str, Tuple[Optional[int], Optional[str]]] = {
     "fp8_channel": (1, None),
     "fp8_block128": (1, "fp8-block128"),
 }
-FP8_NOT_IMPLEMENTED = "FP8 fused experts are not implemented yet in this build (only --quant none can be timed)"
+#: --quant -> the scheme name of swapmoe.reference (fp8_scheme / fp8_act_quant)
+FP8_SCHEMES: Dict[str, str] = {"fp8_tensor": "tensor", "fp8_channel": "channel", "fp8_block128": "block"}
+FP8_MAX = 448.0
+FP8_BLOCK = 128
+#: e4m3 elements within this relative distance of a rounding midpoint may round either way
+#: between the op (float32 intermediate) and the float64 reference (as tests/conftest.py)
+FP8_FLIP_MARGIN = 1e-4
+#: tokens of the calibration sample that sets fp8_tensor's static activation scales
+FP8_CALIBRATION_TOKENS = 256
 #: ||out - ref|| / ||ref|| bound of the correctness check, per dtype (METHOD.md: bf16
-#: operands land between 1e-3 and 1e-2, float32 far under 1e-3).
+#: operands land between 1e-3 and 1e-2, float32 far under 1e-3). The FP8 check uses the
+#: same bounds: its reference quantizes the activations exactly as the op does and accounts
+#: for e4m3 rounding-midpoint flips, so what is left is the unquantized path's error
+#: (float32 accumulation order, rounding of the output to its dtype); tests/conftest.py's
+#: FP8_TOLERANCE (1e-2 for bf16) is the same or tighter.
 TOLERANCE: Dict[str, float] = {"bf16": 1e-2, "fp16": 5e-3, "fp32": 1e-3}
 
 ANCHOR_FILE = "h200_vllm_0.33_triton.json"
@@ -450,15 +474,323 @@ def make_weights(torch: Any, shape: MoeShape, dtype: Any, gen: Any, device: Any)
     return w1, w2
 
 
+def _fp8_dtype(torch: Any) -> Any:
+    dt = getattr(torch, "float8_e4m3fn", None)
+    if dt is None:
+        raise BenchError(f"--quant fp8_*: torch {torch.__version__} has no float8_e4m3fn")
+    return dt
+
+
+def fp8_scale_shapes(quant: str, shape: MoeShape) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
+    """(w1_scale shape, w2_scale shape) of an FP8 ``quant``, as ``fused_experts`` validates
+    them: per tensor [E] and [E]; per channel [E, 2N] and [E, K]; block128
+    [E, ceil(2N/128), ceil(K/128)] and [E, ceil(K/128), ceil(N/128)]."""
+    E, K, N = shape.E, shape.K, shape.N
+    scheme = FP8_SCHEMES[quant]
+    if scheme == "tensor":
+        return (E,), (E,)
+    if scheme == "channel":
+        return (E, 2 * N), (E, K)
+    b = FP8_BLOCK
+    return (E, -(-2 * N // b), -(-K // b)), (E, -(-K // b), -(-N // b))
+
+
+def _expand_weight_scale(torch: Any, s: Any, scheme: str, R: int, C: int) -> Any:
+    """Scales of ``e`` experts ([e], [e, R] or [e, R/128, C/128]) broadcastable to [e, R, C]."""
+    e = s.shape[0]
+    if scheme == "tensor":
+        return s.reshape(e, 1, 1)
+    if scheme == "channel":
+        return s.reshape(e, R, 1)
+    s = s.reshape(e, -(-R // FP8_BLOCK), -(-C // FP8_BLOCK))
+    return s.repeat_interleave(FP8_BLOCK, dim=1)[:, :R].repeat_interleave(FP8_BLOCK, dim=2)[:, :, :C]
+
+
+def fp8_weight_scale(torch: Any, w32: Any, scheme: str) -> Any:
+    """float32 scales of float32 weights [e, R, C], absmax / 448 (at least 1e-12) per
+    expert (tensor), per row (channel) or per 128x128 block (block, partial blocks padded)."""
+    a = w32.abs()
+    e, R, C = w32.shape
+    if scheme == "tensor":
+        s = a.amax(dim=(1, 2))
+    elif scheme == "channel":
+        s = a.amax(dim=2)
+    else:
+        gr, gc = -(-R // FP8_BLOCK), -(-C // FP8_BLOCK)
+        pad = torch.zeros(e, gr * FP8_BLOCK, gc * FP8_BLOCK, dtype=torch.float32, device=w32.device)
+        pad[:, :R, :C] = a
+        s = pad.view(e, gr, FP8_BLOCK, gc, FP8_BLOCK).amax(dim=(2, 4))
+    return (s / FP8_MAX).clamp_min_(1e-12).to(torch.float32)
+
+
+def quantize_fp8_weight(torch: Any, w: Any, scheme: str) -> Tuple[Any, Any]:
+    """(float8_e4m3fn [e, R, C], float32 scale) of weights ``w`` [e, R, C]:
+    e4m3(clamp(w / scale, +-448)), as an FP8 checkpoint stores them."""
+    w32 = w.float()
+    s = fp8_weight_scale(torch, w32, scheme)
+    full = _expand_weight_scale(torch, s, scheme, w32.shape[1], w32.shape[2])
+    q = w32.div_(full).clamp_(-FP8_MAX, FP8_MAX).to(_fp8_dtype(torch))
+    return q, s
+
+
+#: bytes of float32 master weights quantized at a time (bounds the transient memory)
+FP8_CHUNK_BYTES = 256 << 20
+
+
+def make_fp8_weights(torch: Any, shape: MoeShape, dtype: Any, gen: Any, device: Any,
+                     quant: str) -> Tuple[Any, Any, Any, Any]:
+    """One FP8 copy: (w13 e4m3 [E, 2N, K], w2 e4m3 [E, K, N], w1_scale, w2_scale float32 in
+    the layouts of :func:`fp8_scale_shapes`). The master weights are drawn as
+    :func:`make_weights` draws them (randn in ``dtype``, times K^-1/2 and N^-1/2), a chunk of
+    experts at a time, then quantized (:func:`quantize_fp8_weight`): only the e4m3 bytes and
+    the scales stay, 1 byte per weight."""
+    E, K, N = shape.E, shape.K, shape.N
+    scheme = FP8_SCHEMES[quant]
+    f8 = _fp8_dtype(torch)
+    w1q = torch.empty(E, 2 * N, K, dtype=f8, device=device)
+    w2q = torch.empty(E, K, N, dtype=f8, device=device)
+    sh1, sh2 = fp8_scale_shapes(quant, shape)
+    s1 = torch.empty(sh1, dtype=torch.float32, device=device)
+    s2 = torch.empty(sh2, dtype=torch.float32, device=device)
+    chunk = max(1, FP8_CHUNK_BYTES // max(1, 2 * N * K * 4))
+    for e0 in range(0, E, chunk):
+        e1 = min(E, e0 + chunk)
+        w1 = torch.randn(e1 - e0, 2 * N, K, generator=gen, device=device, dtype=dtype).mul_(K ** -0.5)
+        w2 = torch.randn(e1 - e0, K, N, generator=gen, device=device, dtype=dtype).mul_(N ** -0.5)
+        for w, q, s in ((w1, w1q, s1), (w2, w2q, s2)):
+            qc, sc = quantize_fp8_weight(torch, w, scheme)
+            q[e0:e1] = qc
+            s[e0:e1] = sc
+            del qc, sc
+        del w1, w2
+    return w1q, w2q, s1, s2
+
+
+def fp8_kwargs(quant: str, w1_scale: Any, w2_scale: Any, a1_scale: Any = None, a2_scale: Any = None) -> dict:
+    """The FP8 keyword arguments of ``swapmoe.fused_experts`` / ``fused_moe`` for ``quant``."""
+    scheme = FP8_SCHEMES[check_quant(quant)]
+    return {
+        "use_fp8_w8a8": True,
+        "w1_scale": w1_scale,
+        "w2_scale": w2_scale,
+        "a1_scale": a1_scale,
+        "a2_scale": a2_scale,
+        "per_channel_quant": scheme == "channel",
+        "block_shape": [FP8_BLOCK, FP8_BLOCK] if scheme == "block" else None,
+    }
+
+
+def _fp8_scheme_of(fp8: dict) -> str:
+    if fp8.get("block_shape") is not None:
+        return "block"
+    return "channel" if fp8.get("per_channel_quant") else "tensor"
+
+
+def _fp8_min_scale(torch: Any, device: Any) -> Any:
+    """1 / (448 * 512) in float32 (vLLM's min_scaling_factor, swapmoe.reference.FP8_MIN_SCALE)."""
+    return (torch.ones((), dtype=torch.float32, device=device)
+            / torch.full((), 448.0 * 512.0, dtype=torch.float32, device=device))
+
+
+def _finite_abs(torch: Any, v: Any) -> Any:
+    return torch.where(torch.isfinite(v), v.abs(), torch.zeros_like(v))
+
+
+def fp8_act_quant_torch(torch: Any, v32: Any, scheme: str, static_scale: Any = None,
+                        rows: Any = None) -> Tuple[Any, Any]:
+    """Activations [R, C] (float32) quantized as the op does (the torch twin of
+    ``swapmoe.reference.fp8_act_quant``): returns (e4m3 values float64 [R, C], float32 scales
+    broadcastable to [R, C]). tensor: the static scale, else max(absmax over ``rows`` / 448,
+    1/(448*512)), values times 1/scale; channel: per row, values / scale; block: per row and
+    128 columns, max(absmax, 1e-10) / 448. Non-finite values give NaN."""
+    R, C = v32.shape
+    f32 = torch.float32
+    if scheme == "tensor":
+        if static_scale is not None:
+            s = static_scale.to(device=v32.device, dtype=f32).reshape(())
+        else:
+            a = _finite_abs(torch, v32 if rows is None else v32[rows])
+            amax = a.amax() if a.numel() else torch.zeros((), dtype=f32, device=v32.device)
+            s = torch.maximum(amax / FP8_MAX, _fp8_min_scale(torch, v32.device))
+        t = v32 * (torch.ones_like(s) / s)
+    elif scheme == "channel":
+        amax = _finite_abs(torch, v32).amax(dim=1, keepdim=True)
+        s = torch.maximum(amax / FP8_MAX, _fp8_min_scale(torch, v32.device))
+        t = v32 / s
+    else:
+        G = -(-C // FP8_BLOCK)
+        pad = torch.zeros(R, G * FP8_BLOCK, dtype=f32, device=v32.device)
+        pad[:, :C] = _finite_abs(torch, v32)
+        gmax = pad.view(R, G, FP8_BLOCK).amax(dim=2)
+        s = (gmax.clamp_min(1e-10) / FP8_MAX).repeat_interleave(FP8_BLOCK, dim=1)[:, :C]
+        t = v32 / s
+    q = t.clamp(-FP8_MAX, FP8_MAX).to(_fp8_dtype(torch)).to(torch.float64)
+    q = torch.where(torch.isfinite(v32), q, torch.full_like(q, math.nan))
+    return q, s
+
+
+def _dequant_expert(torch: Any, w: Any, scale: Any, scheme: str, e: int) -> Any:
+    """float64 [R, C] of expert ``e``'s e4m3 weights times their scales."""
+    R, C = w.shape[1], w.shape[2]
+    s = _expand_weight_scale(torch, scale[e:e + 1], scheme, R, C)[0]
+    return w[e].to(torch.float64) * s.to(torch.float64)
+
+
+def _fp8_intermediate(torch: Any, x, w1, tw, loc, fp8: dict, topk: int) -> Tuple[Any, list]:
+    """float64 act(gate) * up [M*topk, N] of every valid slot (0 elsewhere), from the
+    quantized-dequantized input; also the touched local experts."""
+    scheme = _fp8_scheme_of(fp8)
+    E, N = w1.shape[0], w1.shape[1] // 2
+    xq, xs = fp8_act_quant_torch(torch, x.float(), scheme, fp8.get("a1_scale"))
+    xd = xq * xs.to(torch.float64)
+    inter = torch.zeros(loc.numel(), N, dtype=torch.float64, device=x.device)
+    experts = [e for e in torch.unique(loc).tolist() if e < E]
+    for e in experts:
+        slots = torch.nonzero(loc == e).flatten()
+        h = xd[slots // topk] @ _dequant_expert(torch, w1, fp8["w1_scale"], scheme, e).t()
+        g = h[:, :N]
+        inter[slots] = g / (1.0 + torch.exp(-g)) * h[:, N:]
+    return inter, experts
+
+
+def _e4m3_step(torch: Any, a: Any) -> Any:
+    """Spacing of e4m3 values around a >= 0 (float64): 2^-9 below 2^-6, else 2^(e-3) for
+    a in [2^(e-1), 2^e). 2^e is a / mantissa (an exact division), so no pow is involved."""
+    aa = torch.where(a > 0, a, torch.ones_like(a))
+    mant, _ = torch.frexp(aa)  # aa = mant * 2^e, mant in [0.5, 1)
+    step = (aa / mant) * 0.0625
+    return torch.where(a < 2.0 ** -6, torch.full_like(a, 2.0 ** -9), step)
+
+
+def reference64_fp8(torch: Any, x, w1, w2, tw, ids, emap, fp8: dict,
+                    flip_margin: float = FP8_FLIP_MARGIN) -> Tuple[Any, dict]:
+    """float64 FP8 W8A8 result [M, K] on x's device, the torch twin of
+    ``swapmoe.reference.fused_experts_fp8_ref`` (same quantization rules; one touched expert
+    dequantized at a time, so it fits model-sized shapes). ``fp8``: the op's FP8 keyword
+    arguments (:func:`fp8_kwargs`). Returns (out, flips): each element of the intermediate
+    within ``flip_margin`` (relative) of an e4m3 rounding midpoint, which the op's float32
+    intermediate may round the other way, as tensors ``m`` (token), ``e`` (local expert),
+    ``j`` (column of w2) and ``coef`` (router weight x the dequantized change); its output
+    change is ``coef * w2[e][:, j]`` dequantized (see :func:`rel_error_fp8`)."""
+    scheme = _fp8_scheme_of(fp8)
+    M, topk = ids.shape
+    E, N = w1.shape[0], w1.shape[1] // 2
+    loc = local_ids(torch, ids, emap, E)
+    valid = loc < E
+    weights = tw.reshape(-1).double()
+    inter, experts = _fp8_intermediate(torch, x, w1, tw, loc, fp8, topk)
+    aq, as_ = fp8_act_quant_torch(torch, inter.float(), scheme, fp8.get("a2_scale"), rows=valid)
+    as64 = as_.to(torch.float64).expand(inter.shape)
+    ad = aq * as64
+    out = torch.zeros(M, x.shape[1], dtype=torch.float64, device=x.device)
+    for e in experts:
+        slots = torch.nonzero(loc == e).flatten()
+        y = ad[slots] @ _dequant_expert(torch, w2, fp8["w2_scale"], scheme, e).t()
+        out.index_add_(0, slots // topk, y * weights[slots].unsqueeze(1))
+    del ad
+    # elements near a rounding midpoint, and the value the other e4m3 neighbour gives
+    t = inter / as64
+    a = t.abs().clamp(max=FP8_MAX)
+    step = _e4m3_step(torch, a)
+    frac = a / step - torch.floor(a / step)
+    near = (frac - 0.5).abs() * step <= flip_margin * a.clamp_min(2.0 ** -9)
+    near &= valid.unsqueeze(1) & torch.isfinite(t) & (t.abs() < FP8_MAX)
+    slot, j = torch.nonzero(near, as_tuple=True)
+    av, sv, aqv = a[slot, j], step[slot, j], aq[slot, j]
+    alt = torch.where(aqv.abs() > av, torch.floor(av / sv) * sv, torch.ceil(av / sv) * sv)
+    alt = torch.copysign(alt, t[slot, j])
+    flips = {"m": slot // topk, "e": loc[slot], "j": j, "coef": weights[slot] * (alt - aqv) * as64[slot, j]}
+    return out, flips
+
+
+def _w2_columns(torch: Any, w2, w2_scale, scheme: str, e, j) -> Any:
+    """float64 [F, K]: dequantized column ``j[f]`` of expert ``e[f]``'s w2 [E, K, N]."""
+    E, K, N = w2.shape
+    cols = w2.view(torch.uint8)[e, :, j].view(w2.dtype).to(torch.float64)
+    if scheme == "tensor":
+        s = w2_scale.reshape(E)[e].unsqueeze(1)
+    elif scheme == "channel":
+        s = w2_scale.reshape(E, K)[e]
+    else:
+        s = w2_scale.reshape(E, -(-K // FP8_BLOCK), -(-N // FP8_BLOCK))[e, :, j // FP8_BLOCK]
+        s = s.repeat_interleave(FP8_BLOCK, dim=1)[:, :K]
+    return cols * s.to(torch.float64)
+
+
+def rel_error_fp8(torch: Any, out: Any, ref: Any, flips: dict, w2: Any, fp8: dict) -> Tuple[float, int]:
+    """(||out - ref'|| / ||ref'||, flips applied): ``ref'`` is ``ref`` plus the flips of
+    :func:`reference64_fp8` that bring it closer to ``out``, chosen greedily per token row in
+    order (as ``swapmoe.reference.rel_error_with_flips``, row by row). NaN or inf in ``out``
+    gives inf."""
+    o = out.double()
+    if not bool(torch.isfinite(o).all()):
+        return math.inf, 0
+    ref = ref.clone()
+    res = o - ref
+    m = flips["m"]
+    used = 0
+    if m.numel():
+        scheme = _fp8_scheme_of(fp8)
+        order = torch.argsort(m, stable=True)
+        ms = m[order]
+        counts = torch.bincount(ms)
+        starts = torch.cumsum(counts, 0) - counts
+        rank = torch.arange(ms.numel(), device=ms.device) - starts[ms]
+        for k in range(int(rank.max()) + 1):
+            sel = order[rank == k]  # at most one flip per row
+            rows = m[sel]
+            delta = flips["coef"][sel].unsqueeze(1) * _w2_columns(torch, w2, fp8["w2_scale"], scheme,
+                                                                  flips["e"][sel], flips["j"][sel])
+            cur = res[rows]
+            new = cur - delta
+            better = (new * new).sum(dim=1) < (cur * cur).sum(dim=1)
+            if bool(better.any()):
+                rb = rows[better]
+                res[rb] = new[better]
+                ref[rb] += delta[better]
+                used += int(better.sum())
+    den = float(torch.linalg.vector_norm(ref))
+    num = float(torch.linalg.vector_norm(res))
+    return (num / den if den else num), used
+
+
+def calibrate_static_scales(torch: Any, shape: MoeShape, w1, w2, fp8: dict, dtype: Any, seed: int,
+                            device: Any, emap: Any = None) -> Tuple[Any, Any, str]:
+    """fp8_tensor's static activation scales (float32 0-d tensors on ``device``), computed
+    once as a calibration pass would: a sample of :data:`FP8_CALIBRATION_TOKENS` tokens
+    (randn in ``dtype``, uniform routing, its own seed), a1_scale = absmax(x) / 448,
+    a2_scale = absmax of the float64 intermediate act(gate)*up of its routed slots (x
+    quantized with a1_scale, the dequantized weights ``w1``) / 448. Returns (a1, a2, how)."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed + 2_000_003)
+    Mc = FP8_CALIBRATION_TOKENS
+    tw, ids = make_routing(torch, Mc, shape.E_global, shape.topk, "uniform", gen, device)
+    x = torch.randn(Mc, shape.K, generator=gen, device=device, dtype=dtype)
+    lo = _fp8_min_scale(torch, device)
+    a1 = torch.maximum(_finite_abs(torch, x.float()).amax() / FP8_MAX, lo)
+    loc = local_ids(torch, ids, emap, shape.E)
+    inter, _ = _fp8_intermediate(torch, x, w1, tw, loc, dict(fp8, a1_scale=a1, a2_scale=None), shape.topk)
+    valid = loc < shape.E
+    amax = _finite_abs(torch, inter[valid].float()).amax() if bool(valid.any()) else torch.zeros((), device=device)
+    a2 = torch.maximum(amax.to(torch.float32) / FP8_MAX, lo)
+    how = (f"static: a1_scale = absmax of a calibration sample ({Mc} tokens of randn, uniform routing, seed "
+           f"{seed}+2000003) / 448; a2_scale = absmax of that sample's float64 act(gate)*up over its routed slots "
+           f"(x quantized with a1_scale, dequantized weights of copy 0) / 448; shared by every copy")
+    return a1.reshape(()).contiguous(), a2.reshape(()).contiguous(), how
+
+
 # --------------------------------------------------------------------------------------
 # Implementations: each writes out [M, K] from (x, w1, w2, tw, ids, expert_map)
 # --------------------------------------------------------------------------------------
 
 
-def impl_swapmoe(x, w1, w2, tw, ids, emap, out):
+def impl_swapmoe(x, w1, w2, tw, ids, emap, out, fp8=None):
+    """``fp8``: the FP8 keyword arguments (:func:`fp8_kwargs`) for e4m3 weights."""
     import swapmoe
 
     kw = {} if emap is None else {"expert_map": emap, "global_num_experts": emap.numel()}
+    if fp8:
+        kw.update(fp8)
     return swapmoe.fused_experts(x, w1, w2, tw, ids, out=out, **kw)
 
 
@@ -466,10 +798,12 @@ def make_routed_impl(logits: Any, topk: int) -> Callable:
     """swapmoe.fused_moe from the router logits (softmax top-k without renormalize: the same
     routing as make_routing's uniform ids, so the check and experts touched are shared)."""
 
-    def impl_fused_moe(x, w1, w2, tw, ids, emap, out):
+    def impl_fused_moe(x, w1, w2, tw, ids, emap, out, fp8=None):
         import swapmoe
 
         kw = {} if emap is None else {"expert_map": emap, "global_num_experts": emap.numel()}
+        if fp8:
+            kw.update(fp8)
         return swapmoe.fused_moe(x, w1, w2, logits, topk, renormalize=False, scoring="softmax", out=out, **kw)
 
     return impl_fused_moe
@@ -592,20 +926,32 @@ def reference64(torch: Any, x, w1, w2, tw, ids, emap) -> Any:
 
 
 def check_point(torch: Any, impls: Sequence[str], x, weights: Tuple[Any, Any], tw, ids, emap, tol: float,
-                table: Optional[Dict[str, Tuple[Callable, bool]]] = None) -> Dict[str, dict]:
+                table: Optional[Dict[str, Tuple[Callable, bool]]] = None, fp8: Optional[dict] = None) -> Dict[str, dict]:
     """Each implementation's ||out - ref|| / ||ref|| against :func:`reference64`, the
     output poisoned with NaN first (an unwritten element fails). ``table`` maps names to
-    implementations (default :data:`IMPLS`)."""
+    implementations (default :data:`IMPLS`). With ``fp8`` (the FP8 keyword arguments, the
+    weights e4m3) each implementation gets ``fp8=`` and the reference is
+    :func:`reference64_fp8`, the error :func:`rel_error_fp8` (rounding-midpoint flips
+    accounted for)."""
     table = IMPLS if table is None else table
-    ref = reference64(torch, x, *weights, tw, ids, emap)
+    if fp8:
+        ref, flips = reference64_fp8(torch, x, *weights, tw, ids, emap, fp8)
+    else:
+        ref, flips = reference64(torch, x, *weights, tw, ids, emap), None
     results: Dict[str, dict] = {}
     for name in impls:
         fn = table[name][0]
         out = torch.full_like(x, float("nan"))
         try:
-            fn(x, *weights, tw, ids, emap, out)
-            err = rel_error(torch, out, ref)
-            results[name] = {"rel_err": err, "tol": tol, "ok": err <= tol}
+            if fp8:
+                fn(x, *weights, tw, ids, emap, out, fp8=fp8)
+                err, used = rel_error_fp8(torch, out, ref, flips, weights[1], fp8)
+                results[name] = {"rel_err": err, "tol": tol, "ok": err <= tol,
+                                 "flips": int(flips["m"].numel()), "flips_used": used}
+            else:
+                fn(x, *weights, tw, ids, emap, out)
+                err = rel_error(torch, out, ref)
+                results[name] = {"rel_err": err, "tol": tol, "ok": err <= tol}
         except Exception as e:
             results[name] = {"rel_err": None, "tol": tol, "ok": False, "error": _err(e)}
     return results
@@ -815,6 +1161,38 @@ def _note(record: dict, text: str, log: Optional[Callable[[str], None]]) -> None
         log(text)
 
 
+CHECK_REFERENCE = "float64 torch, one touched expert at a time"
+CHECK_REFERENCE_FP8 = (
+    "float64 torch on the dequantized e4m3 weights, activations quantized as the op does "
+    "(swapmoe.reference.fp8_act_quant's rules), one touched expert at a time; e4m3 rounding-midpoint "
+    f"flips (within {FP8_FLIP_MARGIN:g} relative) that bring the reference closer are applied first "
+    "(as swapmoe.reference.rel_error_with_flips); tolerance = the dtype's unquantized one")
+
+
+def describe_point_plan(torch: Any, x, weights: Tuple[Any, Any], tw, ids, emap, shape: MoeShape, dtype: str,
+                        quant: str, gpu: bool, plan_kw: Optional[dict] = None) -> Any:
+    """The oracle's plan of one point as a dict (backend, kernels, reasons, workspace_bytes),
+    or the error text. Unquantized: ``_core.describe_plan`` of the very call. FP8:
+    ``swapmoe.select_backend(..., quant=quant)`` for this shape and device (CPU tensors always
+    run the ``cpu`` backend)."""
+    try:
+        import swapmoe
+
+        if quant == "none":
+            plan = swapmoe._core.describe_plan(x, *weights, tw, ids, expert_map=emap)
+            return {k: plan.get(k) for k in ("backend", "kernels", "reasons", "workspace_bytes")}
+        if not gpu:
+            return {"backend": "cpu", "kernels": [], "source": "device",
+                    "reasons": ["CPU tensors run the Rust reference path (FP8 W8A8 on the CPU)"],
+                    "workspace_bytes": 0}
+        p = swapmoe.select_backend(int(x.shape[0]), shape.E, shape.topk, shape.K, shape.N, dtype=dtype,
+                                   quant=quant, **(plan_kw or {}))
+        return {"backend": p.backend, "kernels": list(p.tile.get("kernels") or []), "source": p.source,
+                "reasons": list(p.reasons), "workspace_bytes": swapmoe.workspace_bytes(x, weights[0], ids, quant)}
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+
+
 def run_bench(
     shape: Optional[MoeShape] = None,
     *,
@@ -840,11 +1218,10 @@ def run_bench(
     """Benchmarks swapmoe (and the baselines) on one shape over ``m_list``; returns the full
     record (see ``swapmoe bench --json``). Defaults depend on the device: on CUDA the shape
     is qwen3-30b-a3b, M the decode-to-prefill sweep and baselines on; on the CPU the shape
-    is small, M is 1,4,16 and baselines off. A ``quant`` other than "none" raises
-    :class:`BenchError` (no FP8 kernels yet) before anything is timed."""
+    is small, M is 1,4,16 and baselines off. An FP8 ``quant`` times swapmoe on e4m3 weights
+    (see the module docstring); the torch and vLLM baselines are then skipped with the reason
+    in ``record["skipped"]``."""
     check_quant(quant)
-    if quant != "none":
-        raise BenchError(f"--quant {quant}: {FP8_NOT_IMPLEMENTED}")
     if with_routing and routing != "uniform":
         raise BenchError("--with-routing: needs --routing uniform (fused_moe routes from logits)")
     if dtype not in DTYPES:
@@ -950,6 +1327,11 @@ def run_bench(
                 _note(record, f"bf16 GEMM ceiling not measured: {_err(e)}", log)
                 torch.cuda.synchronize()
         record["gemm_tflops"] = gemm
+        if gemm and quant != "none":
+            fp8_ceiling = (anchor or {}).get("fp8_gemm_tflops")
+            _note(record, f"%gemm of {quant} is against the bf16 GEMM ceiling"
+                  + (f"; the anchor's FP8 GEMM ceiling (torch._scaled_mm) was {fp8_ceiling:.0f} TF/s"
+                     if isinstance(fp8_ceiling, (int, float)) else ""), log)
         if anchor_ok and record["anchor"]["device"] and record["anchor"]["device"] != props.name:
             _note(record, f"the anchor was measured on {record['anchor']['device']}, this run is on {props.name}", log)
         record["method"] = {
@@ -980,7 +1362,14 @@ def run_bench(
     impls = [IMPL_SWAPMOE]
     if with_routing:
         impls.append(IMPL_ROUTED)
-    if baselines:
+    if baselines and quant != "none":
+        record["skipped"][IMPL_VLLM] = (
+            f"--quant {quant}: vLLM's FP8 fused_experts is not wired into this bench (it needs vLLM's "
+            "quant_config, and it rounds the intermediate to the activation dtype before quantizing it, "
+            "which the float64 FP8 check does not model)")
+        record["skipped"][IMPL_GROUPED] = f"--quant {quant}: the torch._grouped_mm pipeline runs unquantized weights only"
+        record["skipped"][IMPL_EAGER] = f"--quant {quant}: the torch eager pipeline runs unquantized weights only"
+    elif baselines:
         fe, vllm_info = load_vllm_fused_experts()
         if fe is not None:
             table[IMPL_VLLM] = (make_vllm_impl(fe), True)
@@ -995,7 +1384,8 @@ def run_bench(
         impls.append(IMPL_EAGER)
 
     # ---- weights ------------------------------------------------------------------------
-    copies, per_copy, copies_note = weight_copies(torch, shape, bpe, layers, dev, dtype)
+    copies, per_copy, copies_note = weight_copies(torch, shape, bpw, layers, dev,
+                                                  dtype if quant == "none" else quant)
     if copies_note:
         _note(record, copies_note, log)
     record["method"]["with_routing"] = bool(with_routing)
@@ -1003,8 +1393,40 @@ def run_bench(
     record["method"]["weight_bytes_per_copy"] = per_copy
     gen = torch.Generator(device=dev)
     gen.manual_seed(seed + 1_000_003)
-    weights = [make_weights(torch, shape, tdtype, gen, dev) for _ in range(copies)]
     emap = make_expert_map(torch, shape, dev)
+    #: per copy, the extra keyword arguments of an implementation call ({} unquantized)
+    qargs: List[dict] = [{}] * copies
+    fp8_check: Optional[dict] = None
+    if quant == "none":
+        weights = [make_weights(torch, shape, tdtype, gen, dev) for _ in range(copies)]
+    else:
+        weights, scales = [], []
+        for _ in range(copies):
+            w1q, w2q, s1, s2 = make_fp8_weights(torch, shape, tdtype, gen, dev, quant)
+            weights.append((w1q, w2q))
+            scales.append((s1, s2))
+        a1 = a2 = None
+        act_how = ("dynamic, computed by the op: per token" if FP8_SCHEMES[quant] == "channel"
+                   else "dynamic, computed by the op: per token and 128 columns")
+        if FP8_SCHEMES[quant] == "tensor":
+            a1, a2, act_how = calibrate_static_scales(torch, shape, *weights[0], fp8_kwargs(quant, *scales[0]),
+                                                      tdtype, seed, dev, emap)
+        qargs = [{"fp8": fp8_kwargs(quant, s1, s2, a1, a2)} for s1, s2 in scales]
+        fp8_check = qargs[0]["fp8"]
+        sh1, sh2 = fp8_scale_shapes(quant, shape)
+        record["method"]["fp8"] = {
+            "weights": (f"master weights drawn in {dtype} (randn x K^-1/2 and N^-1/2, as unquantized runs) quantized "
+                        "to float8_e4m3fn with scale = absmax / 448 per "
+                        + {"tensor": "expert", "channel": "output row", "block": "128x128 block"}[FP8_SCHEMES[quant]]),
+            "w1_scale_shape": list(sh1),
+            "w2_scale_shape": list(sh2),
+            "activation_scales": act_how,
+            "a1_scale": None if a1 is None else float(a1),
+            "a2_scale": None if a2 is None else float(a2),
+        }
+        if gpu:
+            torch.cuda.synchronize(dev)
+            torch.cuda.empty_cache()
 
     bar = None
     if progress:
@@ -1019,6 +1441,10 @@ def run_bench(
             bar = None
 
     tol = TOLERANCE[dtype]
+    plan_kw: Dict[str, Any] = {}
+    if gpu and dev.index != 0:  # select_backend asks device 0 unless told which device
+        plan_kw = {"device_name": record["device"]["name"],
+                   "device_capability": tuple(int(c) for c in record["device"]["capability"].split("."))}
     record["aborted"] = None
     try:
         for i_m, M in enumerate(ms):
@@ -1044,17 +1470,12 @@ def run_bench(
                 point["anchor_vllm_gemm_us"] = row.get("vllm_gemm_us")
                 point["anchor_experts_touched"] = row.get("experts_touched")
                 point["anchor_floor_us"] = row.get("floor_us")
-            try:
-                import swapmoe
-
-                plan = swapmoe._core.describe_plan(x, *weights[0], tw, ids, expert_map=emap)
-                point["plan"] = {k: plan.get(k) for k in ("backend", "kernels", "reasons", "workspace_bytes")}
-            except Exception as e:
-                point["plan"] = f"{type(e).__name__}: {e}"
+            point["plan"] = describe_point_plan(torch, x, weights[0], tw, ids, emap, shape, dtype, quant, gpu,
+                                                plan_kw)
 
             # correctness on the smallest M (every M with check_all), before any timing
             if check and (i_m == 0 or check_all):
-                results = check_point(torch, impls, x, weights[0], tw, ids, emap, tol, table)
+                results = check_point(torch, impls, x, weights[0], tw, ids, emap, tol, table, fp8=fp8_check)
                 point["check"] = results
                 for name in list(impls):
                     if name != IMPL_SWAPMOE and not results[name]["ok"] and i_m == 0:
@@ -1065,7 +1486,7 @@ def run_bench(
                             bar.total -= len(ms)
                             bar.refresh()
                 if i_m == 0:
-                    record["check"] = {"M": M, "reference": "float64 torch, one touched expert at a time",
+                    record["check"] = {"M": M, "reference": CHECK_REFERENCE_FP8 if fp8_check else CHECK_REFERENCE,
                                        "results": results, "ok": results[IMPL_SWAPMOE]["ok"], "all_M": bool(check_all)}
                 elif not results[IMPL_SWAPMOE]["ok"]:
                     record["check"]["ok"] = False
@@ -1076,8 +1497,8 @@ def run_bench(
             for name in list(impls):
                 fn, graphable = table[name]
                 outs = [None if name in RETURNS_OUTPUT else torch.empty_like(x) for _ in range(layers)]
-                calls = [(lambda f, w, o: (lambda: f(x, w[0], w[1], tw, ids, emap, o)))(fn, weights[i % copies], outs[i])
-                         for i in range(layers)]
+                calls = [(lambda f, w, o, q: (lambda: f(x, w[0], w[1], tw, ids, emap, o, **q)))(
+                    fn, weights[i % copies], outs[i], qargs[i % copies]) for i in range(layers)]
                 try:
                     if gpu:
                         assert timer is not None
@@ -1158,7 +1579,9 @@ def plot_record(record: dict, path: str) -> None:
                                          if p.get("anchor_vllm_gemm_us") and p.get("floor_us")],
                   ls=":", marker="x", color="gray", label="vLLM 0.33 GEMMs (anchor)")
     sh = record["shape"]
-    title = f"{sh['name']}  E={sh['E']} topk={sh['topk']} K={sh['K']} N={sh['N']}  {record['dtype']}"
+    quant = record.get("quant") or "none"
+    title = (f"{sh['name']}  E={sh['E']} topk={sh['topk']} K={sh['K']} N={sh['N']}  {record['dtype']}"
+             + ("" if quant == "none" else f" {quant}"))
     ax_t.set(xscale="log", yscale="log", xlabel="M (tokens)", ylabel="µs per layer", title=title)
     ax_p.set(xscale="log", xlabel="M (tokens)", ylabel="% of HBM floor", title=record["device"].get("name") or "")
     if floor:
