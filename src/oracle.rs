@@ -47,6 +47,10 @@ pub const BULK_MAX_SLOTS: usize = 64;
 /// `kStageBytes`). GEMM1 and GEMM2 CTAs fit on one SM together (2 x 100 KiB), so GEMM2's
 /// weight stream starts under GEMM1's tail.
 pub const BULK_SMEM_BYTES: usize = 5 * 20480;
+/// What the FP8 SIMT kernels measured against vLLM's Triton (whole op against its GEMMs
+/// alone, H200, benches/NOTES.md): the reason the oracle sends untabled FP8 calls to vLLM's
+/// Triton when the caller (the vLLM plugin) can run it.
+const FP8_SIMT_VS_TRITON: &str = "0.5-0.8x at M = 1 and 0.01-0.3x from M = 8 on";
 /// Smallest compute capability the FP8 path runs on (Ada, Hopper and later).
 pub const FP8_MIN_CAPABILITY: (i32, i32) = (8, 9);
 /// Threads of the routing-alignment CTA (`kThreads` in cuda/route_align.cu).
@@ -522,7 +526,17 @@ pub fn decide(p: &MoeProblem, caps: Option<&DeviceCaps>, req: &Request) -> Resul
                 external = x;
                 b
             }
-            None => heuristic(&mut c),
+            None => {
+                let b = heuristic(&mut c);
+                if p.quant.is_some() && req.external.contains(&ExternalBackend::VllmTriton) {
+                    c.reasons.push(format!(
+                        "vllm_triton: no tuned entry for this FP8 call and the caller can run vLLM's Triton; swapmoe's FP8 kernels are SIMT (no tensor cores) and measured {FP8_SIMT_VS_TRITON} of vLLM's Triton on the H200 (benches/NOTES.md, FP8 v1), so vLLM's Triton runs it, {} if it cannot",
+                        b.name()
+                    ));
+                    external = Some(ExternalBackend::VllmTriton);
+                }
+                b
+            }
         }
     };
     if let Some(t) = req.mma_token_tile {
@@ -1903,6 +1917,53 @@ mod tests {
             (Backend::Cpu, Source::Heuristic)
         );
         assert!(plan.table.is_none() && has(&plan, &["cpu: the tensors are on the CPU"]));
+    }
+
+    #[test]
+    fn untabled_fp8_goes_to_vllm_triton_only_when_the_caller_can_run_it() {
+        let set = TableSet::default();
+        let ask = |external: &[ExternalBackend]| {
+            plan_for_shape(
+                64,
+                128,
+                8,
+                2048,
+                768,
+                DType::BF16,
+                Some(QuantScheme::Tensor),
+                &h200(),
+                &Request {
+                    tables: Some(&set),
+                    external,
+                    ..Request::default()
+                },
+            )
+            .unwrap()
+        };
+        let inside = ask(&[ExternalBackend::VllmTriton]);
+        assert_eq!(inside.external, Some(ExternalBackend::VllmTriton));
+        assert_eq!(inside.backend, Backend::CudaGeneric); // the fallback without vLLM
+        assert!(inside.reasons.iter().any(|r| r.starts_with("vllm_triton:")));
+        let alone = ask(&[]);
+        assert_eq!(alone.external, None);
+        assert_eq!(alone.backend, Backend::CudaGeneric);
+        let bf16 = plan_for_shape(
+            64,
+            128,
+            8,
+            2048,
+            768,
+            DType::BF16,
+            None,
+            &h200(),
+            &Request {
+                tables: Some(&set),
+                external: &[ExternalBackend::VllmTriton],
+                ..Request::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(bf16.external, None); // unquantized: only a table sends it to vLLM
     }
 
     #[test]
