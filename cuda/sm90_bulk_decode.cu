@@ -90,19 +90,6 @@ __device__ __forceinline__ void consumers_sync() {
 }
 #endif
 
-// Local expert of slot s, or -1 (id out of range, -1 id, expert_map -1 or out of range).
-__device__ __forceinline__ int bulk_slot_expert(const void* __restrict__ topk_ids, int ids_is_i64,
-                                                long long ids_row_stride, const int* __restrict__ expert_map,
-                                                int topk, int global_E, int local_E, int s) {
-  const int m = s / topk, k = s - m * topk;
-  const long long off = (long long)m * ids_row_stride + k;
-  const long long g = ids_is_i64 ? static_cast<const long long*>(topk_ids)[off]
-                                 : (long long)static_cast<const int*>(topk_ids)[off];
-  if (g < 0 || g >= global_E) return -1;
-  const int local = expert_map ? expert_map[g] : (int)g;
-  return (local < 0 || local >= local_E) ? -1 : local;
-}
-
 // The slots grouped by local expert, in order of first appearance; slots of an expert in
 // ascending order. Built identically by every CTA, by warp 0 (lane l holds slots l, l+32).
 struct Routing {
@@ -121,10 +108,10 @@ __device__ __forceinline__ void build_routing(Routing& r, const void* __restrict
   const unsigned full = 0xffffffffu;
   const int lane = threadIdx.x;
   const int sa = lane, sb = lane + 32;
-  const int ea = sa < S ? bulk_slot_expert(topk_ids, ids_is_i64, ids_row_stride, expert_map, topk,
+  const int ea = sa < S ? slot_local_expert(topk_ids, ids_is_i64, ids_row_stride, expert_map, topk,
                                            global_E, local_E, sa)
                         : -1;
-  const int eb = sb < S ? bulk_slot_expert(topk_ids, ids_is_i64, ids_row_stride, expert_map, topk,
+  const int eb = sb < S ? slot_local_expert(topk_ids, ids_is_i64, ids_row_stride, expert_map, topk,
                                            global_E, local_E, sb)
                         : -1;
   if (sa < S) r.slot_expert[sa] = ea;

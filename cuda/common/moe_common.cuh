@@ -55,6 +55,20 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
+// Local expert of slot s = (token, k) of topk_ids,, or -1 (id out of range, -1 id, expert_map -1 or out of range).
+__device__ __forceinline__ int slot_local_expert(const void* __restrict__ topk_ids, int ids_is_i64,
+                                                 long long ids_row_stride,
+                                                 const int* __restrict__ expert_map, int topk,
+                                                 int global_E, int local_E, int s) {
+  const int m = s / topk, k = s - m * topk;
+  const long long off = (long long)m * ids_row_stride + k;
+  const long long g = ids_is_i64 ? static_cast<const long long*>(topk_ids)[off]
+                                 : (long long)static_cast<const int*>(topk_ids)[off];
+  if (g < 0 || g >= global_E) return -1;
+  const int local = expert_map ? expert_map[g] : (int)g;
+  return (local < 0 || local >= local_E) ? -1 : local;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

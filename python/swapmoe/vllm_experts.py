@@ -66,6 +66,14 @@ def aligned_workspace(workspace2: torch.Tensor, nbytes: int) -> Optional[torch.T
     return flat[skip : skip + nbytes]
 
 
+def _experts_weights(topk_weights: torch.Tensor, apply_router_weight_on_input: bool) -> torch.Tensor:
+    """The router weights the experts apply: unit weights when vLLM's prepare step has
+    already scaled the input by them (``apply_router_weight_on_input``, topk == 1)."""
+    if apply_router_weight_on_input:
+        return torch.ones_like(topk_weights, dtype=torch.float32)
+    return topk_weights
+
+
 def _raw_stream(t: torch.Tensor) -> int:
     getter = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     if getter is not None:
@@ -97,9 +105,7 @@ def run(
     """
     if activation not in SUPPORTED_ACTIVATIONS:
         raise ArgumentError(f"activation: expected one of {SUPPORTED_ACTIVATIONS}, got {activation!r}")
-    weights = topk_weights
-    if apply_router_weight_on_input:
-        weights = torch.ones_like(topk_weights, dtype=torch.float32)
+    weights = _experts_weights(topk_weights, apply_router_weight_on_input)
     workspace = None
     stream = 0
     if hidden_states.is_cuda:
@@ -136,9 +142,7 @@ def run_fp8(
     kernels with the layer's scales (``quant_config``: vLLM's FusedMoEQuantConfig)."""
     from ._api import fused_experts
 
-    weights = topk_weights
-    if apply_router_weight_on_input:
-        weights = torch.ones_like(topk_weights, dtype=torch.float32)
+    weights = _experts_weights(topk_weights, apply_router_weight_on_input)
     fused_experts(
         hidden_states, w1, w2, weights, topk_ids,
         activation=activation, global_num_experts=global_num_experts, expert_map=expert_map,
