@@ -19,6 +19,7 @@ import torch
 
 from . import _core
 from .errors import ArgumentError
+from .ops import _current_stream
 
 # vLLM carves workspaces at 256-byte boundaries; swapmoe's sections need the same.
 WORKSPACE_ALIGN = 256
@@ -74,13 +75,6 @@ def _experts_weights(topk_weights: torch.Tensor, apply_router_weight_on_input: b
     return topk_weights
 
 
-def _raw_stream(t: torch.Tensor) -> int:
-    getter = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if getter is not None:
-        return int(getter(t.get_device()))
-    return int(torch.cuda.current_stream(t.device).cuda_stream)
-
-
 def run(
     output: torch.Tensor,
     hidden_states: torch.Tensor,
@@ -115,7 +109,7 @@ def run(
         if workspace2 is None:
             raise ArgumentError("workspace2: expected a CUDA workspace for CUDA tensors, got None")
         workspace = aligned_workspace(workspace2, nbytes)
-        stream = _raw_stream(hidden_states)
+        stream = _current_stream(hidden_states)
     _core.fused_experts(
         hidden_states, w1, w2, weights, topk_ids, output, workspace, activation, False,
         global_num_experts, expert_map, False, stream, backend,

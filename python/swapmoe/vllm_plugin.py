@@ -195,19 +195,24 @@ def fp8_schemes() -> Tuple[str, ...]:
     return tuple(out)
 
 
-def quant_of_keys(weight_key: Any, activation_key: Any) -> Tuple[Optional[str], Optional[str]]:
-    """(swapmoe quant name, why not) for vLLM's (weight, activation) QuantKeys."""
-    if weight_key is None and activation_key is None:
-        return None, None
+@functools.lru_cache(maxsize=None)
+def _fp8_key_schemes() -> Dict[Tuple[Any, Any], str]:
+    """vLLM's (weight, activation) QuantKeys of the FP8 schemes swapmoe runs -> quant name."""
     from vllm.model_executor.layers.quantization.utils import quant_utils as q
 
-    table = {
+    return {
         (q.kFp8StaticTensorSym, q.kFp8StaticTensorSym): "fp8_tensor",
         (q.kFp8StaticTensorSym, q.kFp8DynamicTensorSym): "fp8_tensor",
         (q.kFp8StaticChannelSym, q.kFp8DynamicTokenSym): "fp8_channel",
         (q.kFp8Static128BlockSym, q.kFp8Dynamic128Sym): "fp8_block128",
     }
-    quant = table.get((weight_key, activation_key))
+
+
+def quant_of_keys(weight_key: Any, activation_key: Any) -> Tuple[Optional[str], Optional[str]]:
+    """(swapmoe quant name, why not) for vLLM's (weight, activation) QuantKeys."""
+    if weight_key is None and activation_key is None:
+        return None, None
+    quant = _fp8_key_schemes().get((weight_key, activation_key))
     if quant is None:
         return None, f"quantization scheme {weight_key}x{activation_key} is not one swapmoe runs"
     if quant not in fp8_schemes():
@@ -258,22 +263,14 @@ def _layer_plan(moe_config: Any, weight_key: Any, activation_key: Any, m: int,
 
     from .oracle import select_backend
 
-    quant_names = {None: None}
-    try:
-        from vllm.model_executor.layers.quantization.utils import quant_utils as q
-
-        quant_names.update({
-            q.kFp8StaticTensorSym: "fp8_tensor", q.kFp8StaticChannelSym: "fp8_channel",
-            q.kFp8Static128BlockSym: "fp8_block128",
-        })
-    except ImportError:
-        pass
+    # The layer's weight scheme, whatever its activation scales (the question is its weights).
+    quant = {w: q for (w, _a), q in _fp8_key_schemes().items()}.get(weight_key)
     cap = current_platform.get_device_capability()
     try:
         return select_backend(
             m, moe_config.num_local_experts, moe_config.experts_per_token, moe_config.hidden_dim,
             moe_config.intermediate_size_per_partition, dtype=_dtype_name(moe_config.in_dtype),
-            quant=quant_names.get(weight_key), device_capability=(cap.major, cap.minor),
+            quant=quant, device_capability=(cap.major, cap.minor),
             device_name=current_platform.get_device_name(), external_backends=external,
         )
     except Exception as e:  # noqa: BLE001
