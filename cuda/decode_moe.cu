@@ -29,6 +29,30 @@ constexpr int kMaxSlots = 512;    // largest M*topk (`DECODE_MAX_SLOTS`)
 constexpr int kMaxExperts = 8192; // largest local E (`MAX_GPU_LOCAL_EXPERTS`)
 constexpr int kThreads = kRows * 32;
 
+// GEMM2's tail, after every warp has written its items' partials: fold the N segments of
+// each slot in segment order (when a slot was split into `parts`), then store each token's
+// sum over its top-k slots in k order. Every thread of the CTA calls it.
+template <typename T>
+__device__ __forceinline__ void finish_gemm2(float (*partial)[kRows], float (*partial_folded)[kRows],
+                                             const int* slot_expert, int S, int parts, int M, int topk, int rows,
+                                             int r0, int weight_on_input, const void* __restrict__ topk_weights,
+                                             int topk_weights_code, long long topk_weights_row_stride,
+                                             T* __restrict__ out, long long out_row_stride) {
+  __syncthreads();
+  if (parts > 1) {
+    for (int idx = threadIdx.x; idx < S * kRows; idx += kThreads) {
+      const int s = idx / kRows, i = idx - s * kRows;
+      float v = 0.f;
+      for (int q = 0; q < parts; ++q) v += partial[s * parts + q][i];
+      partial_folded[s][i] = v;
+    }
+    __syncthreads();
+  }
+  store_topk_sums<T, kRows>(parts > 1 ? partial_folded : partial, slot_expert, M, topk, rows, r0,
+                            weight_on_input, topk_weights, topk_weights_code, topk_weights_row_stride, out,
+                            out_row_stride, threadIdx.x, kThreads);
+}
+
 struct ExpertSlots {
   unsigned seen[kMaxExperts / 32];  // experts met in earlier 32-slot chunks
   int local[kMaxSlots];
@@ -171,32 +195,8 @@ __device__ __forceinline__ void gemm2_sum(
       partial[item][lane] = mine;
     }
   }
-  __syncthreads();
-  if (parts > 1) {  // fold the segments of each slot, in segment order
-    for (int idx = threadIdx.x; idx < S * kRows; idx += kThreads) {
-      const int s = idx / kRows, i = idx - s * kRows;
-      float v = 0.f;
-      for (int q = 0; q < parts; ++q) v += partial[s * parts + q][i];
-      partial_folded[s][i] = v;
-    }
-    __syncthreads();
-  }
-  const float(*part)[kRows] = parts > 1 ? partial_folded : partial;
-  // out[t, r0 + i] = sum over k in order of weight * partial; one thread per (t, i).
-  for (int idx = threadIdx.x; idx < M * kRows; idx += kThreads) {
-    const int t = idx / kRows, i = idx - t * kRows;
-    if (i >= rows) continue;
-    float sum = 0.f;
-    for (int k = 0; k < topk; ++k) {
-      const int s = t * topk + k;
-      if (slot_expert[s] < 0) continue;
-      const float wgt = weight_on_input ? 1.f
-                                        : load_scalar(topk_weights, topk_weights_code,
-                                                      (long long)t * topk_weights_row_stride + k);
-      sum += wgt * part[s][i];
-    }
-    out[(long long)t * out_row_stride + r0 + i] = from_f32<T>(sum);
-  }
+  finish_gemm2<T>(partial, partial_folded, slot_expert, S, parts, M, topk, rows, r0, weight_on_input,
+                  topk_weights, topk_weights_code, topk_weights_row_stride, out, out_row_stride);
 }
 
 
@@ -305,31 +305,8 @@ __device__ __forceinline__ void fp8_gemm2_sum(
       partial[item][lane] = mine;
     }
   }
-  __syncthreads();
-  if (parts > 1) {
-    for (int idx = threadIdx.x; idx < S * kRows; idx += kThreads) {
-      const int s = idx / kRows, i = idx - s * kRows;
-      float v = 0.f;
-      for (int q = 0; q < parts; ++q) v += partial[s * parts + q][i];
-      partial_folded[s][i] = v;
-    }
-    __syncthreads();
-  }
-  const float(*part)[kRows] = parts > 1 ? partial_folded : partial;
-  for (int idx = threadIdx.x; idx < M * kRows; idx += kThreads) {
-    const int t = idx / kRows, i = idx - t * kRows;
-    if (i >= rows) continue;
-    float sum = 0.f;
-    for (int k = 0; k < topk; ++k) {
-      const int s = t * topk + k;
-      if (slot_expert[s] < 0) continue;
-      const float wgt = weight_on_input ? 1.f
-                                        : load_scalar(topk_weights, topk_weights_code,
-                                                      (long long)t * topk_weights_row_stride + k);
-      sum += wgt * part[s][i];
-    }
-    out[(long long)t * out_row_stride + r0 + i] = from_f32<T>(sum);
-  }
+  finish_gemm2<T>(partial, partial_folded, slot_expert, S, parts, M, topk, rows, r0, weight_on_input,
+                  topk_weights, topk_weights_code, topk_weights_row_stride, out, out_row_stride);
 }
 
 }  // namespace

@@ -289,13 +289,8 @@ __device__ __forceinline__ void bulk_gemm1_act(
       for (int i = 0; i < kTok; ++i)
         if (i == lane) { gi = g[i]; ui = u[i]; }
       const int si = r.sorted[gr.y + lane];
-      if (weight_on_input) {
-        const int t = si / topk, k = si - t * topk;
-        const float w = load_scalar(topk_weights, topk_weights_code, (long long)t * topk_weights_row_stride + k);
-        gi *= w;
-        ui *= w;
-      }
-      inter[(long long)si * N + r0 + warp] = from_f32<T>(activate(act, gi) * ui);
+      store_gate_up<T>(inter, si, N, r0 + warp, gi, ui, act, weight_on_input, topk_weights,
+                       topk_weights_code, topk_weights_row_stride, topk);
     }
   }
 #else
@@ -430,20 +425,9 @@ __device__ __forceinline__ void bulk_gemm2_sum(
       }
     }
     consumers_sync();
-    for (int idx = threadIdx.x; idx < M * kRows; idx += kConsumerWarps * 32) {
-      const int t = idx / kRows, i = idx - t * kRows;
-      if (i >= nrows) continue;
-      float sum = 0.f;
-      for (int k = 0; k < topk; ++k) {
-        const int s = t * topk + k;
-        if (r.slot_expert[s] < 0) continue;
-        const float wgt = weight_on_input ? 1.f
-                                          : load_scalar(topk_weights, topk_weights_code,
-                                                        (long long)t * topk_weights_row_stride + k);
-        sum += wgt * part[s][i];
-      }
-      out[(long long)t * out_row_stride + r0 + i] = from_f32<T>(sum);
-    }
+    store_topk_sums<T, kRows>(part, r.slot_expert, M, topk, nrows, r0, weight_on_input, topk_weights,
+                              topk_weights_code, topk_weights_row_stride, out, out_row_stride, threadIdx.x,
+                              kConsumerWarps * 32);
     consumers_sync();  // part is rewritten by the next row block
   }
 #else

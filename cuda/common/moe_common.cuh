@@ -34,6 +34,13 @@ __device__ __forceinline__ float load_scalar(const void* p, int code, long long 
   }
 }
 
+// Router weight of slot s = (token s / topk, k = s % topk).
+__device__ __forceinline__ float slot_router_weight(const void* p, int code, long long row_stride, int topk,
+                                                    int s) {
+  const int t = s / topk, k = s - t * topk;
+  return load_scalar(p, code, (long long)t * row_stride + k);
+}
+
 // silu(g) = g * sigmoid(g); gelu is the exact (erf) form, as vLLM's gelu_and_mul.
 __device__ __forceinline__ float activate(int act, float g) {
   if (act == kGelu) return 0.5f * g * (1.0f + erff(g * 0.70710678118654752f));
@@ -93,6 +100,21 @@ __device__ __forceinline__ void load_vec_f32(const T* p, float (&out)[VEC]) {
 #pragma unroll
     for (int i = 0; i < VEC; ++i) out[i] = to_f32(r.v[i]);
   }
+}
+
+// GEMM1's epilogue for slot s and output row `row`: inter[s, row] = act(g) * u, with the
+// router weight applied to both dot products when it applies to the input.
+template <typename T>
+__device__ __forceinline__ void store_gate_up(T* __restrict__ inter, int s, int N, int row, float g, float u,
+                                              int act, int weight_on_input, const void* __restrict__ topk_weights,
+                                              int topk_weights_code, long long topk_weights_row_stride,
+                                              int topk) {
+  if (weight_on_input) {
+    const float w = slot_router_weight(topk_weights, topk_weights_code, topk_weights_row_stride, topk, s);
+    g *= w;
+    u *= w;
+  }
+  inter[(long long)s * N + row] = from_f32<T>(activate(act, g) * u);
 }
 
 // Two dot products per token, for up to TOK tokens against rows wa and wb (GEMM1's gate
@@ -159,14 +181,35 @@ __device__ __forceinline__ void gemm1_row(const T* __restrict__ wg, const T* __r
 #pragma unroll
       for (int i = 0; i < TOK; ++i)
         if (i == lane) { gi = g[i]; ui = u[i]; si = slot[i]; }
-      if (weight_on_input) {
-        const int t = si / topk, k = si - t * topk;
-        const float w = load_scalar(topk_weights, topk_weights_code, (long long)t * topk_weights_row_stride + k);
-        gi *= w;
-        ui *= w;
-      }
-      inter[(long long)si * N + row] = from_f32<T>(activate(act, gi) * ui);
+      store_gate_up<T>(inter, si, N, row, gi, ui, act, weight_on_input, topk_weights, topk_weights_code,
+                       topk_weights_row_stride, topk);
     }
+  }
+}
+
+// out[t, r0 + i] for every token t < M and row i < rows: the sum over k, in k order, of the
+// router weight (1 when it was applied to the input) times part[t*topk + k][i], over the
+// slots with a local expert (slot_expert >= 0). Thread `tid` of `nthreads` takes the
+// (t, i) pairs tid, tid + nthreads, ...
+template <typename T, int ROWS>
+__device__ __forceinline__ void store_topk_sums(const float (*part)[ROWS], const int* slot_expert, int M,
+                                                int topk, int rows, int r0, int weight_on_input,
+                                                const void* __restrict__ topk_weights, int topk_weights_code,
+                                                long long topk_weights_row_stride, T* __restrict__ out,
+                                                long long out_row_stride, int tid, int nthreads) {
+  for (int idx = tid; idx < M * ROWS; idx += nthreads) {
+    const int t = idx / ROWS, i = idx - t * ROWS;
+    if (i >= rows) continue;
+    float sum = 0.f;
+    for (int k = 0; k < topk; ++k) {
+      const int s = t * topk + k;
+      if (slot_expert[s] < 0) continue;
+      const float wgt = weight_on_input ? 1.f
+                                        : slot_router_weight(topk_weights, topk_weights_code,
+                                                             topk_weights_row_stride, topk, s);
+      sum += wgt * part[s][i];
+    }
+    out[(long long)t * out_row_stride + r0 + i] = from_f32<T>(sum);
   }
 }
 
