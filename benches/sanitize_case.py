@@ -69,5 +69,33 @@ def route_case(M, E, topk, **kw):
 ok &= route_case(5, 128, 8)
 ok &= route_case(3, 256, 8, scoring="sigmoid", num_expert_group=8, topk_group=4, bias=True, routed_scaling_factor=2.5)
 ok &= route_case(9, 16, 1, scoring="sigmoid", renormalize=False)
+ok &= route_case(4, 48, 4, num_expert_group=16, topk_group=5)  # groups not aligned with lanes
+ok &= route_case(6, 512, 8, scoring="sigmoid", num_expert_group=8, topk_group=4, bias=True)  # wide router
+
+
+def fused_moe_case(M, E, topk, backend, **kw):
+    """fused_moe with the router inside the first kernel against select_experts + fused_experts
+    on the same backend (expected: identical)."""
+    g = torch.Generator(device="cuda").manual_seed(M * 11 + E)
+    K, N = 64, 48
+    x = torch.randn(M, K, device="cuda", generator=g).to(torch.bfloat16)
+    w1 = (torch.randn(E, 2 * N, K, device="cuda", generator=g) / K**0.5).to(torch.bfloat16)
+    w2 = (torch.randn(E, K, N, device="cuda", generator=g) / N**0.5).to(torch.bfloat16)
+    logits = torch.randn(M, E, device="cuda", generator=g)
+    if kw.pop("bias", False):
+        kw["e_score_correction_bias"] = torch.randn(E, device="cuda", generator=g) * 0.1
+    fused = swapmoe.fused_moe(x, w1, w2, logits, topk, backend=backend, **kw)
+    w, i = swapmoe.select_experts(logits, topk, **kw)
+    sep = swapmoe.fused_experts(x, w1, w2, w, i, backend=backend)
+    torch.cuda.synchronize()
+    same = torch.equal(fused, sep)
+    print(f"fused_moe M={M} E={E} topk={topk} {backend} {sorted(kw)}: {'same as separate' if same else 'DIFFERENT'}")
+    return same
+
+
+ok &= fused_moe_case(1, 128, 8, "cuda_decode")  # router in decode GEMM1
+ok &= fused_moe_case(5, 256, 8, "cuda_decode", scoring="sigmoid", num_expert_group=8, topk_group=4, bias=True)
+ok &= fused_moe_case(40, 128, 8, "cuda_mma")  # router in the align kernel
+ok &= fused_moe_case(33, 64, 6, "cuda_generic")
 print("ALL OK" if ok else "FAILED")
 raise SystemExit(0 if ok else 1)

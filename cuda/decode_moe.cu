@@ -19,6 +19,7 @@
 // its launch early.
 #include "common/moe_common.cuh"
 #include "common/fp8_moe.cuh"
+#include "common/router.cuh"
 
 namespace swapmoe {
 namespace {
@@ -122,10 +123,8 @@ __device__ __forceinline__ void gemm1_act(
     long long w1_expert_stride, long long w1_row_stride, const void* __restrict__ topk_weights,
     int topk_weights_code, long long topk_weights_row_stride, const void* __restrict__ topk_ids,
     int ids_is_i64, long long ids_row_stride, const int* __restrict__ expert_map, int M, int topk,
-    int global_E, int local_E, int N, int K, int act, int weight_on_input, T* __restrict__ inter) {
-  __shared__ ExpertSlots r;
-  pdl_wait();
-  pdl_launch_dependents();
+    int global_E, int local_E, int N, int K, int act, int weight_on_input, T* __restrict__ inter,
+    ExpertSlots& r) {
   find_expert_slots(r, topk_ids, ids_is_i64, ids_row_stride, expert_map, M, topk, global_E, local_E,
                     blockIdx.y);
   const int e = r.expert;
@@ -137,6 +136,40 @@ __device__ __forceinline__ void gemm1_act(
   const T* wu = w1 + e * w1_expert_stride + (long long)(row + N) * w1_row_stride;
   gemm1_row<T, VEC, kTok>(wg, wu, x, x_row_stride, r.slots, r.count, topk, N, K, row, lane, act,
                           weight_on_input, topk_weights, topk_weights_code, topk_weights_row_stride, inter);
+}
+
+// GEMM1 of fused_moe at decode: each CTA routes the M tokens itself (warp w takes tokens
+// w, w + kRows, ...; E <= 256) into shared memory, then runs gemm1_act on its own copy of
+// the routing. CTA (0, 0) also writes the routing to router.weights / router.ids for GEMM2,
+// which waits for this grid. No router launch and no dependent global round trip.
+template <typename T, int VEC>
+__device__ __forceinline__ void gemm1_act_routed(
+    const RouterArgs& router, const T* __restrict__ x, long long x_row_stride, const T* __restrict__ w1,
+    long long w1_expert_stride, long long w1_row_stride, const int* __restrict__ expert_map, int M, int topk,
+    int global_E, int local_E, int N, int K, int act, int weight_on_input, T* __restrict__ inter) {
+  __shared__ ExpertSlots r;
+  __shared__ int ids_s[kMaxSlots];
+  __shared__ float weights_s[kMaxSlots];
+  pdl_wait();
+  pdl_launch_dependents();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const bool writer = blockIdx.x == 0 && blockIdx.y == 0;
+  for (int t = warp; t < M; t += kRows) {
+    float w;
+    int id;
+    route_token_warp<8>(router, t, lane, w, id);
+    if (lane < topk) {
+      ids_s[t * topk + lane] = id;
+      weights_s[t * topk + lane] = w;
+      if (writer) {
+        router.ids[(long long)t * router.ids_row + lane] = id;
+        router.weights[(long long)t * router.weights_row + lane] = w;
+      }
+    }
+  }
+  __syncthreads();
+  gemm1_act<T, VEC>(x, x_row_stride, w1, w1_expert_stride, w1_row_stride, weights_s, kF32, topk, ids_s, 0, topk,
+                    expert_map, M, topk, global_E, local_E, N, K, act, weight_on_input, inter, r);
 }
 
 template <typename T, int VEC>
@@ -336,7 +369,17 @@ __device__ __forceinline__ void fp8_gemm2_sum(
 #define SWAPMOE_DECODE_INSTANTIATE(SUFFIX, T, VEC)                                               \
   extern "C" __global__ void __launch_bounds__(swapmoe::kThreads)                               \
       decode_moe_gemm1_act_##SUFFIX##_v##VEC(SWAPMOE_DECODE_GEMM1_ARGS(T)) {                     \
-    swapmoe::gemm1_act<T, VEC>(SWAPMOE_DECODE_GEMM1_CALL);                                       \
+    __shared__ swapmoe::ExpertSlots r;                                                           \
+    swapmoe::pdl_wait();                                                                         \
+    swapmoe::pdl_launch_dependents();                                                            \
+    swapmoe::gemm1_act<T, VEC>(SWAPMOE_DECODE_GEMM1_CALL, r);                                    \
+  }                                                                                              \
+  extern "C" __global__ void __launch_bounds__(swapmoe::kThreads)                               \
+      decode_moe_gemm1_act_routed_##SUFFIX##_v##VEC(swapmoe::RouterArgs router,                   \
+                                                    SWAPMOE_DECODE_GEMM1_ARGS(T)) {               \
+    swapmoe::gemm1_act_routed<T, VEC>(router, x, x_row_stride, w1, w1_expert_stride,             \
+                                      w1_row_stride, expert_map, M, topk, global_E, local_E, N,  \
+                                      K, act, weight_on_input, inter);                           \
   }                                                                                              \
   extern "C" __global__ void __launch_bounds__(swapmoe::kThreads)                               \
       decode_moe_gemm2_sum_##SUFFIX##_v##VEC(SWAPMOE_DECODE_GEMM2_ARGS(T)) {                     \

@@ -13,8 +13,10 @@
 // An id outside [0, global_E) or mapped outside [0, local_E) is never used to index memory.
 #include "common/moe_common.cuh"
 
+#include "common/router.cuh"
+
 namespace {
-constexpr int kThreads = 1024;
+constexpr int kThreads = 1024;  // `ROUTE_ALIGN_THREADS`
 
 __device__ __forceinline__ int block_exclusive_scan(int v, int* warp_sums, int* total) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -45,14 +47,14 @@ __device__ __forceinline__ int block_exclusive_scan(int v, int* warp_sums, int* 
 }  // namespace
 
 // topk_ids: [M, topk] int32 (ids_is_i64 == 0) or int64, row stride ids_row_stride elements.
-// expert_map: [global_E] int32 or nullptr. Dynamic shared memory: local_E ints.
-extern "C" __global__ void __launch_bounds__(kThreads) swapmoe_route_align(
-    const void* __restrict__ topk_ids, int ids_is_i64, long long ids_row_stride,
+// expert_map: [global_E] int32 or nullptr. counts: local_E ints of shared memory.
+// Every thread of the block calls it.
+__device__ __forceinline__ void align_slots(
+    const void* topk_ids, int ids_is_i64, long long ids_row_stride,
     const int* __restrict__ expert_map, int M, int topk, int global_E, int local_E,
     int* __restrict__ slot_expert, int* __restrict__ expert_offsets, int* __restrict__ sorted_slots,
     int* __restrict__ active_experts, int* __restrict__ num_active, int tile_tokens,
-    int* __restrict__ tile_expert, int* __restrict__ tile_start, int* __restrict__ num_tiles) {
-  extern __shared__ int counts[];  // [local_E]
+    int* __restrict__ tile_expert, int* __restrict__ tile_start, int* __restrict__ num_tiles, int* counts) {
   __shared__ int warp_sums[32];
   __shared__ int total_slots, total_active, total_tiles;
   const int tid = threadIdx.x;
@@ -113,4 +115,32 @@ extern "C" __global__ void __launch_bounds__(kThreads) swapmoe_route_align(
     const int local = slot_expert[s];
     if (local >= 0) sorted_slots[atomicAdd(&counts[local], 1)] = (int)s;
   }
+}
+
+#define SWAPMOE_ALIGN_ARGS                                                                         \
+  const int *__restrict__ expert_map, int M, int topk, int global_E, int local_E,                  \
+      int *__restrict__ slot_expert, int *__restrict__ expert_offsets, int *__restrict__ sorted_slots, \
+      int *__restrict__ active_experts, int *__restrict__ num_active, int tile_tokens,             \
+      int *__restrict__ tile_expert, int *__restrict__ tile_start, int *__restrict__ num_tiles
+#define SWAPMOE_ALIGN_CALL                                                                         \
+  expert_map, M, topk, global_E, local_E, slot_expert, expert_offsets, sorted_slots, active_experts, \
+      num_active, tile_tokens, tile_expert, tile_start, num_tiles, counts
+
+// Dynamic shared memory: local_E ints.
+extern "C" __global__ void __launch_bounds__(kThreads) swapmoe_route_align(
+    const void* __restrict__ topk_ids, int ids_is_i64, long long ids_row_stride, SWAPMOE_ALIGN_ARGS) {
+  extern __shared__ int counts[];  // [local_E]
+  align_slots(topk_ids, ids_is_i64, ids_row_stride, SWAPMOE_ALIGN_CALL);
+}
+
+// fused_moe's first kernel for the grouped GEMMs: the 32 warps route the M tokens
+// (token t in warp t % 32; E <= 256) into router.weights / router.ids, then the block
+// groups the slots as swapmoe_route_align does. One launch instead of two.
+extern "C" __global__ void __launch_bounds__(kThreads) swapmoe_route_align_routed(
+    swapmoe::RouterArgs router, SWAPMOE_ALIGN_ARGS) {
+  extern __shared__ int counts[];  // [local_E]
+  const int lane = threadIdx.x & 31;
+  for (int t = threadIdx.x >> 5; t < M; t += kThreads / 32) swapmoe::route_token_to_global<8>(router, t, lane);
+  __syncthreads();  // the block's global writes are visible to the whole block after it
+  align_slots(router.ids, 0, router.ids_row, SWAPMOE_ALIGN_CALL);
 }

@@ -57,6 +57,18 @@ pub const FP8_MIN_CAPABILITY: (i32, i32) = (8, 9);
 pub const ROUTE_ALIGN_THREADS: usize = 1024;
 /// Threads per CTA of the top-k reduction.
 pub const REDUCE_THREADS: usize = 256;
+/// Experts per lane of the router's warp (cuda/common/router.cuh `PMAX`): the narrow
+/// variant holds E <= 256 in registers and is the one fused into other kernels; the wide
+/// one covers E <= 1024 (`GPU_ROUTER_MAX_EXPERTS`).
+pub const ROUTER_NARROW_LANE_EXPERTS: usize = 8;
+pub const ROUTER_WIDE_LANE_EXPERTS: usize = 32;
+/// Largest E a fused router handles (32 lanes x `ROUTER_NARROW_LANE_EXPERTS`).
+pub const ROUTER_FUSED_MAX_EXPERTS: usize = 32 * ROUTER_NARROW_LANE_EXPERTS;
+/// Largest M routed inside the align kernel: its 32 warps take M / 32 tokens each, one
+/// after another, while the separate router kernel runs them all in parallel.
+pub const ROUTER_IN_ALIGN_MAX_TOKENS: usize = 128;
+/// `$SWAPMOE_ROUTER_FUSION=off`: fused_moe runs the router as its own kernel.
+pub const ROUTER_FUSION_ENV: &str = "SWAPMOE_ROUTER_FUSION";
 
 /// What the driver tells us about a device, or what an offline question assumes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -123,8 +135,13 @@ pub enum KernelId {
     /// (bf16 or fp16, token tile)
     MmaGemm1Act(DType, usize),
     MmaGemm2(DType, usize),
-    /// Router (cuda/route_topk.cu), by logits dtype.
-    RouteTopk(DType),
+    /// Router (cuda/route_topk.cu), by experts per lane at most (`ROUTER_NARROW_LANE_EXPERTS`
+    /// or `ROUTER_WIDE_LANE_EXPERTS`); the logits dtype is an argument.
+    RouteTopk(usize),
+    /// fused_moe: route the tokens, then align, in one CTA (cuda/route_align.cu).
+    RouteAlignRouted,
+    /// fused_moe at decode: GEMM1 that routes for itself (cuda/decode_moe.cu).
+    DecodeGemm1Routed(DType, usize),
     /// FP8 W8A8 (cuda/generic_moe.cu): hidden states (by dtype) to e4m3 plus scales.
     Fp8QuantX(DType),
     /// FP8: partial absmax of the hidden states, for a dynamic per-tensor scale.
@@ -181,12 +198,14 @@ impl KernelId {
         + 3
         + 3 * 2 * 3
         + 3 * 3 * 2
-        + 2 * 2;
+        + 2 * 2
+        + 3 * 2;
 
     pub fn module(&self) -> &'static str {
         match self {
-            KernelId::RouteAlign => "route_align",
+            KernelId::RouteAlign | KernelId::RouteAlignRouted => "route_align",
             KernelId::DecodeGemm1Act(..)
+            | KernelId::DecodeGemm1Routed(..)
             | KernelId::DecodeGemm2Sum(..)
             | KernelId::DecodeFp8Gemm1(..)
             | KernelId::DecodeFp8Gemm2Sum(..) => "decode_moe",
@@ -207,7 +226,11 @@ impl KernelId {
             KernelId::DecodeGemm2Sum(d, v) => format!("decode_moe_gemm2_sum_{}_v{v}", d.suffix()),
             KernelId::MmaGemm1Act(d, t) => format!("sm80_moe_gemm1_act_{}_t{t}", d.suffix()),
             KernelId::MmaGemm2(d, t) => format!("sm80_moe_gemm2_{}_t{t}", d.suffix()),
-            KernelId::RouteTopk(d) => format!("swapmoe_route_topk_{}", d.suffix()),
+            KernelId::RouteTopk(p) => format!("swapmoe_route_topk_p{p}"),
+            KernelId::RouteAlignRouted => "swapmoe_route_align_routed".into(),
+            KernelId::DecodeGemm1Routed(d, v) => {
+                format!("decode_moe_gemm1_act_routed_{}_v{v}", d.suffix())
+            }
             KernelId::Fp8QuantX(d) => format!("swapmoe_fp8_quant_x_{}", d.suffix()),
             KernelId::Fp8AbsmaxPartials(d) => format!("swapmoe_fp8_absmax_{}", d.suffix()),
             KernelId::DecodeFp8Gemm1(q, v) => format!("decode_moe_fp8_gemm1_{}_v{v}", q.name()),
@@ -232,7 +255,8 @@ impl KernelId {
             KernelId::DecodeGemm2Sum(d, v) => 22 + vec_slot(d, v),
             KernelId::MmaGemm1Act(d, t) => 28 + mma_slot(d, t),
             KernelId::MmaGemm2(d, t) => 34 + mma_slot(d, t),
-            KernelId::RouteTopk(d) => 40 + dtype_index(d),
+            KernelId::RouteTopk(p) => 40 + usize::from(p > ROUTER_NARROW_LANE_EXPERTS),
+            KernelId::RouteAlignRouted => 42,
             KernelId::Fp8QuantX(d) => 43 + dtype_index(d),
             KernelId::Fp8AbsmaxPartials(d) => 46 + dtype_index(d),
             KernelId::DecodeFp8Gemm1(q, v) => 49 + fp8_slot(q, v),
@@ -241,21 +265,27 @@ impl KernelId {
             KernelId::DecodeFp8Gemm2Sum(d, q, v) => 67 + 6 * dtype_index(d) + fp8_slot(q, v),
             KernelId::BulkGemm1Act(d) => 85 + usize::from(d == DType::F16),
             KernelId::BulkGemm2Sum(d) => 87 + usize::from(d == DType::F16),
+            KernelId::DecodeGemm1Routed(d, v) => 89 + vec_slot(d, v),
         }
     }
 
     /// Every kernel the library can launch (for warm-up and tests).
     pub fn all() -> Vec<KernelId> {
-        let mut v = vec![KernelId::RouteAlign];
+        let mut v = vec![
+            KernelId::RouteAlign,
+            KernelId::RouteAlignRouted,
+            KernelId::RouteTopk(ROUTER_NARROW_LANE_EXPERTS),
+            KernelId::RouteTopk(ROUTER_WIDE_LANE_EXPERTS),
+        ];
         for d in FLOAT_DTYPES {
             for w in [1, vector_width(d)] {
                 v.push(KernelId::GenericGemm1Act(d, w));
                 v.push(KernelId::GenericGemm2(d, w));
                 v.push(KernelId::DecodeGemm1Act(d, w));
+                v.push(KernelId::DecodeGemm1Routed(d, w));
                 v.push(KernelId::DecodeGemm2Sum(d, w));
             }
             v.push(KernelId::GenericTopkReduce(d));
-            v.push(KernelId::RouteTopk(d));
         }
         for d in [DType::BF16, DType::F16] {
             for t in MMA_TOKEN_TILES {
@@ -310,6 +340,32 @@ pub struct Plan {
     /// A message to log once: set on the first fallback to the heuristics (or rejection)
     /// per table key, None after that.
     pub log: Option<LogNote>,
+    /// Where fused_moe's router runs (`place_router`); `NotRouting` for fused_experts.
+    pub router: RouterPlacement,
+}
+
+/// Where fused_moe routes the tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RouterPlacement {
+    /// fused_experts: the caller routed.
+    NotRouting,
+    /// Its own kernel, launched before the plan's kernels.
+    Separate(KernelId),
+    /// The plan's first kernel routes, then aligns (`KernelId::RouteAlignRouted`).
+    InAlign,
+    /// The decode GEMM1 routes for itself (`KernelId::DecodeGemm1Routed`).
+    InDecodeGemm1,
+}
+
+impl RouterPlacement {
+    pub fn name(&self) -> &'static str {
+        match self {
+            RouterPlacement::NotRouting => "none",
+            RouterPlacement::Separate(_) => "separate",
+            RouterPlacement::InAlign => "in_align",
+            RouterPlacement::InDecodeGemm1 => "in_decode_gemm1",
+        }
+    }
 }
 
 /// What decided a plan.
@@ -829,6 +885,86 @@ pub fn router_uses_pdl(caps: &DeviceCaps) -> bool {
     caps.capability.0 >= 9
 }
 
+/// The router kernel for E experts: the narrow variant (fewer registers) when it fits.
+pub fn router_kernel(experts: usize) -> KernelId {
+    if experts <= ROUTER_FUSED_MAX_EXPERTS {
+        KernelId::RouteTopk(ROUTER_NARROW_LANE_EXPERTS)
+    } else {
+        KernelId::RouteTopk(ROUTER_WIDE_LANE_EXPERTS)
+    }
+}
+
+/// `$SWAPMOE_ROUTER_FUSION`: unset, "on" or "1" lets fused_moe fuse its router; "off" or
+/// "0" keeps it a separate kernel (to measure the difference).
+pub fn router_fusion_allowed() -> Result<bool> {
+    match std::env::var(ROUTER_FUSION_ENV) {
+        Err(_) => Ok(true),
+        Ok(v) => match v.trim() {
+            "" | "on" | "1" => Ok(true),
+            "off" | "0" => Ok(false),
+            other => Err(Error::Argument(format!(
+                "${ROUTER_FUSION_ENV}: expected 'on' or 'off', got {other:?}"
+            ))),
+        },
+    }
+}
+
+/// Decides where fused_moe routes its M tokens over E experts, given the experts' plan:
+/// swaps the plan's first kernel for its routing twin when that pays, else schedules the
+/// router kernel before it. Records the choice and its reason in the plan.
+pub fn place_router(plan: &mut Plan, m: usize, experts: usize, fusion_allowed: bool) {
+    let separate = |plan: &mut Plan, why: String| {
+        plan.reasons
+            .push(format!("router: its own kernel first, {why}"));
+        plan.router = RouterPlacement::Separate(router_kernel(experts));
+    };
+    if plan.backend == Backend::Cpu {
+        plan.reasons
+            .push("router: on the CPU before the experts".into());
+        plan.router = RouterPlacement::NotRouting;
+        return;
+    }
+    if !fusion_allowed {
+        return separate(plan, format!("${ROUTER_FUSION_ENV}=off"));
+    }
+    if experts > ROUTER_FUSED_MAX_EXPERTS {
+        return separate(
+            plan,
+            format!(
+                "E = {experts} > {ROUTER_FUSED_MAX_EXPERTS} does not fit the fused router's registers"
+            ),
+        );
+    }
+    match plan.kernels.first().copied() {
+        Some(KernelId::RouteAlign) if m <= ROUTER_IN_ALIGN_MAX_TOKENS => {
+            plan.kernels[0] = KernelId::RouteAlignRouted;
+            plan.router = RouterPlacement::InAlign;
+            plan.reasons.push(format!(
+                "router: inside the align kernel (M = {m} <= {ROUTER_IN_ALIGN_MAX_TOKENS}: its 32 warps route the tokens, then group them; one launch less)"
+            ));
+        }
+        Some(KernelId::RouteAlign) => separate(
+            plan,
+            format!("M = {m} > {ROUTER_IN_ALIGN_MAX_TOKENS}: the router kernel's warps run in parallel, the align CTA's would take turns"),
+        ),
+        Some(KernelId::DecodeGemm1Act(d, v)) if m <= DECODE_ROWS_PER_CTA => {
+            plan.kernels[0] = KernelId::DecodeGemm1Routed(d, v);
+            plan.router = RouterPlacement::InDecodeGemm1;
+            plan.reasons.push(format!(
+                "router: inside GEMM1 (M = {m} <= {DECODE_ROWS_PER_CTA}: each CTA's warps route one token each before streaming weights; no router launch, no round trip through global memory)"
+            ));
+        }
+        Some(KernelId::DecodeGemm1Act(..)) => separate(
+            plan,
+            format!("M = {m} > {DECODE_ROWS_PER_CTA} tokens, one per GEMM1 warp"),
+        ),
+        _ => separate(
+            plan,
+            format!("the {} plan has no kernel that routes", plan.backend.name()),
+        ),
+    }
+}
+
 /// Devices the oracle knows by name, for offline questions ("what would an H200 do?"):
 /// (name, compute capability, SM count).
 pub const KNOWN_DEVICES: &[(&str, (i32, i32), i32)] = &[
@@ -1223,6 +1359,7 @@ impl<'a> Candidates<'a> {
             table: None,
             external: None,
             log: None,
+            router: RouterPlacement::NotRouting,
         }
     }
 }
@@ -1342,6 +1479,78 @@ mod tests {
             ]
         );
         assert_eq!(super::plan(&p, None).backend, Backend::CudaDecode);
+    }
+
+    #[test]
+    fn router_placement_rules() {
+        let h = h200();
+        let placed = |m: i64, e: i64, b: Backend, allowed: bool| {
+            let p = problem(m, e, 8, 2048, 768, DType::BF16);
+            let mut plan = plan_with(&p, Some(&h), Some(b)).unwrap();
+            place_router(&mut plan, p.m, p.global_experts, allowed);
+            plan
+        };
+        let has = |plan: &Plan, needle: &str| {
+            plan.reasons
+                .iter()
+                .any(|r| r.starts_with("router:") && r.contains(needle))
+        };
+        // Decode, M <= 8: GEMM1 routes; its kernel becomes the routing twin.
+        let d = placed(8, 128, Backend::CudaDecode, true);
+        assert_eq!(d.router, RouterPlacement::InDecodeGemm1);
+        assert_eq!(d.kernels[0], KernelId::DecodeGemm1Routed(DType::BF16, 8));
+        assert_eq!(d.kernels.len(), 2);
+        assert!(has(&d, "inside GEMM1"));
+        // Decode, M = 9: one token per GEMM1 warp no longer holds.
+        let d9 = placed(9, 128, Backend::CudaDecode, true);
+        assert_eq!(d9.router, RouterPlacement::Separate(KernelId::RouteTopk(8)));
+        assert_eq!(d9.kernels[0], KernelId::DecodeGemm1Act(DType::BF16, 8));
+        assert!(has(&d9, "M = 9 > 8"));
+        // Grouped GEMMs: the align kernel routes up to 128 tokens.
+        for b in [Backend::CudaMma, Backend::CudaGeneric] {
+            let a = placed(128, 256, b, true);
+            assert_eq!(a.router, RouterPlacement::InAlign);
+            assert_eq!(a.kernels[0], KernelId::RouteAlignRouted);
+            assert!(has(&a, "inside the align kernel"));
+            let a129 = placed(129, 256, b, true);
+            assert_eq!(
+                a129.router,
+                RouterPlacement::Separate(KernelId::RouteTopk(8))
+            );
+            assert_eq!(a129.kernels[0], KernelId::RouteAlign);
+            assert!(has(&a129, "M = 129 > 128"));
+        }
+        // E > 256 does not fit the fused router: the wide router kernel runs first.
+        let wide = placed(1, 512, Backend::CudaDecode, true);
+        assert_eq!(
+            wide.router,
+            RouterPlacement::Separate(KernelId::RouteTopk(32))
+        );
+        assert!(has(&wide, "E = 512 > 256"));
+        // Bulk-copy decode has no routing twin.
+        let bulk = placed(1, 128, Backend::CudaBulkDecode, true);
+        assert!(matches!(bulk.router, RouterPlacement::Separate(_)));
+        assert!(has(
+            &bulk,
+            "cuda_bulk_decode plan has no kernel that routes"
+        ));
+        // $SWAPMOE_ROUTER_FUSION=off.
+        let off = placed(1, 128, Backend::CudaDecode, false);
+        assert!(matches!(off.router, RouterPlacement::Separate(_)));
+        assert!(has(&off, "SWAPMOE_ROUTER_FUSION=off"));
+        // The CPU routes before the experts.
+        let mut cpu = plan(&problem(1, 128, 8, 2048, 768, DType::BF16), None);
+        cpu.backend = Backend::Cpu;
+        cpu.kernels.clear();
+        place_router(&mut cpu, 1, 128, true);
+        assert_eq!(cpu.router, RouterPlacement::NotRouting);
+        // fused_experts' plans never route.
+        assert_eq!(
+            plan(&problem(1, 128, 8, 2048, 768, DType::BF16), Some(&h)).router,
+            RouterPlacement::NotRouting
+        );
+        assert_eq!(router_kernel(256), KernelId::RouteTopk(8));
+        assert_eq!(router_kernel(257), KernelId::RouteTopk(32));
     }
 
     #[test]

@@ -260,8 +260,13 @@ def fused_moe(
     block_shape: Optional[List[int]] = None,
 ) -> Any:
     """The whole MoE layer from router logits: :func:`select_experts` then
-    :func:`fused_experts`, both on the GPU for CUDA tensors with no host sync.
-    ``gating_output`` is ``[M, global_E]``; the other arguments are those of the two."""
+    :func:`fused_experts`, with the same results, on the GPU for CUDA tensors with no host
+    sync. ``gating_output`` is ``[M, global_E]``; the other arguments are those of the two.
+
+    On CUDA the oracle places the router (``describe_plan(..., fused_moe=True)`` shows where):
+    with E <= 256, the decode GEMM1 routes for itself at M <= 8 and the align kernel of the
+    grouped GEMMs routes at M <= 128, so routing costs no launch of its own; otherwise the
+    router kernel runs first. ``$SWAPMOE_ROUTER_FUSION=off`` keeps it a separate kernel."""
     shape = _shape(hidden_states)
     g_shape, w_shape, m_shape = _shape(gating_output), _shape(w1), _shape(expert_map)
     if g_shape and len(g_shape) == 2 and w_shape:
@@ -275,28 +280,25 @@ def fused_moe(
             raise ShapeError(
                 f"gating_output: expected shape [M, {experts}] ({what}), got [{g_shape[0]}, {g_shape[1]}]"
             )
-    topk_weights, topk_ids = select_experts(
-        gating_output,
-        topk,
+    try:
+        topk = operator.index(topk)
+    except TypeError:
+        raise ArgumentError(f"topk: expected an integer, got {topk!r}") from None
+    if not isinstance(scoring, str):
+        raise ArgumentError(f"scoring: expected 'softmax' or 'sigmoid', got {scoring!r}")
+    if not isinstance(activation, str):
+        raise ArgumentError(f"activation: expected one of 'silu', 'gelu', got {activation!r}")
+    kw = dict(
         renormalize=renormalize,
         scoring=scoring,
         num_expert_group=num_expert_group,
         topk_group=topk_group,
         e_score_correction_bias=e_score_correction_bias,
         routed_scaling_factor=routed_scaling_factor,
-        num_tokens=shape[0] if shape else None,
-    )
-    return fused_experts(
-        hidden_states,
-        w1,
-        w2,
-        topk_weights,
-        topk_ids,
         activation=activation,
         apply_router_weight_on_input=apply_router_weight_on_input,
         global_num_experts=global_num_experts,
         expert_map=expert_map,
-        out=out,
         backend=backend,
         use_fp8_w8a8=use_fp8_w8a8,
         w1_scale=w1_scale,
@@ -306,3 +308,52 @@ def fused_moe(
         per_channel_quant=per_channel_quant,
         block_shape=block_shape,
     )
+    if _is_torch(hidden_states) and _is_torch(gating_output):
+        from . import ops
+
+        return ops.fused_moe_torch(hidden_states, w1, w2, gating_output, topk, out=out, **kw)
+    return _fused_moe_dlpack(hidden_states, w1, w2, gating_output, topk, out=out, **kw)
+
+
+def _fused_moe_dlpack(hidden_states, w1, w2, gating_output, topk, *, out, **kw):
+    for name, t in (("hidden_states", hidden_states), ("gating_output", gating_output)):
+        if not hasattr(t, "__dlpack__"):
+            raise DTypeError(
+                f"{name}: expected a tensor that supports DLPack (torch, numpy, cupy, ...), "
+                f"got {type(t).__name__}"
+            )
+    module = type(hidden_states).__module__.split(".")[0]
+    shape = _shape(gating_output) or ()
+    m = shape[0] if len(shape) == 2 else 0
+    k = max(topk, 0)
+    workspace = None
+    stream = 0
+    if module == "cupy":
+        import cupy  # type: ignore[import-not-found]
+
+        if out is None:
+            out = cupy.empty(hidden_states.shape, dtype=hidden_states.dtype)
+        weights, ids = cupy.empty((m, k), cupy.float32), cupy.empty((m, k), cupy.int32)
+        quant = _quant_name(kw["use_fp8_w8a8"], kw["per_channel_quant"], kw["block_shape"])
+        workspace = cupy.empty(workspace_bytes(hidden_states, w1, ids, quant), dtype=cupy.uint8)
+        stream = cupy.cuda.get_current_stream().ptr
+    else:
+        if out is None and module != "numpy":
+            raise ArgumentError(
+                f"out: expected an output tensor for inputs of type {type(hidden_states).__name__} "
+                "(swapmoe allocates only for torch, numpy and cupy), got None"
+            )
+        import numpy as np
+
+        if out is None:
+            out = np.empty(_shape(hidden_states) or (), dtype=hidden_states.dtype)
+        weights, ids = np.empty((m, k), np.float32), np.empty((m, k), np.int32)
+    _core.fused_moe(
+        hidden_states, w1, w2, gating_output, weights, ids, out, workspace, topk,
+        kw["renormalize"], kw["scoring"], kw["num_expert_group"], kw["topk_group"],
+        kw["e_score_correction_bias"], kw["routed_scaling_factor"], kw["activation"],
+        kw["apply_router_weight_on_input"], kw["global_num_experts"], kw["expert_map"], stream,
+        kw["backend"], kw["use_fp8_w8a8"], kw["w1_scale"], kw["w2_scale"], kw["a1_scale"], kw["a2_scale"],
+        kw["per_channel_quant"], kw["block_shape"],
+    )
+    return out

@@ -31,6 +31,39 @@ def fused_experts(
     ``workspace_bytes(...)`` bytes) and launch on ``stream`` (a CUstream address; the
     inputs must be ready on it)."""
 
+def fused_moe(
+    hidden_states: Any,
+    w1: Any,
+    w2: Any,
+    gating_output: Any,
+    topk_weights: Any,
+    topk_ids: Any,
+    out: Any,
+    workspace: Optional[Any],
+    topk: int,
+    renormalize: bool = True,
+    scoring: str = "softmax",
+    num_expert_group: Optional[int] = None,
+    topk_group: Optional[int] = None,
+    e_score_correction_bias: Optional[Any] = None,
+    routed_scaling_factor: float = 1.0,
+    activation: str = "silu",
+    apply_router_weight_on_input: bool = False,
+    global_num_experts: int = -1,
+    expert_map: Optional[Any] = None,
+    stream: int = 0,
+    backend: Optional[str] = None,
+    use_fp8_w8a8: bool = False,
+    w1_scale: Optional[Any] = None,
+    w2_scale: Optional[Any] = None,
+    a1_scale: Optional[Any] = None,
+    a2_scale: Optional[Any] = None,
+    per_channel_quant: bool = False,
+    block_shape: Optional[list[int]] = None,
+) -> None:
+    """Routes ``gating_output`` into ``topk_weights`` / ``topk_ids`` (fp32 / int32 [M, topk])
+    and runs the experts on them into ``out``; the oracle places the router on CUDA."""
+
 def select_experts(
     gating_output: Any,
     topk_weights: Any,
@@ -96,6 +129,7 @@ def describe_plan(
     *,
     activation: str = "silu",
     expert_map: Optional[Any] = None,
+    fused_moe: bool = False,
 ) -> dict[str, Any]: ...
 def build_info() -> dict[str, Any]: ...
 def driver_version() -> int: ...

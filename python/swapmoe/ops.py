@@ -226,3 +226,129 @@ def select_experts_torch(gating_output, topk, renormalize, scoring, num_expert_g
     _route(gating_output, weights, ids, topk, renormalize, scoring, num_expert_group, topk_group,
            e_score_correction_bias, routed_scaling_factor, num_tokens)
     return weights, ids
+
+
+def _run_moe(hidden_states, w1, w2, gating_output, topk, out, renormalize, scoring, num_expert_group,
+             topk_group, e_score_correction_bias, routed_scaling_factor, activation,
+             apply_router_weight_on_input, global_num_experts, expert_map, backend, use_fp8_w8a8,
+             w1_scale, w2_scale, a1_scale, a2_scale, per_channel_quant, block_shape) -> None:
+    """fused_moe into ``out``: the routing goes to fresh [M, topk] buffers that the experts
+    read; the core decides where the router runs."""
+    topk_weights, topk_ids = _empty_routing(gating_output, topk)
+    workspace = None
+    stream = 0
+    if hidden_states.is_cuda:
+        stream = _current_stream(hidden_states)
+        quant = quant_name(use_fp8_w8a8, per_channel_quant, block_shape)
+        try:
+            h, w = hidden_states.shape, w1.shape
+            nbytes = _workspace_bytes(h[0], max(int(topk), 0), w[1] // 2, h[1], w[0],
+                                      hidden_states.element_size(), quant)
+        except (IndexError, TypeError, ValueError):
+            nbytes = 0  # malformed shapes: the core names the argument before it needs a workspace
+        if nbytes:
+            workspace = torch.empty(nbytes, dtype=torch.uint8, device=hidden_states.device)
+    _core.fused_moe(hidden_states, w1, w2, gating_output, topk_weights, topk_ids, out, workspace, topk,
+                    renormalize, scoring, num_expert_group, topk_group, e_score_correction_bias,
+                    routed_scaling_factor, activation, apply_router_weight_on_input, global_num_experts,
+                    expert_map, stream, backend, use_fp8_w8a8, w1_scale, w2_scale, a1_scale, a2_scale,
+                    per_channel_quant, block_shape)
+
+
+@torch.library.custom_op("swapmoe::fused_moe", mutates_args=())
+def fused_moe_op(
+    hidden_states: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    gating_output: torch.Tensor,
+    topk: int,
+    renormalize: bool = True,
+    scoring: str = "softmax",
+    num_expert_group: Optional[int] = None,
+    topk_group: Optional[int] = None,
+    e_score_correction_bias: Optional[torch.Tensor] = None,
+    routed_scaling_factor: float = 1.0,
+    activation: str = "silu",
+    apply_router_weight_on_input: bool = False,
+    global_num_experts: int = -1,
+    expert_map: Optional[torch.Tensor] = None,
+    backend: Optional[str] = None,
+    use_fp8_w8a8: bool = False,
+    w1_scale: Optional[torch.Tensor] = None,
+    w2_scale: Optional[torch.Tensor] = None,
+    a1_scale: Optional[torch.Tensor] = None,
+    a2_scale: Optional[torch.Tensor] = None,
+    per_channel_quant: bool = False,
+    block_shape: Optional[List[int]] = None,
+) -> torch.Tensor:
+    out = _empty_out(hidden_states)
+    _run_moe(hidden_states, w1, w2, gating_output, topk, out, renormalize, scoring, num_expert_group,
+             topk_group, e_score_correction_bias, routed_scaling_factor, activation,
+             apply_router_weight_on_input, global_num_experts, expert_map, backend, use_fp8_w8a8,
+             w1_scale, w2_scale, a1_scale, a2_scale, per_channel_quant, block_shape)
+    return out
+
+
+@fused_moe_op.register_fake
+def _fused_moe_fake(hidden_states, w1, w2, gating_output, topk, *args, **kwargs):
+    return hidden_states.new_empty(hidden_states.shape)
+
+
+@torch.library.custom_op("swapmoe::fused_moe_out", mutates_args=("out",))
+def fused_moe_out_op(
+    out: torch.Tensor,
+    hidden_states: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    gating_output: torch.Tensor,
+    topk: int,
+    renormalize: bool = True,
+    scoring: str = "softmax",
+    num_expert_group: Optional[int] = None,
+    topk_group: Optional[int] = None,
+    e_score_correction_bias: Optional[torch.Tensor] = None,
+    routed_scaling_factor: float = 1.0,
+    activation: str = "silu",
+    apply_router_weight_on_input: bool = False,
+    global_num_experts: int = -1,
+    expert_map: Optional[torch.Tensor] = None,
+    backend: Optional[str] = None,
+    use_fp8_w8a8: bool = False,
+    w1_scale: Optional[torch.Tensor] = None,
+    w2_scale: Optional[torch.Tensor] = None,
+    a1_scale: Optional[torch.Tensor] = None,
+    a2_scale: Optional[torch.Tensor] = None,
+    per_channel_quant: bool = False,
+    block_shape: Optional[List[int]] = None,
+) -> None:
+    _run_moe(hidden_states, w1, w2, gating_output, topk, out, renormalize, scoring, num_expert_group,
+             topk_group, e_score_correction_bias, routed_scaling_factor, activation,
+             apply_router_weight_on_input, global_num_experts, expert_map, backend, use_fp8_w8a8,
+             w1_scale, w2_scale, a1_scale, a2_scale, per_channel_quant, block_shape)
+
+
+@fused_moe_out_op.register_fake
+def _fused_moe_out_fake(out, hidden_states, w1, w2, gating_output, topk, *args, **kwargs):
+    return None
+
+
+#: fused_moe's arguments after (hidden_states, w1, w2, gating_output, topk), in the ops' order.
+_MOE_ARGS = ("renormalize", "scoring", "num_expert_group", "topk_group", "e_score_correction_bias",
+             "routed_scaling_factor", "activation", "apply_router_weight_on_input", "global_num_experts",
+             "expert_map", "backend", "use_fp8_w8a8", "w1_scale", "w2_scale", "a1_scale", "a2_scale",
+             "per_channel_quant", "block_shape")
+
+
+def fused_moe_torch(hidden_states, w1, w2, gating_output, topk, *, out=None, **kw):
+    """``swapmoe.fused_moe`` for torch tensors: the eager path calls the core directly;
+    under torch.compile the registered ops are used. ``kw`` holds every name of _MOE_ARGS."""
+    args = [kw[name] for name in _MOE_ARGS]
+    if torch.compiler.is_compiling():
+        if out is None:
+            return torch.ops.swapmoe.fused_moe(hidden_states, w1, w2, gating_output, topk, *args)
+        torch.ops.swapmoe.fused_moe_out(out, hidden_states, w1, w2, gating_output, topk, *args)
+        return out
+    if out is None:
+        out = _empty_out(hidden_states) if hidden_states.dim() == 2 else hidden_states
+    _run_moe(hidden_states, w1, w2, gating_output, topk, out, *args)
+    return out

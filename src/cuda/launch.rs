@@ -4,7 +4,8 @@
 use super::{check, device, stream_is_capturing, DeviceState};
 use crate::error::{Error, Result};
 use crate::oracle::{
-    Backend, KernelId, Plan, BULK_SMEM_BYTES, BULK_THREADS, REDUCE_THREADS, ROUTE_ALIGN_THREADS,
+    Backend, KernelId, Plan, RouterPlacement, BULK_SMEM_BYTES, BULK_THREADS, REDUCE_THREADS,
+    ROUTE_ALIGN_THREADS,
 };
 
 /// Threads per CTA of the tensor-core kernels (`kThreads` in cuda/sm80_mma_moe.cu).
@@ -72,6 +73,84 @@ fn launch(
     check(r, &format!("launching {}", id.symbol()))
 }
 
+/// Launches `id` with the router's arguments first when `router` is given (the kernels
+/// that route for themselves take a `RouterArgs` before their usual parameters).
+#[allow(clippy::too_many_arguments)]
+fn launch_routed(
+    dev: &DeviceState,
+    id: KernelId,
+    grid: (u32, u32, u32),
+    block: u32,
+    smem: u32,
+    stream: usize,
+    pdl: bool,
+    router: Option<&RouterArgs>,
+    params: &mut [*mut c_void],
+) -> Result<()> {
+    match router {
+        None => launch(dev, id, grid, block, smem, stream, pdl, params),
+        Some(r) => {
+            let mut all = Vec::with_capacity(params.len() + 1);
+            all.push(r as *const RouterArgs as *mut c_void);
+            all.extend_from_slice(params);
+            launch(dev, id, grid, block, smem, stream, pdl, &mut all)
+        }
+    }
+}
+
+/// The router's kernel argument, laid out as `swapmoe::RouterArgs` in
+/// cuda/common/router.cuh (8-byte fields, then 4-byte ones; 96 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct RouterArgs {
+    logits: u64,
+    logits_row: i64,
+    bias: u64,
+    weights: u64,
+    weights_row: i64,
+    ids: u64,
+    ids_row: i64,
+    logits_code: i32,
+    bias_code: i32,
+    experts: i32,
+    topk: i32,
+    renormalize: i32,
+    scoring: i32,
+    groups: i32,
+    topk_group: i32,
+    scale: f32,
+    pad: i32,
+}
+
+impl RouterArgs {
+    pub fn new(p: &RouterProblem) -> Self {
+        let (groups, topk_group) = p
+            .cfg
+            .groups
+            .map(|(g, t)| (g as i32, t as i32))
+            .unwrap_or((1, 1));
+        RouterArgs {
+            logits: p.logits as u64,
+            logits_row: p.logits_row_stride,
+            bias: p.bias as u64,
+            weights: p.weights_out as u64,
+            weights_row: p.weights_row_stride,
+            ids: p.ids_out as u64,
+            ids_row: p.ids_row_stride,
+            logits_code: p.logits_dtype.scalar_code(),
+            bias_code: p.bias_dtype.scalar_code(),
+            experts: p.experts as i32,
+            topk: p.cfg.topk as i32,
+            renormalize: i32::from(p.cfg.renormalize),
+            scoring: p.cfg.scoring.code(),
+            groups,
+            topk_group,
+            scale: p.cfg.routed_scaling_factor,
+            pad: 0,
+        }
+    }
+}
+
 fn ordinal(p: &MoeProblem) -> Result<i32> {
     match p.device {
         Device::Cuda(i) => Ok(i),
@@ -86,6 +165,49 @@ fn ordinal(p: &MoeProblem) -> Result<i32> {
 pub fn fused_experts(
     p: &MoeProblem,
     plan: &Plan,
+    workspace: usize,
+    workspace_bytes: usize,
+    stream: usize,
+) -> Result<()> {
+    experts(p, plan, None, workspace, workspace_bytes, stream)
+}
+
+/// fused_moe: routes `r` into the problem's topk_weights / topk_ids (which must be `r`'s
+/// outputs) and runs the experts, with the router where the plan placed it
+/// (`oracle::place_router`).
+pub fn fused_moe(
+    r: &RouterProblem,
+    p: &MoeProblem,
+    plan: &Plan,
+    workspace: usize,
+    workspace_bytes: usize,
+    stream: usize,
+) -> Result<()> {
+    if r.weights_out != p.operands.topk_weights || r.ids_out != p.operands.topk_ids {
+        return Err(Error::Argument(
+            "topk_weights, topk_ids: fused_moe's experts must read the router's outputs".into(),
+        ));
+    }
+    match plan.router {
+        RouterPlacement::Separate(id) => {
+            route(r, id, stream)?;
+            experts(p, plan, None, workspace, workspace_bytes, stream)
+        }
+        RouterPlacement::InAlign | RouterPlacement::InDecodeGemm1 => {
+            let args = RouterArgs::new(r);
+            experts(p, plan, Some(&args), workspace, workspace_bytes, stream)
+        }
+        RouterPlacement::NotRouting => Err(Error::Argument(
+            "backend: the plan has no router placement (oracle::place_router was not asked)".into(),
+        )),
+    }
+}
+
+/// The experts of `plan`; `router` is given when the plan's first kernel routes.
+fn experts(
+    p: &MoeProblem,
+    plan: &Plan,
+    router: Option<&RouterArgs>,
     workspace: usize,
     workspace_bytes: usize,
     stream: usize,
@@ -132,7 +254,7 @@ pub fn fused_experts(
         if p.quant.is_some() {
             return fp8_decode(dev, p, plan, &layout, workspace, stream);
         }
-        return decode(dev, p, plan, inter, stream);
+        return decode(dev, p, plan, router, inter, stream);
     }
 
     // 1. Routing metadata (and the token tiles of the tensor-core GEMMs).
@@ -169,7 +291,9 @@ pub fn fused_experts(
             num_tiles
         );
         let smem = (4 * p.local_experts) as u32;
-        launch(
+        // The routing twin takes RouterArgs in place of the three topk_ids arguments.
+        let skip = if router.is_some() { 3 } else { 0 };
+        launch_routed(
             dev,
             plan.kernels[0],
             (1, 1, 1),
@@ -177,7 +301,8 @@ pub fn fused_experts(
             smem,
             stream,
             false,
-            &mut args,
+            router,
+            &mut args[skip..],
         )?;
     }
 
@@ -418,7 +543,14 @@ fn mma_gemms(
 
 /// The two-launch decode path (cuda/decode_moe.cu): only the intermediate of the workspace
 /// is used.
-fn decode(dev: &DeviceState, p: &MoeProblem, plan: &Plan, inter: u64, stream: usize) -> Result<()> {
+fn decode(
+    dev: &DeviceState,
+    p: &MoeProblem,
+    plan: &Plan,
+    router: Option<&RouterArgs>,
+    inter: u64,
+    stream: usize,
+) -> Result<()> {
     let o = p.operands;
     let s = p.strides;
     let (m, k, n, topk) = (p.m as i32, p.k as i32, p.n as i32, p.topk as i32);
@@ -459,7 +591,7 @@ fn decode(dev: &DeviceState, p: &MoeProblem, plan: &Plan, inter: u64, stream: us
                 1,
             )
         };
-        launch(
+        launch_routed(
             dev,
             plan.kernels[0],
             grid,
@@ -467,6 +599,7 @@ fn decode(dev: &DeviceState, p: &MoeProblem, plan: &Plan, inter: u64, stream: us
             smem,
             stream,
             plan.pdl,
+            router,
             &mut args,
         )?;
     }
@@ -566,11 +699,15 @@ pub fn check_ids(p: &MoeProblem, stream: usize) -> Result<()> {
     crate::cpu::check_ids_with(p, read, |g| map.get(g).map(|&v| v as i64))
 }
 
-/// Threads per CTA of the router: one warp per token (`kWarps` in cuda/route_topk.cu).
+/// Tokens per CTA of the router kernel, one warp each (`kWarps` in cuda/route_topk.cu).
 const ROUTER_TOKENS_PER_CTA: usize = 4;
 
 /// Routes every token of `p` on `stream` (cuda/route_topk.cu).
 pub fn select_experts(p: &RouterProblem, stream: usize) -> Result<()> {
+    route(p, crate::oracle::router_kernel(p.experts), stream)
+}
+
+fn route(p: &RouterProblem, id: KernelId, stream: usize) -> Result<()> {
     let ordinal = match p.device {
         Device::Cuda(i) => i,
         other => {
@@ -584,45 +721,13 @@ pub fn select_experts(p: &RouterProblem, stream: usize) -> Result<()> {
     if p.m == 0 {
         return Ok(());
     }
-    let logits = p.logits as u64;
-    let logits_row = p.logits_row_stride;
-    let (m, e, topk) = (p.m as i32, p.experts as i32, p.cfg.topk as i32);
-    let renormalize = i32::from(p.cfg.renormalize);
-    let scoring = p.cfg.scoring.code();
-    let (groups, topk_group) = p
-        .cfg
-        .groups
-        .map(|(g, t)| (g as i32, t as i32))
-        .unwrap_or((1, 1));
-    let bias = p.bias as u64;
-    let bias_code = p.bias_dtype.scalar_code();
-    let scale = p.cfg.routed_scaling_factor;
-    let weights = p.weights_out as u64;
-    let weights_row = p.weights_row_stride;
-    let ids = p.ids_out as u64;
-    let ids_row = p.ids_row_stride;
-    let mut args = params!(
-        logits,
-        logits_row,
-        m,
-        e,
-        topk,
-        renormalize,
-        scoring,
-        groups,
-        topk_group,
-        bias,
-        bias_code,
-        scale,
-        weights,
-        weights_row,
-        ids,
-        ids_row
-    );
+    let router = RouterArgs::new(p);
+    let m = p.m as i32;
+    let mut args = params!(router, m);
     let grid = (p.m.div_ceil(ROUTER_TOKENS_PER_CTA) as u32, 1, 1);
     launch(
         dev,
-        KernelId::RouteTopk(p.logits_dtype),
+        id,
         grid,
         (ROUTER_TOKENS_PER_CTA * 32) as u32,
         0,
@@ -943,4 +1048,22 @@ fn fp8_generic(
         launch(dev, id, grid, block, 0, stream, false, &mut args)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RouterArgs;
+    use std::mem::{align_of, offset_of, size_of};
+
+    /// The layout cuda/common/router.cuh's `RouterArgs` has (7 eight-byte fields, then
+    /// 10 four-byte ones): a kernel reads the struct by these offsets.
+    #[test]
+    fn router_args_layout_matches_the_cuda_struct() {
+        assert_eq!(size_of::<RouterArgs>(), 96);
+        assert_eq!(align_of::<RouterArgs>(), 8);
+        assert_eq!(offset_of!(RouterArgs, ids_row), 48);
+        assert_eq!(offset_of!(RouterArgs, logits_code), 56);
+        assert_eq!(offset_of!(RouterArgs, topk_group), 84);
+        assert_eq!(offset_of!(RouterArgs, scale), 88);
+    }
 }

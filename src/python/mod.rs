@@ -223,35 +223,78 @@ fn fused_experts(
             if check_ids {
                 cuda::launch::check_ids(&problem, stream).py_err(py)?;
             }
-            let need = WorkspaceLayout::for_problem(&problem).total;
-            let (ws_addr, ws_bytes) = match workspace {
-                Some(w) => {
-                    let t = tensor::import("workspace", w)?;
-                    if t.desc.device != problem.device {
-                        return Err(to_pyerr(
-                            py,
-                            Error::Device(format!(
-                                "workspace: expected device {} (the device of hidden_states), got {}",
-                                problem.device, t.desc.device
-                            )),
-                        ));
-                    }
-                    let bytes = t.desc.shape.iter().product::<i64>().max(0) as usize * t.desc.dtype.size();
-                    (t.desc.addr, bytes)
-                }
-                None if need == 0 || problem.m == 0 => (0, 0),
-                None => {
-                    return Err(to_pyerr(
-                        py,
-                        Error::Argument(format!(
-                            "workspace: expected a CUDA buffer of at least {need} bytes for CUDA tensors, got None"
-                        )),
-                    ))
-                }
-            };
+            let (ws_addr, ws_bytes) = workspace_buffer(py, &problem, workspace)?;
             cuda::launch::fused_experts(&problem, &plan, ws_addr, ws_bytes, stream).py_err(py)
         }
     }
+}
+
+/// The CUDA workspace's (address, bytes), checked against the problem's device.
+fn workspace_buffer(
+    py: Python<'_>,
+    problem: &MoeProblem,
+    workspace: Option<&Bound<'_, PyAny>>,
+) -> PyResult<(usize, usize)> {
+    let need = WorkspaceLayout::for_problem(problem).total;
+    match workspace {
+        Some(w) => {
+            let t = tensor::import("workspace", w)?;
+            if t.desc.device != problem.device {
+                return Err(to_pyerr(
+                    py,
+                    Error::Device(format!(
+                        "workspace: expected device {} (the device of hidden_states), got {}",
+                        problem.device, t.desc.device
+                    )),
+                ));
+            }
+            let bytes = t.desc.shape.iter().product::<i64>().max(0) as usize * t.desc.dtype.size();
+            Ok((t.desc.addr, bytes))
+        }
+        None if need == 0 || problem.m == 0 => Ok((0, 0)),
+        None => Err(to_pyerr(
+            py,
+            Error::Argument(format!(
+                "workspace: expected a CUDA buffer of at least {need} bytes for CUDA tensors, got None"
+            )),
+        )),
+    }
+}
+
+/// The router's configuration from select_experts' arguments.
+fn router_config(
+    topk: i64,
+    renormalize: bool,
+    scoring: &str,
+    num_expert_group: Option<i64>,
+    topk_group: Option<i64>,
+    routed_scaling_factor: f64,
+) -> crate::error::Result<RouterConfig> {
+    let scoring = Scoring::parse(scoring)?;
+    if topk < 1 {
+        return Err(Error::Argument(format!("topk: expected >= 1, got {topk}")));
+    }
+    let groups = match (num_expert_group, topk_group) {
+        (None, None) => None,
+        (Some(g), Some(t)) if g >= 1 && t >= 1 => Some((g as usize, t as usize)),
+        (Some(g), Some(t)) => {
+            return Err(Error::Argument(format!(
+                "num_expert_group, topk_group: expected both >= 1, got {g} and {t}"
+            )))
+        }
+        (g, t) => {
+            return Err(Error::Argument(format!(
+                "num_expert_group, topk_group: expected both or neither, got {g:?} and {t:?}"
+            )))
+        }
+    };
+    Ok(RouterConfig {
+        topk: topk as usize,
+        renormalize,
+        scoring,
+        groups,
+        routed_scaling_factor: routed_scaling_factor as f32,
+    })
 }
 
 /// Routes router logits into `topk_weights` (fp32 [M, topk]) and `topk_ids` (int32),
@@ -277,46 +320,21 @@ fn select_experts(
     stream: usize,
     num_tokens: Option<i64>,
 ) -> PyResult<()> {
-    let scoring = Scoring::parse(scoring).py_err(py)?;
-    if topk < 1 {
-        return Err(to_pyerr(
-            py,
-            Error::Argument(format!("topk: expected >= 1, got {topk}")),
-        ));
-    }
-    let groups = match (num_expert_group, topk_group) {
-        (None, None) => None,
-        (Some(g), Some(t)) if g >= 1 && t >= 1 => Some((g as usize, t as usize)),
-        (Some(g), Some(t)) => {
-            return Err(to_pyerr(
-                py,
-                Error::Argument(format!(
-                    "num_expert_group, topk_group: expected both >= 1, got {g} and {t}"
-                )),
-            ))
-        }
-        (g, t) => {
-            return Err(to_pyerr(
-                py,
-                Error::Argument(format!(
-                    "num_expert_group, topk_group: expected both or neither, got {g:?} and {t:?}"
-                )),
-            ))
-        }
-    };
+    let cfg = router_config(
+        topk,
+        renormalize,
+        scoring,
+        num_expert_group,
+        topk_group,
+        routed_scaling_factor,
+    )
+    .py_err(py)?;
     let g = tensor::import("gating_output", gating_output)?;
     let w = tensor::import("topk_weights", topk_weights)?;
     let ids = tensor::import("topk_ids", topk_ids)?;
     let bias = match e_score_correction_bias {
         Some(b) => Some(tensor::import("e_score_correction_bias", b)?),
         None => None,
-    };
-    let cfg = RouterConfig {
-        topk: topk as usize,
-        renormalize,
-        scoring,
-        groups,
-        routed_scaling_factor: routed_scaling_factor as f32,
     };
     let p = RouterProblem::new(
         &g.desc,
@@ -334,6 +352,143 @@ fn select_experts(
             Ok(())
         }
         _ => cuda::launch::select_experts(&p, stream).py_err(py),
+    }
+}
+
+/// Runs the whole layer from router logits: routes `gating_output` into `topk_weights`
+/// (fp32 [M, topk]) and `topk_ids` (int32), then the fused experts on them into `out`. On
+/// CUDA the oracle places the router: inside the experts' first kernel when that pays, else
+/// as its own kernel first. `workspace` as for `fused_experts`.
+#[pyfunction]
+#[pyo3(signature = (hidden_states, w1, w2, gating_output, topk_weights, topk_ids, out, workspace, topk, renormalize=true, scoring="softmax", num_expert_group=None, topk_group=None, e_score_correction_bias=None, routed_scaling_factor=1.0, activation="silu", apply_router_weight_on_input=false, global_num_experts=-1, expert_map=None, stream=0, backend=None, use_fp8_w8a8=false, w1_scale=None, w2_scale=None, a1_scale=None, a2_scale=None, per_channel_quant=false, block_shape=None))]
+#[pyo3(
+    text_signature = "(hidden_states, w1, w2, gating_output, topk_weights, topk_ids, out, workspace, topk, renormalize=True, scoring='softmax', num_expert_group=None, topk_group=None, e_score_correction_bias=None, routed_scaling_factor=1.0, activation='silu', apply_router_weight_on_input=False, global_num_experts=-1, expert_map=None, stream=0, backend=None, use_fp8_w8a8=False, w1_scale=None, w2_scale=None, a1_scale=None, a2_scale=None, per_channel_quant=False, block_shape=None)"
+)]
+#[allow(clippy::too_many_arguments)]
+fn fused_moe(
+    py: Python<'_>,
+    hidden_states: &Bound<'_, PyAny>,
+    w1: &Bound<'_, PyAny>,
+    w2: &Bound<'_, PyAny>,
+    gating_output: &Bound<'_, PyAny>,
+    topk_weights: &Bound<'_, PyAny>,
+    topk_ids: &Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
+    workspace: Option<&Bound<'_, PyAny>>,
+    topk: i64,
+    renormalize: bool,
+    scoring: &str,
+    num_expert_group: Option<i64>,
+    topk_group: Option<i64>,
+    e_score_correction_bias: Option<&Bound<'_, PyAny>>,
+    routed_scaling_factor: f64,
+    activation: &str,
+    apply_router_weight_on_input: bool,
+    global_num_experts: i64,
+    expert_map: Option<&Bound<'_, PyAny>>,
+    stream: usize,
+    backend: Option<&str>,
+    use_fp8_w8a8: bool,
+    w1_scale: Option<&Bound<'_, PyAny>>,
+    w2_scale: Option<&Bound<'_, PyAny>>,
+    a1_scale: Option<&Bound<'_, PyAny>>,
+    a2_scale: Option<&Bound<'_, PyAny>>,
+    per_channel_quant: bool,
+    block_shape: Option<Vec<i64>>,
+) -> PyResult<()> {
+    let cfg = router_config(
+        topk,
+        renormalize,
+        scoring,
+        num_expert_group,
+        topk_group,
+        routed_scaling_factor,
+    )
+    .py_err(py)?;
+    let activation = Activation::parse(activation).py_err(py)?;
+    let forced = oracle::forced_backend(backend).py_err(py)?;
+    let mut inputs = MoeInputs::import(hidden_states, w1, w2, topk_weights, topk_ids, expert_map)?;
+    inputs.quant = QuantInputs::import(
+        use_fp8_w8a8,
+        per_channel_quant,
+        block_shape,
+        w1_scale,
+        w2_scale,
+        a1_scale,
+        a2_scale,
+    )?;
+    let g = tensor::import("gating_output", gating_output)?;
+    let bias = e_score_correction_bias
+        .map(|b| tensor::import("e_score_correction_bias", b))
+        .transpose()?;
+    let t_out = tensor::import("out", out)?;
+    let m_hidden = match inputs.hidden_states.desc.shape.as_slice() {
+        [m, _] => Some(*m),
+        _ => None,
+    };
+    let router = RouterProblem::new(
+        &g.desc,
+        bias.as_ref().map(|b| &b.desc),
+        &inputs.topk_weights.desc,
+        &inputs.topk_ids.desc,
+        cfg,
+        m_hidden,
+    )
+    .py_err(py)?;
+    let problem = inputs
+        .problem(
+            &t_out.desc,
+            activation,
+            apply_router_weight_on_input,
+            global_num_experts,
+        )
+        .py_err(py)?;
+    if router.experts != problem.global_experts {
+        return Err(to_pyerr(
+            py,
+            Error::Shape(format!(
+                "gating_output: expected shape [M, {}] (the global expert count), got [{}, {}]",
+                problem.global_experts, router.m, router.experts
+            )),
+        ));
+    }
+    if router.device != problem.device {
+        return Err(to_pyerr(
+            py,
+            Error::Device(format!(
+                "gating_output: expected device {} (the device of hidden_states), got {}",
+                problem.device, router.device
+            )),
+        ));
+    }
+    match problem.device {
+        crate::problem::Device::Cpu => {
+            oracle::plan_with(&problem, None, forced).py_err(py)?;
+            let p = problem.clone();
+            // SAFETY: every address comes from a validated DLPack import alive until return.
+            py.detach(move || unsafe {
+                crate::routing::select_experts_cpu(&router);
+                crate::cpu::fused_experts(&p)
+            })
+            .py_err(py)
+        }
+        _ => {
+            let ordinal = match problem.device {
+                crate::problem::Device::Cuda(i) => i,
+                _ => 0,
+            };
+            let dev = cuda::device(ordinal).py_err(py)?;
+            let mut plan = oracle::plan_with(&problem, Some(&dev.caps), forced).py_err(py)?;
+            oracle::place_router(
+                &mut plan,
+                problem.m,
+                router.experts,
+                oracle::router_fusion_allowed().py_err(py)?,
+            );
+            log_note(py, plan.log.take());
+            let (ws_addr, ws_bytes) = workspace_buffer(py, &problem, workspace)?;
+            cuda::launch::fused_moe(&router, &problem, &plan, ws_addr, ws_bytes, stream).py_err(py)
+        }
     }
 }
 
@@ -369,7 +524,7 @@ fn parse_quant(quant: Option<&str>) -> crate::error::Result<Option<QuantScheme>>
 
 /// The plan the oracle makes for a call, as a dict (for `swapmoe explain` and tests).
 #[pyfunction]
-#[pyo3(signature = (hidden_states, w1, w2, topk_weights, topk_ids, *, activation="silu", expert_map=None))]
+#[pyo3(signature = (hidden_states, w1, w2, topk_weights, topk_ids, *, activation="silu", expert_map=None, fused_moe=false))]
 #[allow(clippy::too_many_arguments)]
 fn describe_plan<'py>(
     py: Python<'py>,
@@ -380,6 +535,7 @@ fn describe_plan<'py>(
     topk_ids: &Bound<'py, PyAny>,
     activation: &str,
     expert_map: Option<&Bound<'py, PyAny>>,
+    fused_moe: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     let activation = Activation::parse(activation).py_err(py)?;
     let inputs = MoeInputs::import(hidden_states, w1, w2, topk_weights, topk_ids, expert_map)?;
@@ -393,16 +549,22 @@ fn describe_plan<'py>(
     };
     let forced = oracle::forced_backend(None).py_err(py)?;
     let mut plan = oracle::plan_with(&problem, caps.as_ref(), forced).py_err(py)?;
+    if fused_moe {
+        let allowed = oracle::router_fusion_allowed().py_err(py)?;
+        oracle::place_router(&mut plan, problem.m, problem.global_experts, allowed);
+    }
     log_note(py, plan.log.take());
+    let mut kernels: Vec<String> = plan.kernels.iter().map(|k| k.symbol()).collect();
+    if let oracle::RouterPlacement::Separate(id) = plan.router {
+        kernels.insert(0, id.symbol());
+    }
     let d = PyDict::new(py);
     d.set_item("problem", problem.to_string())?;
     d.set_item("backend", plan.backend.name())?;
     d.set_item("source", plan.source.name())?;
     d.set_item("table", plan.table.as_ref().map(|t| t.path.clone()))?;
-    d.set_item(
-        "kernels",
-        plan.kernels.iter().map(|k| k.symbol()).collect::<Vec<_>>(),
-    )?;
+    d.set_item("kernels", kernels)?;
+    d.set_item("router", plan.router.name())?;
     d.set_item("rows_per_cta", plan.rows_per_cta)?;
     d.set_item("tokens_per_pass", plan.tokens_per_pass)?;
     d.set_item("reasons", plan.reasons)?;
@@ -712,6 +874,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(fused_experts, m)?)?;
     m.add_function(wrap_pyfunction!(workspace_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(select_experts, m)?)?;
+    m.add_function(wrap_pyfunction!(fused_moe, m)?)?;
     m.add_function(wrap_pyfunction!(select_backend, m)?)?;
     m.add_function(wrap_pyfunction!(describe_plan, m)?)?;
     m.add_function(wrap_pyfunction!(table_file_name, m)?)?;

@@ -1,0 +1,149 @@
+"""fused_moe's router placement on CUDA (issue 3's fusion): the decode GEMM1 that routes
+for itself and the align kernel that routes, against ``select_experts`` + ``fused_experts``
+on the same backend (bitwise: the same router code and the same expert kernels), against
+the float64 reference, with expert_map -1 entries, the placement the oracle reports, the
+separate router ($SWAPMOE_ROUTER_FUSION=off) and CUDA-graph capture. Every test is marked
+``gpu`` and skipped when torch sees no CUDA device."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import swapmoe
+from conftest import check_close, has_cuda, torch
+from test_routing import VARIANTS, Router, draw_logits, moe_call, moe_inputs, moe_problem, moe_ref, route
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch is None, reason="needs torch")]
+
+DEV = "cuda"
+
+# Routers whose groups do not line up with the router's lanes (the general group path), and
+# one wider than the fused router holds (E > 256: always a separate kernel).
+EXTRA = [
+    Router("groups_across_lanes", 48, 4, groups=(16, 5)),
+    Router("groups_odd_bias", 100, 6, "sigmoid", groups=(4, 2), bias=True, scale=1.5),
+    Router("wide_e512", 512, 8, "sigmoid", groups=(8, 4), bias=True, scale=2.5),
+]
+ROUTERS = VARIANTS + EXTRA
+FUSED_MAX_E = 256
+
+# (backend, token counts): the routing twin covers decode M <= 8 and align M <= 128.
+CASES = [("cuda_decode", m) for m in (1, 3, 8, 9)] + [
+    (b, m) for b in ("cuda_generic", "cuda_mma") for m in (1, 17, 128, 129)
+]
+
+
+@pytest.fixture(autouse=True)
+def _cuda_sync():
+    yield
+    if has_cuda():
+        torch.cuda.synchronize()
+
+
+def expected_placement(r: Router, backend: str, M: int) -> str:
+    if r.E > FUSED_MAX_E:
+        return "separate"
+    if backend == "cuda_decode":
+        return "in_decode_gemm1" if M <= 8 else "separate"
+    return "in_align" if M <= 128 else "separate"
+
+
+def separate_call(r: Router, inp: dict):
+    w, ids = route(r, inp["logits"], inp["bias"])
+    return swapmoe.fused_experts(inp["x"], inp["w1"], inp["w2"], w, ids, expert_map=inp["emap"])
+
+
+def placement(r: Router, inp: dict) -> dict:
+    w, ids = route(r, inp["logits"], inp["bias"])
+    return swapmoe._core.describe_plan(inp["x"], inp["w1"], inp["w2"], w, ids, expert_map=inp["emap"],
+                                       fused_moe=True)
+
+
+@pytest.mark.parametrize("backend,M", CASES, ids=[f"{b}-{m}" for b, m in CASES])
+@pytest.mark.parametrize("r", ROUTERS, ids=lambda r: r.name)
+def test_fused_router_matches_separate(r, backend, M, rng, monkeypatch):
+    if backend == "cuda_decode" and M * r.topk > 512:
+        pytest.skip("decode takes M * topk <= 512")
+    monkeypatch.setenv("SWAPMOE_BACKEND", backend)
+    ep = M % 2 == 1  # odd M: expert_map with -1 entries
+    dtype = "float32" if backend == "cuda_generic" and M == 17 else "bfloat16"
+    if backend == "cuda_mma" and dtype == "float32":
+        dtype = "bfloat16"
+    inp = moe_inputs(moe_problem(rng, r, M, ep), "torch", dtype, "float32", device=DEV)
+    plan = placement(r, inp)
+    assert plan["backend"] == backend
+    assert plan["router"] == expected_placement(r, backend, M), plan["reasons"]
+    assert any(s.startswith("router:") for s in plan["reasons"])
+    if plan["router"] == "separate":
+        assert plan["kernels"][0].startswith("swapmoe_route_topk_p")
+    else:
+        assert "routed" in plan["kernels"][0]
+    fused = moe_call(r, inp)
+    sep = separate_call(r, inp)
+    torch.cuda.synchronize()
+    assert torch.equal(fused, sep), f"{r.name} {backend} M={M}: fused routing differs from separate"
+    check_close(fused, moe_ref(r, inp), dtype, what=f"{r.name} {backend} M={M}")
+
+
+@pytest.mark.parametrize("backend,M", [("cuda_decode", 4), ("cuda_mma", 40), ("cuda_generic", 6)])
+def test_router_fusion_off_gives_the_same_output(backend, M, rng, monkeypatch):
+    r = next(v for v in VARIANTS if v.name == "deepseek_v3")
+    monkeypatch.setenv("SWAPMOE_BACKEND", backend)
+    inp = moe_inputs(moe_problem(rng, r, M, ep=True), "torch", "bfloat16", "float32", device=DEV)
+    assert placement(r, inp)["router"] != "separate"
+    fused = moe_call(r, inp)
+    monkeypatch.setenv("SWAPMOE_ROUTER_FUSION", "off")
+    plan = placement(r, inp)
+    assert plan["router"] == "separate" and any("SWAPMOE_ROUTER_FUSION=off" in s for s in plan["reasons"])
+    sep = moe_call(r, inp)
+    torch.cuda.synchronize()
+    assert torch.equal(fused, sep)
+
+
+def test_router_fusion_env_rejects_other_values(rng, monkeypatch):
+    r = VARIANTS[0]
+    inp = moe_inputs(moe_problem(rng, r, 2, ep=False), "torch", "bfloat16", device=DEV)
+    monkeypatch.setenv("SWAPMOE_ROUTER_FUSION", "maybe")
+    with pytest.raises(swapmoe.ArgumentError, match="SWAPMOE_ROUTER_FUSION"):
+        moe_call(r, inp)
+
+
+@pytest.mark.parametrize("backend,M", [("cuda_decode", 2), ("cuda_mma", 24)])
+def test_fused_router_poisoned_outputs_and_routing_buffers(backend, M, rng, monkeypatch):
+    """Every output element is written (out poisoned with NaN first), and the routing that
+    GEMM2 reads is the router's (the separate path's ids and weights)."""
+    r = next(v for v in VARIANTS if v.name == "qwen3")
+    monkeypatch.setenv("SWAPMOE_BACKEND", backend)
+    inp = moe_inputs(moe_problem(rng, r, M, ep=False), "torch", "bfloat16", device=DEV)
+    out = torch.full_like(inp["x"], math.nan)
+    got = moe_call(r, inp, out=out)
+    assert got.data_ptr() == out.data_ptr()
+    torch.cuda.synchronize()
+    assert not torch.isnan(out).any()
+    check_close(out, moe_ref(r, inp), "bfloat16")
+
+
+@pytest.mark.parametrize("backend,M", [("cuda_decode", 1), ("cuda_decode", 8), ("cuda_mma", 64)])
+def test_cuda_graph_fused_router(backend, M, rng, monkeypatch):
+    """The routing twins captured in a CUDA graph; replays route fresh logits."""
+    r = next(v for v in VARIANTS if v.name == "deepseek_v3")
+    monkeypatch.setenv("SWAPMOE_BACKEND", backend)
+    prob = moe_problem(rng, r, M, ep=True)
+    inp = moe_inputs(prob, "torch", "bfloat16", "float32", device=DEV)
+    assert placement(r, inp)["router"] != "separate"
+    swapmoe.warmup(0)
+    moe_call(r, inp)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = moe_call(r, inp)
+    for _ in range(2):
+        inp["logits"].copy_(torch.from_numpy(draw_logits(rng, r, M, prob["bias"])))
+        inp["x"].copy_(torch.from_numpy(rng.standard_normal(tuple(inp["x"].shape), dtype=np.float32)))
+        captured.fill_(math.nan)
+        graph.replay()
+        torch.cuda.synchronize()
+        check_close(captured, moe_ref(r, inp), "bfloat16", what="graph replay")
