@@ -923,6 +923,79 @@ def test_rel_error_fp8_applies_flips():
     assert math.isinf(B.rel_error_fp8(torch, bad, ref, flips, w2, fp8)[0])
 
 
+class _CudaScalarDivision(torch.overrides.TorchFunctionMode):
+    """Runs CPU tensors with ATen's CUDA rule for ``tensor / python_number``: multiply by the
+    reciprocal rounded to the op-math dtype (BinaryDivTrueKernel.cu, div_true_kernel_cuda,
+    ``is_cpu_scalar(2)``), instead of the correctly rounded division the CPU does. Counts the
+    divisions it rewrote in ``rewritten``."""
+
+    DIV = {torch.Tensor.__truediv__, torch.Tensor.__itruediv__, torch.Tensor.div, torch.Tensor.div_,
+           torch.div, torch.divide, torch.true_divide}
+
+    def __init__(self):
+        super().__init__()
+        self.rewritten = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if (func in self.DIV and len(args) == 2 and not kwargs.get("rounding_mode")
+                and isinstance(args[0], torch.Tensor) and args[0].is_floating_point()
+                and isinstance(args[1], (int, float)) and not isinstance(args[1], bool)):
+            opmath = torch.float64 if args[0].dtype == torch.float64 else torch.float32
+            inv = float(torch.tensor(1.0 / float(args[1]), dtype=torch.float64).to(opmath))
+            self.rewritten += 1
+            inplace = func in (torch.Tensor.__itruediv__, torch.Tensor.div_)
+            return args[0].mul_(inv) if inplace else args[0] * inv
+        return func(*args, **kwargs)
+
+
+def test_cuda_scalar_division_emulation():
+    v = torch.arange(1, 65, dtype=torch.float32)
+    with _CudaScalarDivision() as mode:
+        got = v / 448.0
+    assert mode.rewritten == 1
+    assert torch.equal(got, v * float(np.float32(1.0) / np.float32(448.0)))
+    assert not torch.equal(got, v / 448.0)  # one ulp apart somewhere (the point of the emulation)
+
+
+@pytest.mark.parametrize("quant", FP8_QUANTS)
+@pytest.mark.parametrize("dims", [(16, 8, 512, 384), (8, 3, 200, 72)], ids=["qwen3-blocks", "partial-blocks"])
+def test_reference64_fp8_is_device_independent(quant, dims):
+    """The GPU fp8_block128 check failed (rel err 1.7-2.1e-2) while the kernels matched the CPU
+    path: on CUDA tensors ``absmax / 448.0`` was a multiply by fl32(1/448), one ulp off the op's
+    division, which flips bf16 activations sitting on e4m3 rounding midpoints. Here the CPU
+    runs CUDA's scalar-division rule: the reference must not change at all, and must still
+    pass the check against the op. qwen3-blocks: qwen3's 128x128 block structure scaled down
+    (E=16, topk=8, K=512 = 4 blocks, N=384 = 3 blocks; bf16 inputs, dynamic scales)."""
+    E, topk, K, N = dims
+    shape, x, w1, w2, tw, ids, emap, fp8 = _fp8_problem(quant, M=5, seed=11, E=E, topk=topk, K=K, N=N)
+    if quant == "fp8_tensor":
+        fp8 = dict(fp8, a1_scale=None, a2_scale=None)  # dynamic per-tensor scales divide too
+    want, want_flips = B.reference64_fp8(torch, x, w1, w2, tw, ids, emap, fp8)
+    with _CudaScalarDivision():
+        got, flips = B.reference64_fp8(torch, x, w1, w2, tw, ids, emap, fp8)
+    assert torch.equal(got, want), float((got - want).norm() / want.norm())
+    assert torch.equal(flips["m"], want_flips["m"]) and torch.equal(flips["j"], want_flips["j"])
+    out = B.impl_swapmoe(x, w1, w2, tw, ids, emap, torch.full_like(x, float("nan")), fp8=fp8)
+    err, _ = B.rel_error_fp8(torch, out, got, flips, w2, fp8)
+    assert err <= B.TOLERANCE["bf16"], err
+
+
+def test_fp8_act_quant_ties_on_bf16_input():
+    """bf16 activations land exactly on e4m3 midpoints often (448 v / absmax of 8-bit
+    mantissas); those are the elements a one-ulp scale error flips."""
+    g = torch.Generator().manual_seed(0)
+    v = torch.randn(64, 512, generator=g).to(torch.bfloat16).float()
+    q, s = B.fp8_act_quant_torch(torch, v, "block")
+    t = (v / s).double()
+    step = B._e4m3_step(torch, t.abs())
+    ties = int(((t.abs() / step) % 1 == 0.5).sum())
+    assert ties > 0
+    with _CudaScalarDivision():
+        q2, s2 = B.fp8_act_quant_torch(torch, v, "block")
+    assert torch.equal(s2, s) and torch.equal(q2, q)
+
+
 @pytest.mark.parametrize("quant", FP8_QUANTS)
 def test_fp8_check_point_passes(quant):
     shape, x, w1, w2, tw, ids, emap, fp8 = _fp8_problem(quant, ep=2, M=7)

@@ -286,6 +286,8 @@ def test_labels_and_candidates():
     assert T.swapmoe_candidates("bf16") == ["cuda_decode", "cuda_mma:t16", "cuda_mma:t64", "cuda_mma:t128",
                                             "cuda_generic"]
     assert T.swapmoe_candidates("fp32") == ["cuda_decode", "cuda_generic"]
+    for quant in ("fp8_tensor", "fp8_channel", "fp8_block128"):  # cuda_mma has no FP8 kernels
+        assert T.swapmoe_candidates("bf16", quant) == ["cuda_decode", "cuda_generic"]
 
 
 def test_ineligible_candidates_ask_the_oracle():
@@ -293,6 +295,11 @@ def test_ineligible_candidates_ask_the_oracle():
     assert T.ineligible("cuda_mma:t64", 8, shape, "bf16", H200, (9, 0)) is None
     assert "512" in T.ineligible("cuda_decode", 128, shape, "bf16", H200, (9, 0))
     assert "float32" in T.ineligible("cuda_mma:t16", 8, shape, "fp32", H200, (9, 0))
+    # FP8: the oracle is asked with the scheme
+    assert T.ineligible("cuda_decode", 1, shape, "bf16", H200, (9, 0), "fp8_block128") is None
+    assert T.ineligible("cuda_generic", 64, shape, "bf16", H200, (9, 0), "fp8_channel") is None
+    assert T.ineligible("cuda_mma:t16", 8, shape, "bf16", H200, (9, 0), "fp8_tensor") is not None
+    assert "8.9" in T.ineligible("cuda_generic", 8, shape, "bf16", "NVIDIA A100-SXM4-80GB", (8, 0), "fp8_tensor")
     assert "SWAPMOE_BACKEND" not in os.environ and "SWAPMOE_MMA_TOKEN_TILE" not in os.environ
 
 
@@ -408,9 +415,10 @@ def run_cli(*args, env=None):
                           env=e)
 
 
-def test_tune_without_gpu_exits_2_with_a_clear_error(tmp_path):
+@pytest.mark.parametrize("quant", ["none", "fp8_block128"])
+def test_tune_without_gpu_exits_2_with_a_clear_error(tmp_path, quant):
     _no_gpu()
-    r = run_cli("tune", "--model", "qwen3-30b-a3b", "--m", "1,8", "--out-dir", str(tmp_path / "t"))
+    r = run_cli("tune", "--model", "qwen3-30b-a3b", "--m", "1,8", "--out-dir", str(tmp_path / "t"), "--quant", quant)
     assert r.returncode == 2, r.stderr
     assert "swapmoe tune: error: needs a CUDA GPU" in r.stderr
     assert "Traceback" not in r.stderr and r.stdout == ""
@@ -424,7 +432,6 @@ def test_tune_without_gpu_exits_2_with_a_clear_error(tmp_path):
     (["tune", "-E", "8", "-K", "64", "--out-dir", "X"], "all four"),
     (["tune", "-E", "8", "-K", "64", "-N", "32", "--topk", "2", "--model", "mixtral-8x7b", "--out-dir", "X"],
      "not with"),
-    (["tune", "--model", "qwen3-30b-a3b", "--quant", "fp8_tensor", "--out-dir", "X"], "not implemented yet"),
     (["tune", "--model", "qwen3-30b-a3b", "--m", "0", "--out-dir", "X"], "--m"),
 ])
 def test_tune_bad_requests_exit_2(argv, text, tmp_path, monkeypatch, capsys):
@@ -578,3 +585,127 @@ def test_prepare_refuses_a_table_of_another_k(tmp_path):
     with pytest.raises(T.TuneError, match="JSON"):
         _plans(tmp_path, [1])
     assert _plans(tmp_path, [1], force=True)[0].todo == [1]
+
+
+# ---------------------------------------------------------------------------------------
+# swapmoe tune --quant fp8_*
+# ---------------------------------------------------------------------------------------
+
+FP8_QUANTS = ["fp8_tensor", "fp8_channel", "fp8_block128"]
+
+
+class FakeFp8Runner(FakeRunner):
+    """FP8 candidates: decode wins at M = 1, generic at M = 8, vLLM's Triton from M = 64."""
+
+    def __init__(self, vllm=True):
+        super().__init__(vllm=False)
+        self.labels = T.swapmoe_candidates("bf16", "fp8_tensor") + (["vllm_triton"] if vllm else [])
+
+    def time_us(self, label, M):
+        self.timed.append((label, M))
+        base = {"cuda_decode": 30.0 if M == 1 else 40.0 * M, "cuda_generic": 35.0 + 3.0 * M,
+                "vllm_triton": 60.0 + 2.0 * M}
+        return base[label], "graph"
+
+
+@pytest.mark.parametrize("quant", FP8_QUANTS)
+def test_fp8_sweep_writes_a_table_the_oracle_follows(quant, tmp_path, monkeypatch):
+    shape = T.B.shard_shape("fake", 16, 8, 1024, 512)
+    plans = T.prepare(
+        [shape], str(tmp_path), [1, 8, 64], False,
+        meta_of=lambda sh: T.table_metadata(sh, "bf16", H200, (9, 0), 8, 0, "fake timer", {}, quant),
+        file_name=lambda sh: _core.table_file_name(sh.E, sh.N, H200, "bf16", quant))
+    runner = FakeFp8Runner()
+    [s] = T.sweep(plans, runner)
+    assert {lb for lb, _ in runner.timed} == {"cuda_decode", "cuda_generic", "vllm_triton"}
+    key = {"fp8_tensor": "dtype=fp8_w8a8.json", "fp8_channel": "dtype=fp8_w8a8;per_channel=true.json",
+           "fp8_block128": "dtype=fp8_w8a8;block_shape=[128;128].json"}[quant]
+    assert s["path"].endswith("E=16;N=512;device_name=NVIDIA_H200;" + key)
+    with open(s["path"], encoding="utf-8") as f:
+        raw = json.load(f)
+    assert raw["metadata"]["quant"] == quant and raw["metadata"]["dtype"] == "bf16"
+    assert "FP8 inputs as swapmoe bench --quant" in raw["metadata"]["method"]
+    e = _core.read_table(s["path"])["entries"]
+    assert (e[1]["backend"], e[8]["backend"], e[64]["backend"]) == ("cuda_decode", "cuda_generic", "vllm_triton")
+    monkeypatch.setenv("SWAPMOE_TABLES_DIR", str(tmp_path))
+    dims = (16, 8, 1024, 512)
+    for m, want in ((1, "cuda_decode"), (8, "cuda_generic"), (64, "cuda_generic")):
+        p = plan(m, dims, quant=quant)
+        assert (p.backend, p.source, p.table_m) == (want, "table", m), p.reasons
+        assert p.table.endswith(key)
+    p = plan(64, dims, quant=quant, external_backends=["vllm_triton"])
+    assert (p.backend, p.source, p.fallback) == ("vllm_triton", "table", "cuda_generic")
+    # the bf16 table of the shape is another file: FP8 entries never steer unquantized calls
+    assert plan(1, dims).source == "heuristic"
+    # a rerun with another scheme or dtype does not mix into this file
+    other = T.table_metadata(shape, "fp16", H200, (9, 0), 8, 0, "t", {}, quant)
+    assert "dtype='bf16'" in T.compatible(raw["metadata"], other)
+
+
+def _fake_vllm_fp8(calls, wrong=False):
+    """vLLM's fp8_w8a8_moe_quant_config and fused_experts(..., quant_config=) in terms of
+    swapmoe's CPU op (so the mapping of the scales is what is tested)."""
+    import types as _types
+
+    import swapmoe as sm
+
+    def quant_config(**kw):
+        calls.append(("config", kw))
+        return _types.SimpleNamespace(**kw)
+
+    def fused_experts(x, w1, w2, tw, ids, quant_config=None, expert_map=None, global_num_experts=-1):
+        qc = quant_config
+        calls.append(("call", qc))
+        assert qc.per_act_token_quant == qc.per_out_ch_quant
+        kw = {} if expert_map is None else {"expert_map": expert_map, "global_num_experts": global_num_experts}
+        y = sm.fused_experts(x, w1, w2, tw, ids, use_fp8_w8a8=True, w1_scale=qc.w1_scale, w2_scale=qc.w2_scale,
+                             a1_scale=qc.a1_scale, a2_scale=qc.a2_scale, per_channel_quant=qc.per_out_ch_quant,
+                             block_shape=qc.block_shape, **kw)
+        return y * 1.5 if wrong else y
+
+    return fused_experts, quant_config
+
+
+@pytest.mark.parametrize("quant", FP8_QUANTS)
+def test_fp8_gpu_runner_builds_bench_inputs_and_checks_on_the_cpu(quant, monkeypatch):
+    """GpuRunner's FP8 parts that need no GPU: the weights, scales and activation scales as
+    swapmoe bench --quant builds them, the check of swapmoe's candidates (FP8 reference,
+    the dtype's tolerance) and of vLLM's (its quant config built from the same scales)."""
+    import contextlib
+
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(T, "forced", lambda label: contextlib.nullcontext())  # the CPU path runs the op
+    calls = []
+    fe, qc = _fake_vllm_fp8(calls)
+    shape = T.B.shard_shape("t", 8, 2, 256, 200, 1, 2)  # expert parallel, a partial 128-block
+    runner = T.GpuRunner(torch, torch.device("cpu"), "bf16", 2, 0, H200, (9, 0), T.make_vllm_fp8_impl(fe, qc),
+                         lambda s: None, quant)
+    assert runner.labels == ["cuda_decode", "cuda_generic", "vllm_triton"]
+    runner.start_shape(shape)
+    try:
+        assert runner.weights[0][0].dtype == torch.float8_e4m3fn
+        fp8 = runner.qargs[0]["fp8"]
+        assert fp8["use_fp8_w8a8"] and (fp8["a1_scale"] is not None) == (quant == "fp8_tensor")
+        inputs = runner.inputs(shape, 5)
+        assert runner.check(runner.labels, inputs) == {lb: None for lb in runner.labels}
+        cfg = [c for k, c in calls if k == "config"][0]
+        if quant == "fp8_channel":
+            assert cfg["per_out_ch_quant"] and tuple(cfg["w1_scale"].shape) == (4, 400, 1)
+        elif quant == "fp8_block128":
+            assert cfg["block_shape"] == [128, 128] and tuple(cfg["w1_scale"].shape) == (4, 4, 2)
+        else:
+            assert cfg["a1_scale"] is fp8["a1_scale"] and cfg["a2_scale"] is fp8["a2_scale"]
+        # a wrong vLLM result is caught by its own (looser) bound, swapmoe's candidates still pass
+        bad_fe, bad_qc = _fake_vllm_fp8([], wrong=True)
+        runner.impls["vllm_triton"] = (T.make_vllm_fp8_impl(bad_fe, bad_qc), True)
+        res = runner.check(runner.labels, inputs)
+        assert res["cuda_decode"] is None and res["cuda_generic"] is None
+        assert res["vllm_triton"].startswith("check failed") and "> 0.05" in res["vllm_triton"]
+    finally:
+        runner.end_shape()
+
+
+def test_vllm_fp8_quant_config_not_importable(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    fn, why = T.load_vllm_fp8_quant_config()
+    assert fn is None and "not importable" in why

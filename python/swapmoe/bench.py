@@ -520,7 +520,7 @@ def fp8_weight_scale(torch: Any, w32: Any, scheme: str) -> Any:
         pad = torch.zeros(e, gr * FP8_BLOCK, gc * FP8_BLOCK, dtype=torch.float32, device=w32.device)
         pad[:, :R, :C] = a
         s = pad.view(e, gr, FP8_BLOCK, gc, FP8_BLOCK).amax(dim=(2, 4))
-    return (s / FP8_MAX).clamp_min_(1e-12).to(torch.float32)
+    return _div(torch, s, FP8_MAX).clamp_min_(1e-12).to(torch.float32)
 
 
 def quantize_fp8_weight(torch: Any, w: Any, scheme: str) -> Tuple[Any, Any]:
@@ -586,10 +586,21 @@ def _fp8_scheme_of(fp8: dict) -> str:
     return "channel" if fp8.get("per_channel_quant") else "tensor"
 
 
+def _div(torch: Any, v: Any, c: float) -> Any:
+    """``v / c`` correctly rounded on every device, as the op divides. Never write
+    ``tensor / 448.0`` here: ATen's CUDA division by a Python number (a CPU scalar)
+    multiplies by the float32 reciprocal instead (BinaryDivTrueKernel.cu, "may lose one
+    bit of precision"), one ulp off ``absmax / 448`` on CUDA tensors only. That ulp moves
+    bf16 activations that sit exactly on an e4m3 rounding midpoint (frequent: 448 v / absmax
+    of 8-bit mantissas) to the other neighbour, which then changes the intermediate's group
+    absmax and re-rounds whole groups: the rel err 1.7-2.1e-2 of the GPU fp8_block128 check
+    (NOTES FP8 v1). A 0-d divisor on v's device is divided element-wise on both devices."""
+    return v / torch.full((), c, dtype=v.dtype, device=v.device)
+
+
 def _fp8_min_scale(torch: Any, device: Any) -> Any:
     """1 / (448 * 512) in float32 (vLLM's min_scaling_factor, swapmoe.reference.FP8_MIN_SCALE)."""
-    return (torch.ones((), dtype=torch.float32, device=device)
-            / torch.full((), 448.0 * 512.0, dtype=torch.float32, device=device))
+    return _div(torch, torch.ones((), dtype=torch.float32, device=device), 448.0 * 512.0)
 
 
 def _finite_abs(torch: Any, v: Any) -> Any:
@@ -611,18 +622,18 @@ def fp8_act_quant_torch(torch: Any, v32: Any, scheme: str, static_scale: Any = N
         else:
             a = _finite_abs(torch, v32 if rows is None else v32[rows])
             amax = a.amax() if a.numel() else torch.zeros((), dtype=f32, device=v32.device)
-            s = torch.maximum(amax / FP8_MAX, _fp8_min_scale(torch, v32.device))
+            s = torch.maximum(_div(torch, amax, FP8_MAX), _fp8_min_scale(torch, v32.device))
         t = v32 * (torch.ones_like(s) / s)
     elif scheme == "channel":
         amax = _finite_abs(torch, v32).amax(dim=1, keepdim=True)
-        s = torch.maximum(amax / FP8_MAX, _fp8_min_scale(torch, v32.device))
+        s = torch.maximum(_div(torch, amax, FP8_MAX), _fp8_min_scale(torch, v32.device))
         t = v32 / s
     else:
         G = -(-C // FP8_BLOCK)
         pad = torch.zeros(R, G * FP8_BLOCK, dtype=f32, device=v32.device)
         pad[:, :C] = _finite_abs(torch, v32)
         gmax = pad.view(R, G, FP8_BLOCK).amax(dim=2)
-        s = (gmax.clamp_min(1e-10) / FP8_MAX).repeat_interleave(FP8_BLOCK, dim=1)[:, :C]
+        s = _div(torch, gmax.clamp_min(1e-10), FP8_MAX).repeat_interleave(FP8_BLOCK, dim=1)[:, :C]
         t = v32 / s
     q = t.clamp(-FP8_MAX, FP8_MAX).to(_fp8_dtype(torch)).to(torch.float64)
     q = torch.where(torch.isfinite(v32), q, torch.full_like(q, math.nan))
@@ -767,12 +778,12 @@ def calibrate_static_scales(torch: Any, shape: MoeShape, w1, w2, fp8: dict, dtyp
     tw, ids = make_routing(torch, Mc, shape.E_global, shape.topk, "uniform", gen, device)
     x = torch.randn(Mc, shape.K, generator=gen, device=device, dtype=dtype)
     lo = _fp8_min_scale(torch, device)
-    a1 = torch.maximum(_finite_abs(torch, x.float()).amax() / FP8_MAX, lo)
+    a1 = torch.maximum(_div(torch, _finite_abs(torch, x.float()).amax(), FP8_MAX), lo)
     loc = local_ids(torch, ids, emap, shape.E)
     inter, _ = _fp8_intermediate(torch, x, w1, tw, loc, dict(fp8, a1_scale=a1, a2_scale=None), shape.topk)
     valid = loc < shape.E
     amax = _finite_abs(torch, inter[valid].float()).amax() if bool(valid.any()) else torch.zeros((), device=device)
-    a2 = torch.maximum(amax.to(torch.float32) / FP8_MAX, lo)
+    a2 = torch.maximum(_div(torch, amax.to(torch.float32), FP8_MAX), lo)
     how = (f"static: a1_scale = absmax of a calibration sample ({Mc} tokens of randn, uniform routing, seed "
            f"{seed}+2000003) / 448; a2_scale = absmax of that sample's float64 act(gate)*up over its routed slots "
            f"(x quantized with a1_scale, dequantized weights of copy 0) / 448; shared by every copy")

@@ -136,7 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
             "swapmoe bench does: a CUDA graph of --layers calls on distinct weight copies, "
             "triton.testing.do_bench (L2 flushed, median), divided by --layers. Writes "
             "E=..,N=..,device_name=..,dtype=...json into --out-dir after every M; a second run skips the M "
-            "points already there (--force re-measures). Point $SWAPMOE_TABLES_DIR at the folder to use them."),
+            "points already there (--force re-measures). Point $SWAPMOE_TABLES_DIR at the folder to use them. "
+            "--quant fp8_*: FP8 weights and scales as swapmoe bench --quant, swapmoe's FP8 backends "
+            "(cuda_decode, cuda_generic) and vLLM's Triton FP8 path, into dtype=fp8_w8a8[,per_channel=true|"
+            ",block_shape=[128,128]] tables; without vllm_triton times such a table sends the vLLM plugin's "
+            "FP8 calls to swapmoe's kernels, and the run warns."),
         formatter_class=_HelpFormatter,
     )
     ts = t.add_mutually_exclusive_group()
@@ -152,7 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--ep", type=int, default=1, metavar="N", help="expert parallel: divides E")
     t.add_argument("--dtype", choices=list(B.DTYPES), default="bf16")
     t.add_argument("--quant", choices=list(B.QUANTS), default="none",
-                   help="weight quantization; tuning the FP8 variants is not implemented yet (exit 2)")
+                   help="weight quantization: FP8 W8A8 inputs as swapmoe bench --quant builds them; candidates "
+                        "cuda_decode, cuda_generic (and vllm_triton), written to the dtype=fp8_w8a8... tables "
+                        "(needs sm_89+)")
     t.add_argument("--m", metavar="M,M,...", default=",".join(map(str, T.DEFAULT_M)), help="token counts")
     t.add_argument("--out-dir", metavar="DIR", default=None,
                    help="folder for the tables (default: $SWAPMOE_TABLES_DIR; one of the two is needed)")

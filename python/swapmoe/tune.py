@@ -10,6 +10,16 @@ oracle says cannot run a point is skipped with its reason. When vLLM imports, it
 ``fused_experts`` is timed on the same inputs and stored as ``vllm_triton``, a candidate
 only for callers inside vLLM.
 
+FP8 (``quant`` fp8_tensor, fp8_channel, fp8_block128): the inputs are ``swapmoe bench
+--quant``'s (e4m3 weight copies with absmax/448 scales per expert, output row or 128x128
+block; fp8_tensor's static activation scales from a calibration sample, the others dynamic),
+the candidates swapmoe's FP8 backends (cuda_decode, cuda_generic: cuda_mma has no FP8
+kernels) and, when vLLM imports, vLLM's Triton ``fused_experts`` with the same weights and
+scales (``fp8_w8a8_moe_quant_config``). The tables are the FP8 ones the oracle reads
+(``dtype=fp8_w8a8[,per_channel=true|,block_shape=[128,128]]``); their metadata has ``quant``.
+A table with no ``vllm_triton`` time sends the vLLM plugin's FP8 calls to swapmoe's kernels
+(untabled, they go to vLLM's Triton), so the run says so when vLLM is not timed.
+
 The table file is rewritten after every M point, so an interrupted run keeps what it
 measured; running again skips the M points already in the file (``--force`` re-measures).
 
@@ -45,8 +55,19 @@ ENV_TILE = "SWAPMOE_MMA_TOKEN_TILE"
 ENV_TABLES = "SWAPMOE_TABLES_DIR"
 
 
-#: FP8 tables are not measured yet (``swapmoe bench --quant fp8_*`` times the FP8 kernels)
-FP8_NOT_TUNED = "tuning FP8 is not implemented yet in this build (only --quant none can be tuned)"
+#: swapmoe backends with FP8 kernels (cuda_mma has none; the oracle refuses it for FP8)
+FP8_BACKENDS: Tuple[str, ...] = ("cuda_decode", "cuda_generic")
+#: FP8 needs native e4m3 conversions (the oracle refuses FP8 below sm_89)
+FP8_MIN_CAPABILITY = (8, 9)
+#: where vLLM 0.33 builds the quant config its fused_experts takes for FP8 W8A8
+VLLM_FP8_QUANT_CONFIG = "vllm.model_executor.layers.fused_moe.config.fp8_w8a8_moe_quant_config"
+#: ||out - ref|| / ||ref|| bound for vLLM's FP8 against swapmoe's FP8 reference. vLLM rounds
+#: GEMM1's output and the intermediate to the activation dtype before quantizing, and its
+#: quantizers need not break e4m3 ties as swapmoe's do; a single flipped activation code moves
+#: an absmax and re-rounds its whole group, so two correct W8A8 implementations differ by about
+#: the e4m3 rounding itself (1-2e-2: e.g. a reciprocal-multiply scale against a division, qwen3
+#: M=1, benches/NOTES.md FP8 v1). 5e-2 still catches wrong scales or layouts (errors of O(1)).
+VLLM_FP8_TOLERANCE = 5e-2
 
 
 class TuneError(B.BenchError):
@@ -77,8 +98,11 @@ def parse_label(label: str) -> Tuple[str, Optional[int]]:
     return label, None
 
 
-def swapmoe_candidates(dtype: str) -> List[str]:
-    """Every swapmoe candidate for a dtype: decode, each tensor-core tile (bf16/fp16), generic."""
+def swapmoe_candidates(dtype: str, quant: str = "none") -> List[str]:
+    """Every swapmoe candidate for a dtype: decode, each tensor-core tile (bf16/fp16), generic;
+    for an FP8 ``quant`` the backends with FP8 kernels (decode, generic)."""
+    if quant != "none":
+        return list(FP8_BACKENDS)
     labels = ["cuda_decode"]
     if dtype in ("bf16", "fp16"):
         labels += [candidate_label("cuda_mma", t) for t in MMA_TILES]
@@ -240,21 +264,31 @@ def resolve_out_dir(out_dir: Optional[str]) -> str:
 
 
 def table_metadata(shape: B.MoeShape, dtype: str, device_name: str, capability: Tuple[int, int],
-                   layers: int, seed: int, timer: str, versions: Dict[str, Optional[str]]) -> dict:
-    """The ``metadata`` of a table measured by this run."""
+                   layers: int, seed: int, timer: str, versions: Dict[str, Optional[str]],
+                   quant: str = "none") -> dict:
+    """The ``metadata`` of a table measured by this run: ``dtype`` is the activation dtype,
+    ``quant`` the FP8 scheme (None unquantized; the file name carries it as vLLM's
+    ``dtype=fp8_w8a8...`` key)."""
     from . import __version__
 
     today = datetime.date.today().isoformat()
+    inputs = ""
+    if quant != "none":
+        scheme = B.FP8_SCHEMES[quant]
+        inputs = ("; FP8 inputs as swapmoe bench --quant: e4m3 weights, scale absmax/448 per "
+                  + {"tensor": "expert", "channel": "output row", "block": "128x128 block"}[scheme]
+                  + ("; static activation scales from a 256-token calibration sample" if scheme == "tensor"
+                     else "; dynamic activation scales"))
     return {
         "schema": SCHEMA,
         "E": shape.E, "N": shape.N, "K": shape.K, "topk": shape.topk,
         "E_global": shape.E_global, "tp": shape.tp, "ep": shape.ep, "model": shape.name,
         "device_name": device_name, "device_capability": f"{capability[0]}.{capability[1]}",
-        "dtype": dtype, "quant": None,
+        "dtype": dtype, "quant": None if quant == "none" else quant,
         "swapmoe_version": __version__, "date": today, "created": today,
         "method": (f"swapmoe tune: {timer}; CUDA graph of {layers} calls on distinct weight copies, "
                    f"time / {layers} per call; uniform routing topk(softmax(randn(M, E))), seed {seed}; "
-                   f"each candidate forced with ${ENV_BACKEND} / ${ENV_TILE}"),
+                   f"each candidate forced with ${ENV_BACKEND} / ${ENV_TILE}{inputs}"),
         "versions": versions,
         "generated_by": "swapmoe tune",
     }
@@ -281,7 +315,7 @@ def forced(label: str) -> Iterator[None]:
 
 
 def ineligible(label: str, M: int, shape: B.MoeShape, dtype: str, device_name: str,
-               capability: Tuple[int, int]) -> Optional[str]:
+               capability: Tuple[int, int], quant: str = "none") -> Optional[str]:
     """Why the oracle cannot run ``label`` at ``M`` (None: it can)."""
     from . import _core
     from .errors import Error
@@ -289,6 +323,7 @@ def ineligible(label: str, M: int, shape: B.MoeShape, dtype: str, device_name: s
     with forced(label):
         try:
             _core.select_backend(M, shape.E, shape.topk, shape.K, shape.N, dtype=dtype,
+                                 quant=None if quant == "none" else quant,
                                  device_capability=capability, device_name=device_name)
         except Error as e:
             return str(e)
@@ -449,47 +484,119 @@ def sweep(plans: Sequence[ShapePlan], runner: Runner, *, check: bool = True, pru
 
 
 def _swapmoe_impl(label: str) -> Callable:
-    def impl(x, w1, w2, tw, ids, emap, out):
+    def impl(x, w1, w2, tw, ids, emap, out, fp8=None):
         with forced(label):
-            return B.impl_swapmoe(x, w1, w2, tw, ids, emap, out)
+            return B.impl_swapmoe(x, w1, w2, tw, ids, emap, out, fp8=fp8)
 
     return impl
+
+
+def load_vllm_fp8_quant_config() -> Tuple[Optional[Callable], str]:
+    """(vLLM's ``fp8_w8a8_moe_quant_config``, "") or (None, why not)."""
+    mod_name, _, fn_name = VLLM_FP8_QUANT_CONFIG.rpartition(".")
+    try:
+        import importlib
+
+        with contextlib.redirect_stdout(sys.stderr):
+            mod = importlib.import_module(mod_name)
+    except Exception as e:  # not installed, or installed and broken
+        return None, f"vllm: {mod_name} not importable ({B._err(e)})"
+    fn = getattr(mod, fn_name, None)
+    if not callable(fn):
+        return None, f"vllm: {VLLM_FP8_QUANT_CONFIG} not found"
+    return fn, ""
+
+
+def vllm_fp8_config_kwargs(fp8: dict) -> dict:
+    """The keyword arguments of vLLM's ``fp8_w8a8_moe_quant_config`` for swapmoe's FP8 keyword
+    arguments (:func:`swapmoe.bench.fp8_kwargs`): per-channel weight scales as vLLM's FP8
+    layers hold them ([E, rows, 1]), per-token activations with them; block scales as is."""
+    channel = bool(fp8.get("per_channel_quant"))
+    w1s, w2s = fp8["w1_scale"], fp8["w2_scale"]
+    if channel:
+        w1s, w2s = w1s.unsqueeze(-1), w2s.unsqueeze(-1)
+    return {"w1_scale": w1s, "w2_scale": w2s, "a1_scale": fp8.get("a1_scale"), "a2_scale": fp8.get("a2_scale"),
+            "per_act_token_quant": channel, "per_out_ch_quant": channel,
+            "block_shape": list(fp8["block_shape"]) if fp8.get("block_shape") is not None else None}
+
+
+def make_vllm_fp8_impl(fused_experts: Callable, quant_config: Callable) -> Callable:
+    """An implementation that calls vLLM's ``fused_experts(..., quant_config=...)`` on the e4m3
+    weights with the scales of ``fp8=`` (one config per weight copy, built on first use, so
+    no config is built inside a captured graph); output handling as
+    :func:`swapmoe.bench.make_vllm_impl`."""
+    configs: Dict[int, Any] = {}
+
+    def impl_vllm_fp8(x, w1, w2, tw, ids, emap, out, fp8=None):
+        if not fp8:
+            raise TuneError("vllm_triton FP8: no FP8 scales given")
+        key = id(fp8["w1_scale"])
+        if key not in configs:
+            configs[key] = quant_config(**vllm_fp8_config_kwargs(fp8))
+        kw = {} if emap is None else {"expert_map": emap, "global_num_experts": emap.numel()}
+        y = fused_experts(x, w1, w2, tw, ids, quant_config=configs[key], **kw)
+        return y if out is None else out.copy_(y)
+
+    return impl_vllm_fp8
 
 
 class GpuRunner(Runner):
     """Measures on a CUDA device as ``swapmoe bench`` does."""
 
     def __init__(self, torch: Any, dev: Any, dtype: str, layers: int, seed: int, device_name: str,
-                 capability: Tuple[int, int], vllm_fn: Optional[Callable], say: Callable[[str], None]):
+                 capability: Tuple[int, int], vllm_fn: Optional[Callable], say: Callable[[str], None],
+                 quant: str = "none"):
         self.torch, self.dev, self.dtype, self.layers, self.seed = torch, dev, dtype, layers, seed
-        self.device_name, self.capability, self.say = device_name, capability, say
+        self.device_name, self.capability, self.say, self.quant = device_name, capability, say, quant
         self.tdtype = getattr(torch, B.DTYPES[dtype][0])
         self.timer = B.GpuTimer(torch, dev)
         self.impls: Dict[str, Tuple[Callable, bool]] = {lb: (_swapmoe_impl(lb), True)
-                                                        for lb in swapmoe_candidates(dtype)}
+                                                        for lb in swapmoe_candidates(dtype, quant)}
         if vllm_fn is not None:
             self.impls[VLLM_LABEL] = (vllm_fn, True)
         self.labels = list(self.impls)
         self.weights: List[Any] = []
+        #: per copy, the extra keyword arguments of a call ({} unquantized, {"fp8": ...} FP8)
+        self.qargs: List[dict] = []
         self.copies = 0
         self.emap: Any = None
         self.gen: Any = None
 
     def start_shape(self, shape: B.MoeShape) -> None:
         torch = self.torch
-        self.copies, _, why = B.weight_copies(torch, shape, B.DTYPES[self.dtype][1], self.layers, self.dev,
-                                              self.dtype)
+        fp8 = self.quant != "none"
+        bpw = B.weight_bytes_per_element(self.quant, self.dtype)
+        self.copies, _, why = B.weight_copies(torch, shape, bpw, self.layers, self.dev,
+                                              self.quant if fp8 else self.dtype)
         if why:
             self.say(why)
         self.gen = torch.Generator(device=self.dev)
         self.gen.manual_seed(self.seed + 1_000_003)
-        self.weights = [B.make_weights(torch, shape, self.tdtype, self.gen, self.dev) for _ in range(self.copies)]
         self.emap = B.make_expert_map(torch, shape, self.dev)
+        if not fp8:
+            self.weights = [B.make_weights(torch, shape, self.tdtype, self.gen, self.dev)
+                            for _ in range(self.copies)]
+            self.qargs = [{}] * self.copies
+            return
+        # as swapmoe bench --quant builds them (bench.run_bench)
+        self.weights, scales = [], []
+        for _ in range(self.copies):
+            w1q, w2q, s1, s2 = B.make_fp8_weights(torch, shape, self.tdtype, self.gen, self.dev, self.quant)
+            self.weights.append((w1q, w2q))
+            scales.append((s1, s2))
+        a1 = a2 = None
+        if B.FP8_SCHEMES[self.quant] == "tensor":
+            w1q, w2q = self.weights[0]
+            a1, a2, _ = B.calibrate_static_scales(torch, shape, w1q, w2q, B.fp8_kwargs(self.quant, *scales[0]),
+                                                  self.tdtype, self.seed, self.dev, self.emap)
+        self.qargs = [{"fp8": B.fp8_kwargs(self.quant, s1, s2, a1, a2)} for s1, s2 in scales]
 
     def end_shape(self) -> None:
         self.weights = []
+        self.qargs = []
         self.emap = None
-        self.torch.cuda.empty_cache()
+        if self.dev.type == "cuda":
+            self.torch.cuda.empty_cache()
 
     def inputs(self, shape: B.MoeShape, M: int) -> Any:
         torch = self.torch
@@ -499,25 +606,35 @@ class GpuRunner(Runner):
         return x, tw, ids
 
     def ineligible(self, label: str, shape: B.MoeShape, M: int) -> Optional[str]:
-        if label not in swapmoe_candidates(self.dtype):
+        if label not in swapmoe_candidates(self.dtype, self.quant):
             return None
-        return ineligible(label, M, shape, self.dtype, self.device_name, self.capability)
+        return ineligible(label, M, shape, self.dtype, self.device_name, self.capability, self.quant)
 
     def check(self, labels: Sequence[str], inputs: Any) -> Dict[str, Optional[str]]:
+        """Against float64 (FP8: swapmoe's FP8 reference, flips accounted) with the dtype's
+        tolerance; vLLM's FP8 with :data:`VLLM_FP8_TOLERANCE` (its rounding differs)."""
         x, tw, ids = inputs
-        res = B.check_point(self.torch, labels, x, self.weights[0], tw, ids, self.emap, B.TOLERANCE[self.dtype],
-                            self.impls)
-        return {lb: None if r["ok"] else (r.get("error") or f"check failed: rel_err {r['rel_err']} > {r['tol']:g}")
-                for lb, r in res.items()}
+        fp8 = self.qargs[0].get("fp8") if self.qargs else None
+        groups = [(list(labels), B.TOLERANCE[self.dtype])]
+        if fp8 and VLLM_LABEL in labels:
+            groups = [([lb for lb in labels if lb != VLLM_LABEL], B.TOLERANCE[self.dtype]),
+                      ([VLLM_LABEL], VLLM_FP8_TOLERANCE)]
+        out: Dict[str, Optional[str]] = {}
+        for group, tol in groups:
+            if not group:
+                continue
+            res = B.check_point(self.torch, group, x, self.weights[0], tw, ids, self.emap, tol, self.impls, fp8=fp8)
+            out.update({lb: None if r["ok"] else (r.get("error") or f"check failed: rel_err {r['rel_err']} > "
+                                                  f"{r['tol']:g}") for lb, r in res.items()})
+        return out
 
     def time_us(self, label: str, inputs: Any) -> Tuple[float, str]:
         torch = self.torch
         x, tw, ids = inputs
         fn = self.impls[label][0]
         outs = [None if label == VLLM_LABEL else torch.empty_like(x) for _ in range(self.layers)]
-        calls = [(lambda w, o: (lambda: fn(x, w[0], w[1], tw, ids, self.emap, o)))(self.weights[i % self.copies],
-                                                                                  outs[i])
-                 for i in range(self.layers)]
+        calls = [(lambda w, o, q: (lambda: fn(x, w[0], w[1], tw, ids, self.emap, o, **q)))(
+            self.weights[i % self.copies], outs[i], self.qargs[i % self.copies]) for i in range(self.layers)]
         try:
             return B.gpu_time_us(torch, calls, self.timer, True)
         except Exception as e:
@@ -551,12 +668,10 @@ def run_tune(
 ) -> List[dict]:
     """Tunes each shape on the GPU; returns one summary per shape (see :func:`sweep`).
     Raises :class:`TuneError` (a :class:`BenchError`) for what cannot run: no CUDA device,
-    FP8, a folder that cannot be written, a table file of the same name measured with
-    another K or topk (unless ``force``)."""
+    FP8 below sm_89, a folder that cannot be written, a table file of the same name measured
+    with another K or topk (unless ``force``)."""
     say = log or (lambda s: None)
     B.check_quant(quant)
-    if quant != "none":
-        raise TuneError(f"--quant {quant}: {FP8_NOT_TUNED}")
     if dtype not in B.DTYPES:
         raise TuneError(f"--dtype: expected one of {', '.join(B.DTYPES)}, got {dtype!r}")
     if layers < 1:
@@ -587,25 +702,43 @@ def run_tune(
     device_name = str(info["name"])
     cap = tuple(int(v) for v in info["capability"])
     capability = (cap[0], cap[1])
+    if quant != "none" and capability < FP8_MIN_CAPABILITY:
+        raise TuneError(f"--quant {quant}: FP8 needs compute capability >= 8.9 (native e4m3 conversions); "
+                        f"{device_name} is sm_{capability[0]}{capability[1]}")
     swapmoe.warmup(dev.index)
     env = B.environment()
     versions: Dict[str, Optional[str]] = {k: env.get(k) for k in ("torch", "triton")}
     vllm_fn = None
+    no_vllm = None
     if vllm:
         fe, why = B.load_vllm_fused_experts()
         if fe is None:
-            say(f"{why}: no {VLLM_LABEL} times in the tables (swapmoe candidates only)")
+            no_vllm = why
+        elif quant != "none":
+            qc, qwhy = load_vllm_fp8_quant_config()
+            if qc is None:
+                no_vllm = qwhy
+            else:
+                vllm_fn = make_vllm_fp8_impl(fe, qc)
+                versions["vllm"] = why
         else:
             vllm_fn = B.make_vllm_impl(fe)
             versions["vllm"] = why
     else:
-        say(f"--no-vllm: no {VLLM_LABEL} times in the tables")
-    runner = GpuRunner(torch, dev, dtype, layers, seed, device_name, capability, vllm_fn, say)
+        no_vllm = "--no-vllm"
+    if no_vllm:
+        say(f"{no_vllm}: no {VLLM_LABEL} times in the tables (swapmoe candidates only)")
+        if quant != "none":
+            say(f"warning: inside vLLM an FP8 table without {VLLM_LABEL} times sends FP8 calls to swapmoe's SIMT "
+                f"kernels (untabled FP8 calls go to vLLM's Triton); add {VLLM_LABEL} times (a run with vLLM, or "
+                "benches/merge_anchor.py) before shipping or pointing the plugin at these tables")
+    runner = GpuRunner(torch, dev, dtype, layers, seed, device_name, capability, vllm_fn, say, quant)
     plans = prepare(
         shapes, out, ms, force,
         meta_of=lambda sh: table_metadata(sh, dtype, device_name, capability, layers, seed, runner.timer.method,
-                                          versions),
-        file_name=lambda sh: _core.table_file_name(sh.E, sh.N, device_name, dtype),
+                                          versions, quant),
+        file_name=lambda sh: _core.table_file_name(sh.E, sh.N, device_name, dtype,
+                                                   None if quant == "none" else quant),
         say=say)
     bar = None
     total = sum(len(p.todo) for p in plans) * len(runner.labels)
@@ -623,6 +756,12 @@ def run_tune(
     finally:
         if bar is not None:
             bar.close()
+    if quant != "none" and vllm_fn is not None:
+        for s in summaries:
+            missing = [M for M, e in sorted(s["entries"].items()) if VLLM_LABEL not in e["times_us"]]
+            if missing:
+                say(f"warning: {s['path']}: no {VLLM_LABEL} time at M={','.join(map(str, missing))} (see the "
+                    f"entries' skipped); inside vLLM those entries send FP8 calls to swapmoe's kernels")
     from .errors import Error
 
     for sp in plans:  # the oracle must parse what was written
