@@ -41,9 +41,9 @@ for step in "$@"; do
       # kernels of benches/profile_case.py at qwen3 M=${PROFILE_M:-1}: speed of light, memory, warp stalls
       ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
         --section LaunchStats --section Occupancy -k regex:'decode|bulk|route' \
-        python3 benches/profile_case.py ${PROFILE_M:-1} > "$OUT/ncu_decode.txt" 2>&1
-      echo "ncu: exit $? ; $(grep -c 'decode_moe\|bulk_moe' "$OUT/ncu_decode.txt") kernel sections" ;;
-    routing) python3 benches/routing_bench.py --json "$OUT/routing.json" 2>&1 | tee "$OUT/routing.txt" ;;
+        python3 benches/profile_case.py ${PROFILE_M:-1} ${PROFILE_SHAPE:-qwen3} > "$OUT/ncu_decode_${PROFILE_SHAPE:-qwen3}.txt" 2>&1
+      echo "ncu: exit $? ; $(grep -c 'decode_moe\|bulk_moe' "$OUT/ncu_decode_${PROFILE_SHAPE:-qwen3}.txt") kernel sections" ;;
+    routing) python3 benches/routing_bench.py --m ${ROUTING_M:-1,8,64} --json "$OUT/routing.json" 2>&1 | tee "$OUT/routing.txt" ;;
     pytest) python3 -m pytest -m gpu -q -p no:cacheprovider ${PYTEST_FILES:-tests} 2>&1 | tee "$OUT/pytest_gpu.txt" | tail -25 ;;
     pytest-all) python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest_all.txt" | tail -25 ;;
     *) echo "unknown step $step" ;;

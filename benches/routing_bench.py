@@ -61,8 +61,8 @@ def main():
     swapmoe.warmup(0)
     rows = []
     print(f"{'shape':16s} {'M':>4s} {'experts_us':>10s} {'fused_moe_us':>12s} {'delta_us':>8s} "
-          f"{'sep_rtr_us':>10s} {'delta':>8s} {'torch_route+experts_us':>22s} {'router':>16s} "
-          f"{'launches moe/sep/experts':>24s} {'max|diff|':>9s}")
+          f"{'fusion_on':>10s} {'delta':>8s} {'torch_route+experts_us':>22s} {'router (on)':>16s} "
+          f"{'launches moe/on/experts':>24s} {'max|diff|':>9s}")
     for name, (E, topk, K, N, kw) in SHAPES.items():
         gen = torch.Generator(device="cuda").manual_seed(0)
         w1 = (torch.randn(E, 2 * N, K, device="cuda", generator=gen) / K**0.5).to(torch.bfloat16)
@@ -80,11 +80,11 @@ def main():
             t_exp = time_graph(lambda i: swapmoe.fused_experts(x, w1s[i], w2s[i], tw, ids, out=out), a.layers)
             t_moe = time_graph(lambda i: swapmoe.fused_moe(x, w1s[i], w2s[i], logits, topk, out=out, **kwb),
                                a.layers)
-            os.environ["SWAPMOE_ROUTER_FUSION"] = "off"
+            os.environ["SWAPMOE_ROUTER_FUSION"] = "on"  # the routing twins, where M allows
             try:
-                t_moe_sep = time_graph(
+                t_twin = time_graph(
                     lambda i: swapmoe.fused_moe(x, w1s[i], w2s[i], logits, topk, out=out, **kwb), a.layers)
-                plan_sep = swapmoe._core.describe_plan(x, w1s[0], w2s[0], tw, ids, fused_moe=True)
+                plan_twin = swapmoe._core.describe_plan(x, w1s[0], w2s[0], tw, ids, fused_moe=True)
             finally:
                 del os.environ["SWAPMOE_ROUTER_FUSION"]
             t_sep = time_graph(lambda i: swapmoe.fused_experts(x, w1s[i], w2s[i], *torch_router(logits, topk, kw, bias),
@@ -95,16 +95,17 @@ def main():
             plan = swapmoe._core.describe_plan(x, w1s[0], w2s[0], tw, ids)
             plan_moe = swapmoe._core.describe_plan(x, w1s[0], w2s[0], tw, ids, fused_moe=True)
             rows.append(dict(shape=name, M=M, fused_experts_us=t_exp, fused_moe_us=t_moe,
-                             fused_moe_separate_router_us=t_moe_sep,
+                             fused_moe_fusion_on_us=t_twin,
                              torch_routing_plus_experts_us=t_sep, delta_us=t_moe - t_exp,
-                             delta_separate_router_us=t_moe_sep - t_exp,
-                             router=plan_moe["router"], launches_fused_moe=len(plan_moe["kernels"]),
-                             launches_separate_router=len(plan_sep["kernels"]),
+                             delta_fusion_on_us=t_twin - t_exp,
+                             router=plan_moe["router"], router_fusion_on=plan_twin["router"],
+                             launches_fused_moe=len(plan_moe["kernels"]),
+                             launches_fusion_on=len(plan_twin["kernels"]),
                              launches_fused_experts=len(plan["kernels"]),
                              backend=plan["backend"], max_abs_diff_vs_torch_routing=diff))
-            print(f"{name:16s} {M:4d} {t_exp:10.1f} {t_moe:12.1f} {t_moe - t_exp:8.1f} {t_moe_sep:10.1f} "
-                  f"{t_moe_sep - t_exp:8.1f} {t_sep:22.1f} {plan_moe['router']:>16s} "
-                  f"{len(plan_moe['kernels']):>3d}/{len(plan_sep['kernels'])}/{len(plan['kernels']):<3d} {diff:9.2e}")
+            print(f"{name:16s} {M:4d} {t_exp:10.1f} {t_moe:12.1f} {t_moe - t_exp:8.1f} {t_twin:10.1f} "
+                  f"{t_twin - t_exp:8.1f} {t_sep:22.1f} {plan_twin['router']:>16s} "
+                  f"{len(plan_moe['kernels']):>3d}/{len(plan_twin['kernels'])}/{len(plan['kernels']):<3d} {diff:9.2e}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), layers=a.layers, rows=rows), f, indent=1)

@@ -29,16 +29,22 @@ constexpr int kTok = 4;           // slots per pass over a weight row (`DECODE_T
 constexpr int kMaxSlots = 512;    // largest M*topk (`DECODE_MAX_SLOTS`)
 constexpr int kMaxExperts = 8192; // largest local E (`MAX_GPU_LOCAL_EXPERTS`)
 constexpr int kThreads = kRows * 32;
+// GEMM2 CTAs per SM the register budget must allow (__launch_bounds__): its grid has K/kRows
+// CTAs, so at decode most of them must be resident at once (deepseek-v3-tp8: 896 CTAs).
+// Left to itself ptxas gave GEMM2 104 registers (2 CTAs per SM), and deepseek-v3-tp8 at
+// M=1 took 42.9 us instead of 34. 5 (<= 51 registers) spills nothing in the 16-bit kernels;
+// the FP8 ones need 4.
+constexpr int kGemm2MinBlocks = 5;
+constexpr int kFp8Gemm2MinBlocks = 4;
 
 // GEMM2's tail, after every warp has written its items' partials: fold the N segments of
 // each slot in segment order (when a slot was split into `parts`), then store each token's
 // sum over its top-k slots in k order. Every thread of the CTA calls it.
 template <typename T>
 __device__ __forceinline__ void finish_gemm2(float (*partial)[kRows], float (*partial_folded)[kRows],
-                                             const int* slot_expert, int S, int parts, int M, int topk, int rows,
-                                             int r0, int weight_on_input, const void* __restrict__ topk_weights,
-                                             int topk_weights_code, long long topk_weights_row_stride,
-                                             T* __restrict__ out, long long out_row_stride) {
+                                             const int* slot_expert, const float* slot_weight, int S, int parts,
+                                             int M, int topk, int rows, int r0, T* __restrict__ out,
+                                             long long out_row_stride) {
   __syncthreads();
   if (parts > 1) {
     for (int idx = threadIdx.x; idx < S * kRows; idx += kThreads) {
@@ -49,9 +55,8 @@ __device__ __forceinline__ void finish_gemm2(float (*partial)[kRows], float (*pa
     }
     __syncthreads();
   }
-  store_topk_sums<T, kRows>(parts > 1 ? partial_folded : partial, slot_expert, M, topk, rows, r0,
-                            weight_on_input, topk_weights, topk_weights_code, topk_weights_row_stride, out,
-                            out_row_stride, threadIdx.x, kThreads);
+  store_topk_sums<T, kRows>(parts > 1 ? partial_folded : partial, slot_expert, slot_weight, M, topk, rows, r0,
+                            out, out_row_stride, threadIdx.x, kThreads);
 }
 
 struct ExpertSlots {
@@ -182,15 +187,19 @@ __device__ __forceinline__ void gemm2_sum(
   __shared__ float partial[kMaxSlots][kRows];        // item (slot, segment), row r0 + i
   __shared__ float partial_folded[kRows][kRows];     // slot s < kRows, row r0 + i
   __shared__ int slot_expert[kMaxSlots];
+  __shared__ float slot_weight[kMaxSlots];
   pdl_wait();
   pdl_launch_dependents();
   const int S = M * topk;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int r0 = blockIdx.x * kRows;
   const int rows = min(kRows, K - r0);
-  for (int s = threadIdx.x; s < S; s += kThreads)
+  for (int s = threadIdx.x; s < S; s += kThreads) {
     slot_expert[s] = slot_local_expert(topk_ids, ids_is_i64, ids_row_stride, expert_map, topk,
                                        global_E, local_E, s);
+    slot_weight[s] = slot_sum_weight(weight_on_input, topk_weights, topk_weights_code, topk_weights_row_stride,
+                                     topk, s);
+  }
   __syncthreads();
   // With fewer slots than warps, each slot's N is split into `parts` segments so that every
   // warp streams weights: item i = (slot i / parts, segment i % parts).
@@ -228,8 +237,8 @@ __device__ __forceinline__ void gemm2_sum(
       partial[item][lane] = mine;
     }
   }
-  finish_gemm2<T>(partial, partial_folded, slot_expert, S, parts, M, topk, rows, r0, weight_on_input,
-                  topk_weights, topk_weights_code, topk_weights_row_stride, out, out_row_stride);
+  finish_gemm2<T>(partial, partial_folded, slot_expert, slot_weight, S, parts, M, topk, rows, r0, out,
+                  out_row_stride);
 }
 
 
@@ -277,6 +286,7 @@ __device__ __forceinline__ void fp8_gemm2_sum(
   __shared__ float partial[kMaxSlots][kRows];
   __shared__ float partial_folded[kRows][kRows];
   __shared__ int slot_expert[kMaxSlots];
+  __shared__ float slot_weight[kMaxSlots];
   pdl_wait();
   pdl_launch_dependents();
   const int S = M * topk;
@@ -284,8 +294,11 @@ __device__ __forceinline__ void fp8_gemm2_sum(
   const int r0 = blockIdx.x * kRows;
   const int rows = min(kRows, K - r0);
   const int rb = SCHEME == kQBlock ? r0 / kFp8Block : r0;  // the CTA's rows share one 128-row block
-  for (int s = threadIdx.x; s < S; s += kThreads)
+  for (int s = threadIdx.x; s < S; s += kThreads) {
     slot_expert[s] = slot_local_expert(topk_ids, ids_is_i64, ids_row_stride, expert_map, topk, global_E, local_E, s);
+    slot_weight[s] = slot_sum_weight(weight_on_input, topk_weights, topk_weights_code, topk_weights_row_stride,
+                                     topk, s);
+  }
   __syncthreads();
   const int parts = S >= kRows ? 1 : (kRows + S - 1) / S;
   const int seg = ((N + parts - 1) / parts + 32 * VEC - 1) / (32 * VEC) * (32 * VEC);
@@ -338,8 +351,8 @@ __device__ __forceinline__ void fp8_gemm2_sum(
       partial[item][lane] = mine;
     }
   }
-  finish_gemm2<T>(partial, partial_folded, slot_expert, S, parts, M, topk, rows, r0, weight_on_input,
-                  topk_weights, topk_weights_code, topk_weights_row_stride, out, out_row_stride);
+  finish_gemm2<T>(partial, partial_folded, slot_expert, slot_weight, S, parts, M, topk, rows, r0, out,
+                  out_row_stride);
 }
 
 }  // namespace
@@ -381,8 +394,12 @@ __device__ __forceinline__ void fp8_gemm2_sum(
                                       w1_row_stride, expert_map, M, topk, global_E, local_E, N,  \
                                       K, act, weight_on_input, inter);                           \
   }                                                                                              \
-  extern "C" __global__ void __launch_bounds__(swapmoe::kThreads)                               \
+  extern "C" __global__ void __launch_bounds__(swapmoe::kThreads, swapmoe::kGemm2MinBlocks)   \
       decode_moe_gemm2_sum_##SUFFIX##_v##VEC(SWAPMOE_DECODE_GEMM2_ARGS(T)) {                     \
+    swapmoe::gemm2_sum<T, VEC>(SWAPMOE_DECODE_GEMM2_CALL);                                       \
+  }                                                                                              \
+  extern "C" __global__ void __launch_bounds__(swapmoe::kThreads)                               \
+      decode_moe_gemm2_sum_wide_##SUFFIX##_v##VEC(SWAPMOE_DECODE_GEMM2_ARGS(T)) {                \
     swapmoe::gemm2_sum<T, VEC>(SWAPMOE_DECODE_GEMM2_CALL);                                       \
   }
 
@@ -409,7 +426,7 @@ SWAPMOE_DECODE_INSTANTIATE(f16, __half, 8)
                                     groups_n);                                                    \
   }
 #define SWAPMOE_DECODE_FP8_GEMM2(SUFFIX, T, NAME, SCHEME, VEC)                                    \
-  extern "C" __global__ void __launch_bounds__(swapmoe::kThreads)                                \
+  extern "C" __global__ void __launch_bounds__(swapmoe::kThreads, swapmoe::kFp8Gemm2MinBlocks) \
       decode_moe_fp8_gemm2_sum_##SUFFIX##_##NAME##_v##VEC(                                        \
           const float *inter, const float *inter_amax, const float *a2_static, int groups_n,      \
           const uint8_t *w2, long long w2_expert_stride, long long w2_row_stride, const float *w2s, \

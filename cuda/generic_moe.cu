@@ -113,13 +113,26 @@ template <typename T>
 __device__ __forceinline__ void topk_reduce(const float* __restrict__ y,
                                             const int* __restrict__ slot_expert, int topk, int K,
                                             T* __restrict__ out, long long out_row_stride) {
+  pdl_launch_dependents();  // a routing or align kernel launched after it may start early
   const int t = blockIdx.y;
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= K) return;
+  // kChunk slots' experts, then their values, are loaded before any is added, so that the
+  // loads of a chunk are in flight together (one at a time, each slot cost two dependent
+  // round trips).
+  constexpr int kChunk = 8;
   float s = 0.f;
-  for (int k = 0; k < topk; ++k) {
-    const long long slot = (long long)t * topk + k;
-    if (slot_expert[slot] >= 0) s += y[slot * K + c];
+  const long long first = (long long)t * topk;
+  for (int k0 = 0; k0 < topk; k0 += kChunk) {
+    int ex[kChunk];
+    float v[kChunk];
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) ex[i] = k0 + i < topk ? slot_expert[first + k0 + i] : -1;
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) v[i] = ex[i] >= 0 ? y[(first + k0 + i) * K + c] : 0.f;
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i)
+      if (ex[i] >= 0) s += v[i];  // in k order
   }
   out[(long long)t * out_row_stride + c] = from_f32<T>(s);
 }

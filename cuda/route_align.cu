@@ -130,6 +130,8 @@ __device__ __forceinline__ void align_slots(
 extern "C" __global__ void __launch_bounds__(kThreads) swapmoe_route_align(
     const void* __restrict__ topk_ids, int ids_is_i64, long long ids_row_stride, SWAPMOE_ALIGN_ARGS) {
   extern __shared__ int counts[];  // [local_E]
+  swapmoe::pdl_wait();
+  swapmoe::pdl_launch_dependents();
   align_slots(topk_ids, ids_is_i64, ids_row_stride, SWAPMOE_ALIGN_CALL);
 }
 
@@ -139,6 +141,8 @@ extern "C" __global__ void __launch_bounds__(kThreads) swapmoe_route_align(
 extern "C" __global__ void __launch_bounds__(kThreads) swapmoe_route_align_routed(
     swapmoe::RouterArgs router, SWAPMOE_ALIGN_ARGS) {
   extern __shared__ int counts[];  // [local_E]
+  swapmoe::pdl_wait();
+  swapmoe::pdl_launch_dependents();
   const int lane = threadIdx.x & 31;
   for (int t = threadIdx.x >> 5; t < M; t += kThreads / 32) swapmoe::route_token_to_global<8>(router, t, lane);
   __syncthreads();  // the block's global writes are visible to the whole block after it

@@ -94,6 +94,7 @@ __device__ __forceinline__ void consumers_sync() {
 // ascending order. Built identically by every CTA, by warp 0 (lane l holds slots l, l+32).
 struct Routing {
   int slot_expert[kMaxSlots];  // local expert of each slot, or -1
+  float slot_weight[kMaxSlots];  // GEMM2's weight of each slot (slot_sum_weight); GEMM2 only
   int expert[kMaxSlots];     // expert index j -> local expert
   int start[kMaxSlots + 1];  // expert index j -> first position in `sorted`
   int sorted[kMaxSlots];     // slots, grouped by expert index
@@ -318,6 +319,9 @@ __device__ __forceinline__ void bulk_gemm2_sum(
   init_barriers(full, empty);
   // The routing and the weights do not depend on GEMM1: read them before waiting for it.
   build_routing(r, topk_ids, ids_is_i64, ids_row_stride, expert_map, S, topk, global_E, local_E);
+  for (int s = threadIdx.x; s < S; s += blockDim.x)
+    r.slot_weight[s] = slot_sum_weight(weight_on_input, topk_weights, topk_weights_code, topk_weights_row_stride,
+                                       topk, s);
   __syncthreads();
   build_groups(groups, r);
   __syncthreads();
@@ -425,9 +429,8 @@ __device__ __forceinline__ void bulk_gemm2_sum(
       }
     }
     consumers_sync();
-    store_topk_sums<T, kRows>(part, r.slot_expert, M, topk, nrows, r0, weight_on_input, topk_weights,
-                              topk_weights_code, topk_weights_row_stride, out, out_row_stride, threadIdx.x,
-                              kConsumerWarps * 32);
+    store_topk_sums<T, kRows>(part, r.slot_expert, r.slot_weight, M, topk, nrows, r0, out, out_row_stride,
+                              threadIdx.x, kConsumerWarps * 32);
     consumers_sync();  // part is rewritten by the next row block
   }
 #else

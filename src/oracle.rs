@@ -66,8 +66,15 @@ pub const ROUTER_WIDE_LANE_EXPERTS: usize = 32;
 pub const ROUTER_FUSED_MAX_EXPERTS: usize = 32 * ROUTER_NARROW_LANE_EXPERTS;
 /// Largest M routed inside the align kernel: its 32 warps take M / 32 tokens each, one
 /// after another, while the separate router kernel runs them all in parallel.
-pub const ROUTER_IN_ALIGN_MAX_TOKENS: usize = 128;
-/// `$SWAPMOE_ROUTER_FUSION=off`: fused_moe runs the router as its own kernel.
+pub const ROUTER_IN_ALIGN_MAX_TOKENS: usize = 32;
+/// The decode GEMM2 whose registers ptxas may size freely (104 for bf16: 2 CTAs of 256
+/// threads per SM, more weight loads in flight per warp) is used while its K / 8 CTAs fit
+/// this many per SM; beyond, the occupancy-bounded one (cuda/decode_moe.cu
+/// `kGemm2MinBlocks`). qwen3-30b-a3b at M=1: 256 CTAs, 29.8 us wide against 33.8 bounded;
+/// deepseek-v3-tp8: 896 CTAs, 42.9 us wide against 34.1 bounded.
+pub const DECODE_GEMM2_WIDE_MAX_CTAS_PER_SM: usize = 2;
+/// `$SWAPMOE_ROUTER_FUSION=on`: fused_moe routes inside the experts' first kernel where it
+/// can (opt-in: measured slower than the router kernel, benches/NOTES.md "Router v3").
 pub const ROUTER_FUSION_ENV: &str = "SWAPMOE_ROUTER_FUSION";
 
 /// What the driver tells us about a device, or what an offline question assumes.
@@ -142,6 +149,8 @@ pub enum KernelId {
     RouteAlignRouted,
     /// fused_moe at decode: GEMM1 that routes for itself (cuda/decode_moe.cu).
     DecodeGemm1Routed(DType, usize),
+    /// Decode GEMM2 without the occupancy bound (`DECODE_GEMM2_WIDE_MAX_CTAS_PER_SM`).
+    DecodeGemm2SumWide(DType, usize),
     /// FP8 W8A8 (cuda/generic_moe.cu): hidden states (by dtype) to e4m3 plus scales.
     Fp8QuantX(DType),
     /// FP8: partial absmax of the hidden states, for a dynamic per-tensor scale.
@@ -199,6 +208,7 @@ impl KernelId {
         + 3 * 2 * 3
         + 3 * 3 * 2
         + 2 * 2
+        + 3 * 2
         + 3 * 2;
 
     pub fn module(&self) -> &'static str {
@@ -206,6 +216,7 @@ impl KernelId {
             KernelId::RouteAlign | KernelId::RouteAlignRouted => "route_align",
             KernelId::DecodeGemm1Act(..)
             | KernelId::DecodeGemm1Routed(..)
+            | KernelId::DecodeGemm2SumWide(..)
             | KernelId::DecodeGemm2Sum(..)
             | KernelId::DecodeFp8Gemm1(..)
             | KernelId::DecodeFp8Gemm2Sum(..) => "decode_moe",
@@ -230,6 +241,9 @@ impl KernelId {
             KernelId::RouteAlignRouted => "swapmoe_route_align_routed".into(),
             KernelId::DecodeGemm1Routed(d, v) => {
                 format!("decode_moe_gemm1_act_routed_{}_v{v}", d.suffix())
+            }
+            KernelId::DecodeGemm2SumWide(d, v) => {
+                format!("decode_moe_gemm2_sum_wide_{}_v{v}", d.suffix())
             }
             KernelId::Fp8QuantX(d) => format!("swapmoe_fp8_quant_x_{}", d.suffix()),
             KernelId::Fp8AbsmaxPartials(d) => format!("swapmoe_fp8_absmax_{}", d.suffix()),
@@ -266,6 +280,7 @@ impl KernelId {
             KernelId::BulkGemm1Act(d) => 85 + usize::from(d == DType::F16),
             KernelId::BulkGemm2Sum(d) => 87 + usize::from(d == DType::F16),
             KernelId::DecodeGemm1Routed(d, v) => 89 + vec_slot(d, v),
+            KernelId::DecodeGemm2SumWide(d, v) => 95 + vec_slot(d, v),
         }
     }
 
@@ -284,6 +299,7 @@ impl KernelId {
                 v.push(KernelId::DecodeGemm1Act(d, w));
                 v.push(KernelId::DecodeGemm1Routed(d, w));
                 v.push(KernelId::DecodeGemm2Sum(d, w));
+                v.push(KernelId::DecodeGemm2SumWide(d, w));
             }
             v.push(KernelId::GenericTopkReduce(d));
         }
@@ -879,9 +895,10 @@ fn best_swapmoe(c: &mut Candidates, entry: &tables::Entry) -> Option<Backend> {
     None
 }
 
-/// Whether the router kernel is launched with programmatic dependent launch, so that it
-/// and the experts kernels after it overlap their start-up (sm_90+).
-pub fn router_uses_pdl(caps: &DeviceCaps) -> bool {
+/// Whether the router and align kernels are launched with programmatic dependent launch,
+/// so that their start-up overlaps the previous kernel's tail (sm_90+). They wait for it
+/// (griddepcontrol.wait) before reading anything.
+pub fn first_kernel_uses_pdl(caps: &DeviceCaps) -> bool {
     caps.capability.0 >= 9
 }
 
@@ -894,14 +911,14 @@ pub fn router_kernel(experts: usize) -> KernelId {
     }
 }
 
-/// `$SWAPMOE_ROUTER_FUSION`: unset, "on" or "1" lets fused_moe fuse its router; "off" or
-/// "0" keeps it a separate kernel (to measure the difference).
-pub fn router_fusion_allowed() -> Result<bool> {
+/// `$SWAPMOE_ROUTER_FUSION`: "on" or "1" asks fused_moe to route inside the experts' first
+/// kernel; unset, "off" or "0" keeps the router kernel, which measured faster.
+pub fn router_fusion_requested() -> Result<bool> {
     match std::env::var(ROUTER_FUSION_ENV) {
-        Err(_) => Ok(true),
+        Err(_) => Ok(false),
         Ok(v) => match v.trim() {
-            "" | "on" | "1" => Ok(true),
-            "off" | "0" => Ok(false),
+            "on" | "1" => Ok(true),
+            "" | "off" | "0" => Ok(false),
             other => Err(Error::Argument(format!(
                 "${ROUTER_FUSION_ENV}: expected 'on' or 'off', got {other:?}"
             ))),
@@ -909,10 +926,15 @@ pub fn router_fusion_allowed() -> Result<bool> {
     }
 }
 
-/// Decides where fused_moe routes its M tokens over E experts, given the experts' plan:
-/// swaps the plan's first kernel for its routing twin when that pays, else schedules the
-/// router kernel before it. Records the choice and its reason in the plan.
-pub fn place_router(plan: &mut Plan, m: usize, experts: usize, fusion_allowed: bool) {
+/// Decides where fused_moe routes its M tokens over E experts, given the experts' plan: the
+/// router kernel before it, or (`fusion_requested`) the plan's first kernel swapped for its
+/// routing twin where one exists. Records the choice and its reason in the plan.
+///
+/// The router kernel is the default because it measured faster at every point of issue 3's
+/// grid on the H200 (benches/NOTES.md, "Router v3"): the twins put the router's latency on
+/// every GEMM1 CTA's critical path (two waves at qwen3 M=1), or serialize it before the
+/// alignment in one CTA, while the router kernel runs once and PDL hides the next launch.
+pub fn place_router(plan: &mut Plan, m: usize, experts: usize, fusion_requested: bool) {
     let separate = |plan: &mut Plan, why: String| {
         plan.reasons
             .push(format!("router: its own kernel first, {why}"));
@@ -924,8 +946,11 @@ pub fn place_router(plan: &mut Plan, m: usize, experts: usize, fusion_allowed: b
         plan.router = RouterPlacement::NotRouting;
         return;
     }
-    if !fusion_allowed {
-        return separate(plan, format!("${ROUTER_FUSION_ENV}=off"));
+    if !fusion_requested {
+        return separate(
+            plan,
+            format!("measured faster than routing inside the experts' first kernel (${ROUTER_FUSION_ENV}=on does that)"),
+        );
     }
     if experts > ROUTER_FUSED_MAX_EXPERTS {
         return separate(
@@ -1091,6 +1116,8 @@ struct Candidates<'a> {
     pdl_ok: bool,
     /// The device is sm_90 (Hopper), known to the oracle; its SM count.
     hopper_sms: Option<usize>,
+    /// The device's SM count (132, an H200's, when no device is known).
+    sms: usize,
     gemm1_vec: usize,
     gemm2_vec: usize,
     reasons: Vec<String>,
@@ -1150,6 +1177,7 @@ impl<'a> Candidates<'a> {
             hopper_sms: caps
                 .filter(|c| c.capability == (9, 0))
                 .map(|c| c.sm_count.max(1) as usize),
+            sms: caps.map_or(132, |c| c.sm_count.max(1) as usize),
             gemm1_vec: if gemm1_ok { w as usize } else { 1 },
             gemm2_vec: if gemm2_ok { w as usize } else { 1 },
             reasons,
@@ -1311,10 +1339,21 @@ impl<'a> Candidates<'a> {
                 } else {
                     "pdl: off, programmatic dependent launch needs sm_90".into()
                 });
+                    let gemm2_ctas = self.p.k.div_ceil(DECODE_ROWS_PER_CTA);
+                    let wide = gemm2_ctas <= DECODE_GEMM2_WIDE_MAX_CTAS_PER_SM * self.sms;
+                    reasons.push(if wide {
+                        format!("gemm2: its {gemm2_ctas} CTAs fit {DECODE_GEMM2_WIDE_MAX_CTAS_PER_SM} per SM, so the kernel with unbounded registers keeps more weight loads in flight")
+                    } else {
+                        format!("gemm2: {gemm2_ctas} CTAs, more than {DECODE_GEMM2_WIDE_MAX_CTAS_PER_SM} per SM: the kernel bounded to 5 CTAs per SM keeps most of them resident")
+                    });
                     (
                         vec![
                             KernelId::DecodeGemm1Act(d, g1),
-                            KernelId::DecodeGemm2Sum(d, g2),
+                            if wide {
+                                KernelId::DecodeGemm2SumWide(d, g2)
+                            } else {
+                                KernelId::DecodeGemm2Sum(d, g2)
+                            },
                         ],
                         DECODE_ROWS_PER_CTA,
                         DECODE_TOKENS_PER_PASS,
@@ -1495,7 +1534,8 @@ mod tests {
                 .iter()
                 .any(|r| r.starts_with("router:") && r.contains(needle))
         };
-        // Decode, M <= 8: GEMM1 routes; its kernel becomes the routing twin.
+        // Asked to fuse ($SWAPMOE_ROUTER_FUSION=on): decode, M <= 8: GEMM1 routes; its
+        // kernel becomes the routing twin.
         let d = placed(8, 128, Backend::CudaDecode, true);
         assert_eq!(d.router, RouterPlacement::InDecodeGemm1);
         assert_eq!(d.kernels[0], KernelId::DecodeGemm1Routed(DType::BF16, 8));
@@ -1506,19 +1546,19 @@ mod tests {
         assert_eq!(d9.router, RouterPlacement::Separate(KernelId::RouteTopk(8)));
         assert_eq!(d9.kernels[0], KernelId::DecodeGemm1Act(DType::BF16, 8));
         assert!(has(&d9, "M = 9 > 8"));
-        // Grouped GEMMs: the align kernel routes up to 128 tokens.
+        // Grouped GEMMs: the align kernel routes up to 32 tokens, one per warp.
         for b in [Backend::CudaMma, Backend::CudaGeneric] {
-            let a = placed(128, 256, b, true);
+            let a = placed(32, 256, b, true);
             assert_eq!(a.router, RouterPlacement::InAlign);
             assert_eq!(a.kernels[0], KernelId::RouteAlignRouted);
             assert!(has(&a, "inside the align kernel"));
-            let a129 = placed(129, 256, b, true);
+            let a129 = placed(33, 256, b, true);
             assert_eq!(
                 a129.router,
                 RouterPlacement::Separate(KernelId::RouteTopk(8))
             );
             assert_eq!(a129.kernels[0], KernelId::RouteAlign);
-            assert!(has(&a129, "M = 129 > 128"));
+            assert!(has(&a129, "M = 33 > 32"));
         }
         // E > 256 does not fit the fused router: the wide router kernel runs first.
         let wide = placed(1, 512, Backend::CudaDecode, true);
@@ -1534,10 +1574,23 @@ mod tests {
             &bulk,
             "cuda_bulk_decode plan has no kernel that routes"
         ));
-        // $SWAPMOE_ROUTER_FUSION=off.
-        let off = placed(1, 128, Backend::CudaDecode, false);
-        assert!(matches!(off.router, RouterPlacement::Separate(_)));
-        assert!(has(&off, "SWAPMOE_ROUTER_FUSION=off"));
+        // Without $SWAPMOE_ROUTER_FUSION=on: the router kernel, which measured faster.
+        for (m, b) in [
+            (1, Backend::CudaDecode),
+            (8, Backend::CudaMma),
+            (64, Backend::CudaGeneric),
+        ] {
+            let default = placed(m, 128, b, false);
+            assert_eq!(
+                default.router,
+                RouterPlacement::Separate(KernelId::RouteTopk(8))
+            );
+            assert!(has(&default, "measured faster"));
+            assert!(!default.kernels.iter().any(|k| matches!(
+                k,
+                KernelId::RouteAlignRouted | KernelId::DecodeGemm1Routed(..)
+            )));
+        }
         // The CPU routes before the experts.
         let mut cpu = plan(&problem(1, 128, 8, 2048, 768, DType::BF16), None);
         cpu.backend = Backend::Cpu;

@@ -26,9 +26,20 @@ def test_decode_at_m1_on_h200_with_pdl():
     p = plan(1)
     assert p.backend == "cuda_decode" and p.swap_ab and p.source == "heuristic"
     assert p.tile["pdl"] is True
-    assert p.tile["kernels"] == ["decode_moe_gemm1_act_bf16_v8", "decode_moe_gemm2_sum_bf16_v8"]
+    # qwen3's GEMM2 has K/8 = 256 CTAs, 2 per SM: the register-unbounded GEMM2
+    assert p.tile["kernels"] == ["decode_moe_gemm1_act_bf16_v8", "decode_moe_gemm2_sum_wide_bf16_v8"]
     assert p.device_capability == (9, 0)
     assert any(r.startswith("cuda_decode:") for r in p.reasons)
+
+
+def test_decode_gemm2_bounded_when_its_ctas_exceed_two_per_sm():
+    p = plan(1, (256, 8, 7168, 256))  # deepseek-v3-tp8: 896 GEMM2 CTAs on 132 SMs
+    assert p.tile["kernels"] == ["decode_moe_gemm1_act_bf16_v8", "decode_moe_gemm2_sum_bf16_v8"]
+    assert any(r.startswith("gemm2: 896 CTAs") for r in p.reasons)
+    # 264 CTAs (K = 2112) still fit two per SM
+    wide = plan(1, (128, 8, 2112, 768))
+    assert wide.tile["kernels"][1] == "decode_moe_gemm2_sum_wide_bf16_v8"
+    assert plan(1, (128, 8, 2120, 768)).tile["kernels"][1] == "decode_moe_gemm2_sum_bf16_v8"
 
 
 def test_tensor_cores_at_prefill_with_token_tile_from_slots_per_expert():

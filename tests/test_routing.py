@@ -127,7 +127,16 @@ def near_tie(row: np.ndarray, r: Router, bias: Optional[np.ndarray]) -> bool:
 def draw_bias(rng: np.random.Generator, r: Router) -> Optional[np.ndarray]:
     if not r.bias:
         return None
-    return rng.permutation(BIAS_GRID)[: r.E].copy()
+    return rng.permutation(distinct_grid(BIAS_GRID, r.E))[: r.E].copy()
+
+
+def distinct_grid(grid: np.ndarray, n: int) -> np.ndarray:
+    """``grid`` when it has n values, else the same range at a finer power-of-two step
+    (float32-exact; bf16-exact up to 512 values)."""
+    if n <= grid.size:
+        return grid
+    refine = 1 << int(np.ceil(np.log2(n / grid.size)))
+    return np.arange(grid.size * refine, dtype=np.float32) * ((grid[1] - grid[0]) / refine) + grid[0]
 
 
 def draw_logits(rng: np.random.Generator, r: Router, M: int, bias: Optional[np.ndarray] = None) -> np.ndarray:
@@ -136,7 +145,7 @@ def draw_logits(rng: np.random.Generator, r: Router, M: int, bias: Optional[np.n
     out = np.empty((M, r.E), np.float32)
     for m in range(M):
         for _ in range(100):
-            out[m] = rng.permutation(LOGIT_GRID)[: r.E]
+            out[m] = rng.permutation(distinct_grid(LOGIT_GRID, r.E))[: r.E]
             if not near_tie(out[m], r, bias):
                 break
         else:  # pragma: no cover - 100 draws in a row with a near-tie

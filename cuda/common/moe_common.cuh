@@ -187,16 +187,26 @@ __device__ __forceinline__ void gemm1_row(const T* __restrict__ wg, const T* __r
   }
 }
 
-// out[t, r0 + i] for every token t < M and row i < rows: the sum over k, in k order, of the
-// router weight (1 when it was applied to the input) times part[t*topk + k][i], over the
-// slots with a local expert (slot_expert >= 0). Thread `tid` of `nthreads` takes the
-// (t, i) pairs tid, tid + nthreads, ...
+// The weight GEMM2's sum gives slot s: its router weight, or 1 when that was applied to the
+// input. The GEMM2 kernels load every slot's weight into shared memory at their start,
+// next to its expert, so that the sum below reads no global memory: loaded inside the
+// sum's k loop, the weights were S dependent global round trips at the kernel's end.
+__device__ __forceinline__ float slot_sum_weight(int weight_on_input, const void* __restrict__ topk_weights,
+                                                 int topk_weights_code, long long topk_weights_row_stride,
+                                                 int topk, int s) {
+  return weight_on_input ? 1.f
+                         : slot_router_weight(topk_weights, topk_weights_code, topk_weights_row_stride, topk, s);
+}
+
+// out[t, r0 + i] for every token t < M and row i < rows: the sum over k, in k order, of
+// slot_weight[s] times part[s][i] (s = t*topk + k), over the slots with a local expert
+// (slot_expert >= 0). slot_expert and slot_weight are per slot, in shared memory. Thread
+// `tid` of `nthreads` takes the (t, i) pairs tid, tid + nthreads, ...
 template <typename T, int ROWS>
-__device__ __forceinline__ void store_topk_sums(const float (*part)[ROWS], const int* slot_expert, int M,
-                                                int topk, int rows, int r0, int weight_on_input,
-                                                const void* __restrict__ topk_weights, int topk_weights_code,
-                                                long long topk_weights_row_stride, T* __restrict__ out,
-                                                long long out_row_stride, int tid, int nthreads) {
+__device__ __forceinline__ void store_topk_sums(const float (*part)[ROWS], const int* slot_expert,
+                                                const float* slot_weight, int M, int topk, int rows, int r0,
+                                                T* __restrict__ out, long long out_row_stride, int tid,
+                                                int nthreads) {
   for (int idx = tid; idx < M * ROWS; idx += nthreads) {
     const int t = idx / ROWS, i = idx - t * ROWS;
     if (i >= rows) continue;
@@ -204,10 +214,7 @@ __device__ __forceinline__ void store_topk_sums(const float (*part)[ROWS], const
     for (int k = 0; k < topk; ++k) {
       const int s = t * topk + k;
       if (slot_expert[s] < 0) continue;
-      const float wgt = weight_on_input ? 1.f
-                                        : slot_router_weight(topk_weights, topk_weights_code,
-                                                             topk_weights_row_stride, topk, s);
-      sum += wgt * part[s][i];
+      sum += slot_weight[s] * part[s][i];
     }
     out[(long long)t * out_row_stride + r0 + i] = from_f32<T>(sum);
   }

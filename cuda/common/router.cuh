@@ -49,28 +49,31 @@ __device__ __forceinline__ unsigned order_key(float v) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-// a ranks before b (NaN first, then larger).
-__device__ __forceinline__ bool value_ranks_before(float a, float b) {
-  return (isnan(a) && !isnan(b)) || a > b;
+// The number an order key stands for (order_key's inverse; NaN for the NaN key).
+__device__ __forceinline__ float key_value(unsigned k) {
+  if (k == 0xffffffffu) return NAN;
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
 
-// Keeps b1, b2 the two best values seen (equal values both kept).
-__device__ __forceinline__ void top2_insert(float v, float& b1, float& b2) {
-  if (value_ranks_before(v, b1)) {
-    b2 = b1;
-    b1 = v;
-  } else if (value_ranks_before(v, b2)) {
-    b2 = v;
-  }
+// Keeps k1 >= k2 the two largest keys seen (equal keys both kept; 0 = none).
+__device__ __forceinline__ void top2_key_insert(unsigned k, unsigned& k1, unsigned& k2) {
+  k2 = max(k2, min(k1, k));
+  k1 = max(k1, k);
 }
 
 // Merges the top-2 pairs of the lanes in aligned runs of `width` lanes (a power of two).
-__device__ __forceinline__ void top2_merge(float& b1, float& b2, int width) {
+__device__ __forceinline__ void top2_key_merge(unsigned& k1, unsigned& k2, int width) {
   for (int o = 1; o < width; o <<= 1) {
-    const float o1 = __shfl_xor_sync(0xffffffffu, b1, o), o2 = __shfl_xor_sync(0xffffffffu, b2, o);
-    top2_insert(o1, b1, b2);
-    top2_insert(o2, b1, b2);
+    const unsigned o1 = __shfl_xor_sync(0xffffffffu, k1, o), o2 = __shfl_xor_sync(0xffffffffu, k2, o);
+    k2 = max(min(k1, o1), max(k2, o2));
+    k1 = max(k1, o1);
   }
+}
+
+// A group's score as an order key: its best selection value, or with a correction bias the
+// sum of its two best.
+__device__ __forceinline__ unsigned group_key(unsigned k1, unsigned k2, bool two_best) {
+  return order_key(two_best ? key_value(k1) + key_value(k2) : key_value(k1));
 }
 
 __device__ __forceinline__ float router_warp_max(float v) {
@@ -139,75 +142,72 @@ __device__ __forceinline__ void route_token_warp(const RouterArgs& a, int t, int
     for (int j = 0; j < PMAX; ++j) sc[j] = nan ? NAN : sc[j] / sum;
   } else {  // sigmoid
 #pragma unroll
-    for (int j = 0; j < PMAX; ++j) sc[j] = 1.f / (1.f + expf(-x[j]));
+    for (int j = 0; j < PMAX; ++j) sc[j] = __frcp_rn(1.f + expf(-x[j]));  // == 1.f / (...), rounded once
   }
-  float sel[PMAX];  // selection values
-  unsigned key[PMAX];
+  unsigned key[PMAX];  // order keys of the selection values (score + bias)
 #pragma unroll
-  for (int j = 0; j < PMAX; ++j) {
-    sel[j] = a.bias ? sc[j] + b[j] : sc[j];
-    key[j] = valid[j] ? order_key(sel[j]) : 0u;
-  }
+  for (int j = 0; j < PMAX; ++j) key[j] = valid[j] ? order_key(a.bias ? sc[j] + b[j] : sc[j]) : 0u;
 
   if (a.groups > 1) {
     const int G = a.groups, gs = E / G;
     unsigned group_ok = 0u;  // bit g: group g may be picked from
-    // The group score of group g ends in lane `holder(g)`, as an order key in gkey.
-    unsigned gkey = 0u;
+    unsigned gkey = 0u;      // a group's score (as an order key) in the lane that holds it
     const int L = gs % P == 0 ? gs / P : 0;  // lanes per group when groups align with lanes
     if (L > 0 && (L & (L - 1)) == 0) {
-      // Fast: the L lanes of a group merge their top-2 with shuffles.
-      float b1 = -INFINITY, b2 = -INFINITY;
-      bool any = false;
+      // Fast: lane l lies in group l*P/gs; the L lanes of a group merge their top-2.
+      unsigned k1 = 0u, k2 = 0u;
 #pragma unroll
-      for (int j = 0; j < PMAX; ++j)
-        if (valid[j]) {
-          top2_insert(sel[j], b1, b2);
-          any = true;
-        }
-      top2_merge(b1, b2, L);
-      if (any && lane % L == 0) gkey = order_key(a.bias ? b1 + b2 : b1);
+      for (int j = 0; j < PMAX; ++j) top2_key_insert(key[j], k1, k2);
+      top2_key_merge(k1, k2, L);
+      if (e0 < E && lane % L == 0) gkey = group_key(k1, k2, a.bias != nullptr);
       for (int r = 0; r < a.topk_group; ++r) {
         const int src = lane_of_max(gkey);
         group_ok |= 1u << (src * P / gs);
         if (lane == src) gkey = 0u;
       }
+      if (e0 < E && !((group_ok >> (e0 / gs)) & 1u)) {
+#pragma unroll
+        for (int j = 0; j < PMAX; ++j) key[j] = 0u;
+      }
     } else {
-      // General: one warp-wide top-2 per group; lane g keeps group g's score.
+      // General: one warp-wide top-2 per group; lane g holds group g's score.
       for (int g = 0; g < G; ++g) {
-        float b1 = -INFINITY, b2 = -INFINITY;
+        unsigned k1 = 0u, k2 = 0u;
 #pragma unroll
         for (int j = 0; j < PMAX; ++j)
-          if (valid[j] && (e0 + j) / gs == g) top2_insert(sel[j], b1, b2);
-        top2_merge(b1, b2, 32);
-        if (lane == g) gkey = order_key(a.bias ? b1 + b2 : b1);
+          if ((e0 + j) / gs == g) top2_key_insert(key[j], k1, k2);
+        top2_key_merge(k1, k2, 32);
+        if (lane == g) gkey = group_key(k1, k2, a.bias != nullptr);
       }
       for (int r = 0; r < a.topk_group; ++r) {
         const int src = lane_of_max(gkey);
         group_ok |= 1u << src;
         if (lane == src) gkey = 0u;
       }
-    }
 #pragma unroll
-    for (int j = 0; j < PMAX; ++j)
-      if (valid[j] && !((group_ok >> ((e0 + j) / gs)) & 1u)) key[j] = 0u;
+      for (int j = 0; j < PMAX; ++j)
+        if (valid[j] && !((group_ok >> ((e0 + j) / gs)) & 1u)) key[j] = 0u;
+    }
   }
 
-  // Top-k: per pick, each lane offers its best key, the warp takes the largest.
+  // Top-k: per pick, every lane offers its largest key, the warp takes the largest of those
+  // (the lowest lane on ties), and that lane gives its lowest index with that key and the
+  // score there, then drops it. One reduction, one ballot and two shuffles per pick.
   weight = 0.f;
   id = 0;
   for (int r = 0; r < a.topk; ++r) {
     unsigned best = 0u;
+#pragma unroll
+    for (int j = 0; j < PMAX; ++j) best = max(best, key[j]);
+    const int src = lane_of_max(best);
     int bj = 0;
     float bw = 0.f;
 #pragma unroll
-    for (int j = 0; j < PMAX; ++j)
-      if (key[j] > best) {
-        best = key[j];
+    for (int j = PMAX - 1; j >= 0; --j)
+      if (key[j] == best) {
         bj = j;
         bw = sc[j];
       }
-    const int src = lane_of_max(best);
     const int j = __shfl_sync(0xffffffffu, bj, src);
     const float w = __shfl_sync(0xffffffffu, bw, src);
     if (lane == src) {

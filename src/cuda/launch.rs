@@ -300,7 +300,7 @@ fn experts(
             ROUTE_ALIGN_THREADS as u32,
             smem,
             stream,
-            false,
+            crate::oracle::first_kernel_uses_pdl(&dev.caps),
             router,
             &mut args[skip..],
         )?;
@@ -732,7 +732,7 @@ fn route(p: &RouterProblem, id: KernelId, stream: usize) -> Result<()> {
         (ROUTER_TOKENS_PER_CTA * 32) as u32,
         0,
         stream,
-        crate::oracle::router_uses_pdl(&dev.caps),
+        crate::oracle::first_kernel_uses_pdl(&dev.caps),
         &mut args,
     )
 }

@@ -483,7 +483,7 @@ fn fused_moe(
                 &mut plan,
                 problem.m,
                 router.experts,
-                oracle::router_fusion_allowed().py_err(py)?,
+                oracle::router_fusion_requested().py_err(py)?,
             );
             log_note(py, plan.log.take());
             let (ws_addr, ws_bytes) = workspace_buffer(py, &problem, workspace)?;
@@ -550,8 +550,8 @@ fn describe_plan<'py>(
     let forced = oracle::forced_backend(None).py_err(py)?;
     let mut plan = oracle::plan_with(&problem, caps.as_ref(), forced).py_err(py)?;
     if fused_moe {
-        let allowed = oracle::router_fusion_allowed().py_err(py)?;
-        oracle::place_router(&mut plan, problem.m, problem.global_experts, allowed);
+        let fuse = oracle::router_fusion_requested().py_err(py)?;
+        oracle::place_router(&mut plan, problem.m, problem.global_experts, fuse);
     }
     log_note(py, plan.log.take());
     let mut kernels: Vec<String> = plan.kernels.iter().map(|k| k.symbol()).collect();
