@@ -18,6 +18,7 @@
 namespace {
 constexpr int kThreads = 1024;  // `ROUTE_ALIGN_THREADS`
 
+template <int THREADS>
 __device__ __forceinline__ int block_exclusive_scan(int v, int* warp_sums, int* total) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int inc = v;
@@ -29,7 +30,7 @@ __device__ __forceinline__ int block_exclusive_scan(int v, int* warp_sums, int* 
   if (lane == 31) warp_sums[warp] = inc;
   __syncthreads();
   if (warp == 0) {
-    int w = (lane < (kThreads / 32)) ? warp_sums[lane] : 0;
+    int w = (lane < (THREADS / 32)) ? warp_sums[lane] : 0;
     int winc = w;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
@@ -48,7 +49,8 @@ __device__ __forceinline__ int block_exclusive_scan(int v, int* warp_sums, int* 
 
 // topk_ids: [M, topk] int32 (ids_is_i64 == 0) or int64, row stride ids_row_stride elements.
 // expert_map: [global_E] int32 or nullptr. counts: local_E ints of shared memory.
-// Every thread of the block calls it.
+// Every thread of the block (THREADS of them) calls it.
+template <int THREADS>
 __device__ __forceinline__ void align_slots(
     const void* topk_ids, int ids_is_i64, long long ids_row_stride,
     const int* __restrict__ expert_map, int M, int topk, int global_E, int local_E,
@@ -60,10 +62,10 @@ __device__ __forceinline__ void align_slots(
   const int tid = threadIdx.x;
   const long long S = (long long)M * topk;
 
-  for (int e = tid; e < local_E; e += kThreads) counts[e] = 0;
+  for (int e = tid; e < local_E; e += THREADS) counts[e] = 0;
   __syncthreads();
 
-  for (long long s = tid; s < S; s += kThreads) {
+  for (long long s = tid; s < S; s += THREADS) {
     const long long m = s / topk, k = s - m * topk;
     const long long off = m * ids_row_stride + k;
     long long g = ids_is_i64 ? static_cast<const long long*>(topk_ids)[off]
@@ -79,7 +81,7 @@ __device__ __forceinline__ void align_slots(
   __syncthreads();
 
   // Each thread owns a contiguous chunk of experts; scan chunk sums across the block.
-  const int per = (local_E + kThreads - 1) / kThreads;
+  const int per = (local_E + THREADS - 1) / THREADS;
   const int e0 = min(tid * per, local_E), e1 = min(e0 + per, local_E);
   int my_slots = 0, my_active = 0, my_tiles = 0;
   for (int e = e0; e < e1; ++e) {
@@ -87,9 +89,9 @@ __device__ __forceinline__ void align_slots(
     my_active += counts[e] > 0;
     if (tile_tokens > 0) my_tiles += (counts[e] + tile_tokens - 1) / tile_tokens;
   }
-  int slot_base = block_exclusive_scan(my_slots, warp_sums, &total_slots);
-  int active_base = block_exclusive_scan(my_active, warp_sums, &total_active);
-  int tile_base = block_exclusive_scan(my_tiles, warp_sums, &total_tiles);
+  int slot_base = block_exclusive_scan<THREADS>(my_slots, warp_sums, &total_slots);
+  int active_base = block_exclusive_scan<THREADS>(my_active, warp_sums, &total_active);
+  int tile_base = block_exclusive_scan<THREADS>(my_tiles, warp_sums, &total_tiles);
   for (int e = e0; e < e1; ++e) {
     const int c = counts[e];
     expert_offsets[e] = slot_base;
@@ -111,7 +113,7 @@ __device__ __forceinline__ void align_slots(
   }
   __syncthreads();
 
-  for (long long s = tid; s < S; s += kThreads) {
+  for (long long s = tid; s < S; s += THREADS) {
     const int local = slot_expert[s];
     if (local >= 0) sorted_slots[atomicAdd(&counts[local], 1)] = (int)s;
   }
@@ -132,19 +134,22 @@ extern "C" __global__ void __launch_bounds__(kThreads) swapmoe_route_align(
   extern __shared__ int counts[];  // [local_E]
   swapmoe::pdl_wait();
   swapmoe::pdl_launch_dependents();
-  align_slots(topk_ids, ids_is_i64, ids_row_stride, SWAPMOE_ALIGN_CALL);
+  align_slots<kThreads>(topk_ids, ids_is_i64, ids_row_stride, SWAPMOE_ALIGN_CALL);
 }
 
-// fused_moe's first kernel for the grouped GEMMs: the 32 warps route the M tokens
-// (token t in warp t % 32; E <= 256) into router.weights / router.ids, then the block
-// groups the slots as swapmoe_route_align does. One launch instead of two.
-extern "C" __global__ void __launch_bounds__(kThreads) swapmoe_route_align_routed(
+// fused_moe's first kernel for the grouped GEMMs ($SWAPMOE_ROUTER_FUSION=on): the 16 warps
+// route the M tokens (token t in warp t % 16; E <= 256) into router.weights / router.ids,
+// then the block groups the slots as swapmoe_route_align does. One launch instead of two.
+// 512 threads (`ROUTE_ALIGN_ROUTED_THREADS`): at 1024 the router's 64 registers per thread
+// took a whole SM's register file, so the CTA could not start beside another kernel's.
+constexpr int kRoutedThreads = 512;
+extern "C" __global__ void __launch_bounds__(kRoutedThreads) swapmoe_route_align_routed(
     swapmoe::RouterArgs router, SWAPMOE_ALIGN_ARGS) {
   extern __shared__ int counts[];  // [local_E]
   swapmoe::pdl_wait();
   swapmoe::pdl_launch_dependents();
   const int lane = threadIdx.x & 31;
-  for (int t = threadIdx.x >> 5; t < M; t += kThreads / 32) swapmoe::route_token_to_global<8>(router, t, lane);
+  for (int t = threadIdx.x >> 5; t < M; t += kRoutedThreads / 32) swapmoe::route_token_to_global<8>(router, t, lane);
   __syncthreads();  // the block's global writes are visible to the whole block after it
-  align_slots(router.ids, 0, router.ids_row, SWAPMOE_ALIGN_CALL);
+  align_slots<kRoutedThreads>(router.ids, 0, router.ids_row, SWAPMOE_ALIGN_CALL);
 }

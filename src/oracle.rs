@@ -61,12 +61,16 @@ pub const REDUCE_THREADS: usize = 256;
 /// variant holds E <= 256 in registers and is the one fused into other kernels; the wide
 /// one covers E <= 1024 (`GPU_ROUTER_MAX_EXPERTS`).
 pub const ROUTER_NARROW_LANE_EXPERTS: usize = 8;
+/// The router kernel for E <= 128 holds 4 experts per lane (half the work per pick).
+pub const ROUTER_NARROWEST_LANE_EXPERTS: usize = 4;
 pub const ROUTER_WIDE_LANE_EXPERTS: usize = 32;
 /// Largest E a fused router handles (32 lanes x `ROUTER_NARROW_LANE_EXPERTS`).
 pub const ROUTER_FUSED_MAX_EXPERTS: usize = 32 * ROUTER_NARROW_LANE_EXPERTS;
 /// Largest M routed inside the align kernel: its 32 warps take M / 32 tokens each, one
 /// after another, while the separate router kernel runs them all in parallel.
-pub const ROUTER_IN_ALIGN_MAX_TOKENS: usize = 32;
+pub const ROUTER_IN_ALIGN_MAX_TOKENS: usize = 16;
+/// Threads of the routing align kernel (`kRoutedThreads` in cuda/route_align.cu).
+pub const ROUTE_ALIGN_ROUTED_THREADS: usize = 512;
 /// The decode GEMM2 whose registers ptxas may size freely (104 for bf16: 2 CTAs of 256
 /// threads per SM, more weight loads in flight per warp) is used while its K / 8 CTAs fit
 /// this many per SM; beyond, the occupancy-bounded one (cuda/decode_moe.cu
@@ -209,7 +213,8 @@ impl KernelId {
         + 3 * 3 * 2
         + 2 * 2
         + 3 * 2
-        + 3 * 2;
+        + 3 * 2
+        + 1;
 
     pub fn module(&self) -> &'static str {
         match self {
@@ -269,6 +274,7 @@ impl KernelId {
             KernelId::DecodeGemm2Sum(d, v) => 22 + vec_slot(d, v),
             KernelId::MmaGemm1Act(d, t) => 28 + mma_slot(d, t),
             KernelId::MmaGemm2(d, t) => 34 + mma_slot(d, t),
+            KernelId::RouteTopk(ROUTER_NARROWEST_LANE_EXPERTS) => 101,
             KernelId::RouteTopk(p) => 40 + usize::from(p > ROUTER_NARROW_LANE_EXPERTS),
             KernelId::RouteAlignRouted => 42,
             KernelId::Fp8QuantX(d) => 43 + dtype_index(d),
@@ -289,6 +295,7 @@ impl KernelId {
         let mut v = vec![
             KernelId::RouteAlign,
             KernelId::RouteAlignRouted,
+            KernelId::RouteTopk(ROUTER_NARROWEST_LANE_EXPERTS),
             KernelId::RouteTopk(ROUTER_NARROW_LANE_EXPERTS),
             KernelId::RouteTopk(ROUTER_WIDE_LANE_EXPERTS),
         ];
@@ -904,7 +911,9 @@ pub fn first_kernel_uses_pdl(caps: &DeviceCaps) -> bool {
 
 /// The router kernel for E experts: the narrow variant (fewer registers) when it fits.
 pub fn router_kernel(experts: usize) -> KernelId {
-    if experts <= ROUTER_FUSED_MAX_EXPERTS {
+    if experts <= 32 * ROUTER_NARROWEST_LANE_EXPERTS {
+        KernelId::RouteTopk(ROUTER_NARROWEST_LANE_EXPERTS)
+    } else if experts <= ROUTER_FUSED_MAX_EXPERTS {
         KernelId::RouteTopk(ROUTER_NARROW_LANE_EXPERTS)
     } else {
         KernelId::RouteTopk(ROUTER_WIDE_LANE_EXPERTS)
@@ -1543,22 +1552,22 @@ mod tests {
         assert!(has(&d, "inside GEMM1"));
         // Decode, M = 9: one token per GEMM1 warp no longer holds.
         let d9 = placed(9, 128, Backend::CudaDecode, true);
-        assert_eq!(d9.router, RouterPlacement::Separate(KernelId::RouteTopk(8)));
+        assert_eq!(d9.router, RouterPlacement::Separate(KernelId::RouteTopk(4)));
         assert_eq!(d9.kernels[0], KernelId::DecodeGemm1Act(DType::BF16, 8));
         assert!(has(&d9, "M = 9 > 8"));
-        // Grouped GEMMs: the align kernel routes up to 32 tokens, one per warp.
+        // Grouped GEMMs: the align kernel routes up to 16 tokens, one per warp.
         for b in [Backend::CudaMma, Backend::CudaGeneric] {
-            let a = placed(32, 256, b, true);
+            let a = placed(16, 256, b, true);
             assert_eq!(a.router, RouterPlacement::InAlign);
             assert_eq!(a.kernels[0], KernelId::RouteAlignRouted);
             assert!(has(&a, "inside the align kernel"));
-            let a129 = placed(33, 256, b, true);
+            let a129 = placed(17, 256, b, true);
             assert_eq!(
                 a129.router,
                 RouterPlacement::Separate(KernelId::RouteTopk(8))
             );
             assert_eq!(a129.kernels[0], KernelId::RouteAlign);
-            assert!(has(&a129, "M = 33 > 32"));
+            assert!(has(&a129, "M = 17 > 16"));
         }
         // E > 256 does not fit the fused router: the wide router kernel runs first.
         let wide = placed(1, 512, Backend::CudaDecode, true);
@@ -1583,7 +1592,7 @@ mod tests {
             let default = placed(m, 128, b, false);
             assert_eq!(
                 default.router,
-                RouterPlacement::Separate(KernelId::RouteTopk(8))
+                RouterPlacement::Separate(KernelId::RouteTopk(4))
             );
             assert!(has(&default, "measured faster"));
             assert!(!default.kernels.iter().any(|k| matches!(
@@ -1602,6 +1611,8 @@ mod tests {
             plan(&problem(1, 128, 8, 2048, 768, DType::BF16), Some(&h)).router,
             RouterPlacement::NotRouting
         );
+        assert_eq!(router_kernel(128), KernelId::RouteTopk(4));
+        assert_eq!(router_kernel(129), KernelId::RouteTopk(8));
         assert_eq!(router_kernel(256), KernelId::RouteTopk(8));
         assert_eq!(router_kernel(257), KernelId::RouteTopk(32));
     }

@@ -5,7 +5,7 @@ use super::{check, device, stream_is_capturing, DeviceState};
 use crate::error::{Error, Result};
 use crate::oracle::{
     Backend, KernelId, Plan, RouterPlacement, BULK_SMEM_BYTES, BULK_THREADS, REDUCE_THREADS,
-    ROUTE_ALIGN_THREADS,
+    ROUTE_ALIGN_ROUTED_THREADS, ROUTE_ALIGN_THREADS,
 };
 
 /// Threads per CTA of the tensor-core kernels (`kThreads` in cuda/sm80_mma_moe.cu).
@@ -292,12 +292,16 @@ fn experts(
         );
         let smem = (4 * p.local_experts) as u32;
         // The routing twin takes RouterArgs in place of the three topk_ids arguments.
-        let skip = if router.is_some() { 3 } else { 0 };
+        let (skip, threads) = if router.is_some() {
+            (3, ROUTE_ALIGN_ROUTED_THREADS)
+        } else {
+            (0, ROUTE_ALIGN_THREADS)
+        };
         launch_routed(
             dev,
             plan.kernels[0],
             (1, 1, 1),
-            ROUTE_ALIGN_THREADS as u32,
+            threads as u32,
             smem,
             stream,
             crate::oracle::first_kernel_uses_pdl(&dev.caps),
