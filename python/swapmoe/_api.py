@@ -167,6 +167,17 @@ def _fused_experts_dlpack(hidden_states, w1, w2, topk_weights, topk_ids, *, out,
     return out
 
 
+def _router_args(topk: Any, scoring: Any) -> int:
+    """topk as an int; both checked for their Python types (the core checks the values)."""
+    try:
+        topk = operator.index(topk)
+    except TypeError:
+        raise ArgumentError(f"topk: expected an integer, got {topk!r}") from None
+    if not isinstance(scoring, str):
+        raise ArgumentError(f"scoring: expected 'softmax' or 'sigmoid', got {scoring!r}")
+    return topk
+
+
 def select_experts(
     gating_output: Any,
     topk: int,
@@ -193,12 +204,7 @@ def select_experts(
       weight reaches the output, never silently dropped. A softmax row with a NaN is all NaN.
     - ``num_tokens``: when given, ``gating_output.shape[0]`` must equal it.
     """
-    try:
-        topk = operator.index(topk)
-    except TypeError:
-        raise ArgumentError(f"topk: expected an integer, got {topk!r}") from None
-    if not isinstance(scoring, str):
-        raise ArgumentError(f"scoring: expected 'softmax' or 'sigmoid', got {scoring!r}")
+    topk = _router_args(topk, scoring)
     if _is_torch(gating_output):
         from . import ops
 
@@ -280,12 +286,7 @@ def fused_moe(
             raise ShapeError(
                 f"gating_output: expected shape [M, {experts}] ({what}), got [{g_shape[0]}, {g_shape[1]}]"
             )
-    try:
-        topk = operator.index(topk)
-    except TypeError:
-        raise ArgumentError(f"topk: expected an integer, got {topk!r}") from None
-    if not isinstance(scoring, str):
-        raise ArgumentError(f"scoring: expected 'softmax' or 'sigmoid', got {scoring!r}")
+    topk = _router_args(topk, scoring)
     if not isinstance(activation, str):
         raise ArgumentError(f"activation: expected one of 'silu', 'gelu', got {activation!r}")
     kw = dict(

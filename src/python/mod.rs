@@ -213,12 +213,7 @@ fn fused_experts(
                 .py_err(py)
         }
         _ => {
-            let ordinal = match problem.device {
-                crate::problem::Device::Cuda(i) => i,
-                _ => 0,
-            };
-            let dev = cuda::device(ordinal).py_err(py)?;
-            let mut plan = oracle::plan_with(&problem, Some(&dev.caps), forced).py_err(py)?;
+            let mut plan = cuda_plan(py, &problem, forced)?;
             log_note(py, plan.log.take());
             if check_ids {
                 cuda::launch::check_ids(&problem, stream).py_err(py)?;
@@ -227,6 +222,20 @@ fn fused_experts(
             cuda::launch::fused_experts(&problem, &plan, ws_addr, ws_bytes, stream).py_err(py)
         }
     }
+}
+
+/// The oracle's plan for a CUDA problem on its device.
+fn cuda_plan(
+    py: Python<'_>,
+    problem: &MoeProblem,
+    forced: Option<oracle::Backend>,
+) -> PyResult<oracle::Plan> {
+    let ordinal = match problem.device {
+        crate::problem::Device::Cuda(i) => i,
+        _ => 0,
+    };
+    let dev = cuda::device(ordinal).py_err(py)?;
+    oracle::plan_with(problem, Some(&dev.caps), forced).py_err(py)
 }
 
 /// The CUDA workspace's (address, bytes), checked against the problem's device.
@@ -473,12 +482,7 @@ fn fused_moe(
             .py_err(py)
         }
         _ => {
-            let ordinal = match problem.device {
-                crate::problem::Device::Cuda(i) => i,
-                _ => 0,
-            };
-            let dev = cuda::device(ordinal).py_err(py)?;
-            let mut plan = oracle::plan_with(&problem, Some(&dev.caps), forced).py_err(py)?;
+            let mut plan = cuda_plan(py, &problem, forced)?;
             oracle::place_router(
                 &mut plan,
                 problem.m,
