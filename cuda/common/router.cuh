@@ -183,12 +183,13 @@ __device__ __forceinline__ void route_token_warp(const RouterArgs& a, int t, int
       for (int j = 0; j < PMAX; ++j) top2_key_insert(key[j], k1, k2);
       top2_key_merge(k1, k2, L);
       if (e0 < E && lane % L == 0) gkey = group_key(k1, k2, a.bias != nullptr);
+      const int lanes_log2 = __ffs(L) - 1;  // lane l lies in group l >> lanes_log2
       for (int r = 0; r < a.topk_group; ++r) {
         const int src = lane_of_max(gkey);
-        group_ok |= 1u << (src * P / gs);
+        group_ok |= 1u << (src >> lanes_log2);
         if (lane == src) gkey = 0u;
       }
-      if (e0 < E && !((group_ok >> (e0 / gs)) & 1u)) {
+      if (e0 < E && !((group_ok >> (lane >> lanes_log2)) & 1u)) {
 #pragma unroll
         for (int j = 0; j < PMAX; ++j) key[j] = 0u;
       }
