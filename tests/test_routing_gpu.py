@@ -345,7 +345,7 @@ def test_cuda_fused_moe_logits_on_cpu(rng):
     r = BY_NAME["mixtral"]
     inp = moe_inputs(moe_problem(rng, r, 4, ep=False), "torch", "bfloat16", device=DEV)
     inp["logits"] = inp["logits"].cpu()
-    with pytest.raises(swapmoe.Error):
+    with pytest.raises(swapmoe.DeviceError, match="gating_output: expected device cuda"):
         moe_call(r, inp)
 
 

@@ -427,6 +427,15 @@ fn fused_moe(
         a2_scale,
     )?;
     let g = tensor::import("gating_output", gating_output)?;
+    if g.desc.device != inputs.hidden_states.desc.device {
+        return Err(to_pyerr(
+            py,
+            Error::Device(format!(
+                "gating_output: expected device {} (the device of hidden_states), got {}",
+                inputs.hidden_states.desc.device, g.desc.device
+            )),
+        ));
+    }
     let bias = e_score_correction_bias
         .map(|b| tensor::import("e_score_correction_bias", b))
         .transpose()?;
@@ -458,15 +467,6 @@ fn fused_moe(
             Error::Shape(format!(
                 "gating_output: expected shape [M, {}] (the global expert count), got [{}, {}]",
                 problem.global_experts, router.m, router.experts
-            )),
-        ));
-    }
-    if router.device != problem.device {
-        return Err(to_pyerr(
-            py,
-            Error::Device(format!(
-                "gating_output: expected device {} (the device of hidden_states), got {}",
-                problem.device, router.device
             )),
         ));
     }
