@@ -143,7 +143,7 @@ __device__ __forceinline__ void gemm1_act(
                           weight_on_input, topk_weights, topk_weights_code, topk_weights_row_stride, inter);
 }
 
-// GEMM1 of fused_moe at decode: each CTA routes the M tokens itself (warp w takes tokens
+// GEMM1 of fused_moe at decode with $SWAPMOE_ROUTER_FUSION=on: each CTA routes the M tokens itself (warp w takes tokens
 // w, w + kRows, ...; E <= 256) into shared memory, then runs gemm1_act on its own copy of
 // the routing. CTA (0, 0) also writes the routing to router.weights / router.ids for GEMM2,
 // which waits for this grid. No router launch and no dependent global round trip.

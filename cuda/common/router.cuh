@@ -11,8 +11,10 @@
 // (NaN > +inf > ... > -inf > 0 = "not a candidate") with one warp max reduction (redux.sync,
 // sm_80+) and a ballot per pick: no shared memory, no serial scan.
 //
-// Used by the router kernel (cuda/route_topk.cu), the route-and-align kernel
-// (cuda/route_align.cu) and the decode GEMM1 that routes for itself (cuda/decode_moe.cu).
+// Used by the router kernel (cuda/route_topk.cu), and by the two routing twins that
+// $SWAPMOE_ROUTER_FUSION=on selects (measured slower, see benches/NOTES.md "Router v3"):
+// the route-and-align kernel (cuda/route_align.cu) and the decode GEMM1 that routes for
+// itself (cuda/decode_moe.cu).
 #pragma once
 #include "moe_common.cuh"
 
