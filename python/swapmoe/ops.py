@@ -25,6 +25,22 @@ def _current_stream(hidden_states: torch.Tensor) -> int:
     return torch.cuda.current_stream(hidden_states.device).cuda_stream
 
 
+def _cuda_workspace(hidden_states: torch.Tensor, w1: torch.Tensor, topk_ids_shape, quant: Optional[str]):
+    """(workspace, stream) for a call on CUDA tensors: a uint8 buffer from torch's caching
+    allocator sized by the core (None when the shapes are malformed: the core then names the
+    argument before it needs a workspace), and torch's current stream."""
+    stream = _current_stream(hidden_states)
+    try:
+        h, w = hidden_states.shape, w1.shape
+        nbytes = _workspace_bytes(h[0], topk_ids_shape[1], w[1] // 2, h[1], w[0], hidden_states.element_size(),
+                                  quant)
+    except (IndexError, TypeError, ValueError):
+        nbytes = 0
+    if not nbytes:
+        return None, stream
+    return torch.empty(nbytes, dtype=torch.uint8, device=hidden_states.device), stream
+
+
 def _run(
     hidden_states: torch.Tensor,
     w1: torch.Tensor,
@@ -46,20 +62,11 @@ def _run(
     per_channel_quant: bool = False,
     block_shape: Optional[List[int]] = None,
 ) -> None:
-    # This is the eager hot path: positional arguments, no extra layers.
-    workspace = None
-    stream = 0
+    # This is the eager hot path: positional arguments, one helper call.
+    workspace, stream = None, 0
     if hidden_states.is_cuda:
-        stream = _current_stream(hidden_states)
-        quant = quant_name(use_fp8_w8a8, per_channel_quant, block_shape)
-        try:
-            h, w = hidden_states.shape, w1.shape
-            nbytes = _workspace_bytes(h[0], topk_ids.shape[1], w[1] // 2, h[1], w[0], hidden_states.element_size(),
-                                      quant)
-        except (IndexError, TypeError, ValueError):
-            nbytes = 0  # malformed shapes: the core names the argument before it needs a workspace
-        if nbytes:
-            workspace = torch.empty(nbytes, dtype=torch.uint8, device=hidden_states.device)
+        workspace, stream = _cuda_workspace(hidden_states, w1, topk_ids.shape,
+                                            quant_name(use_fp8_w8a8, per_channel_quant, block_shape))
     _fused_experts_core(hidden_states, w1, w2, topk_weights, topk_ids, out, workspace, activation,
                         apply_router_weight_on_input, global_num_experts, expert_map, check_ids,
                         stream, backend, use_fp8_w8a8, w1_scale, w2_scale, a1_scale, a2_scale,
@@ -235,19 +242,10 @@ def _run_moe(hidden_states, w1, w2, gating_output, topk, out, renormalize, scori
     """fused_moe into ``out``: the routing goes to fresh [M, topk] buffers that the experts
     read; the core decides where the router runs."""
     topk_weights, topk_ids = _empty_routing(gating_output, topk)
-    workspace = None
-    stream = 0
+    workspace, stream = None, 0
     if hidden_states.is_cuda:
-        stream = _current_stream(hidden_states)
-        quant = quant_name(use_fp8_w8a8, per_channel_quant, block_shape)
-        try:
-            h, w = hidden_states.shape, w1.shape
-            nbytes = _workspace_bytes(h[0], max(int(topk), 0), w[1] // 2, h[1], w[0],
-                                      hidden_states.element_size(), quant)
-        except (IndexError, TypeError, ValueError):
-            nbytes = 0  # malformed shapes: the core names the argument before it needs a workspace
-        if nbytes:
-            workspace = torch.empty(nbytes, dtype=torch.uint8, device=hidden_states.device)
+        workspace, stream = _cuda_workspace(hidden_states, w1, topk_ids.shape,
+                                            quant_name(use_fp8_w8a8, per_channel_quant, block_shape))
     _core.fused_moe(hidden_states, w1, w2, gating_output, topk_weights, topk_ids, out, workspace, topk,
                     renormalize, scoring, num_expert_group, topk_group, e_score_correction_bias,
                     routed_scaling_factor, activation, apply_router_weight_on_input, global_num_experts,
