@@ -23,6 +23,7 @@
 // Requirements (checked by the oracle): bf16/fp16, K and N multiples of 8, 16-byte aligned
 // weights and row strides, M*topk <= kMaxSlots.
 #include "common/moe_common.cuh"
+#include "common/sm90.cuh"
 
 namespace swapmoe {
 namespace {
@@ -41,49 +42,11 @@ constexpr int kChunk2 = 768;
 static_assert((2 * kRows + kTok) * kChunk1 * 2 <= kStageBytes, "GEMM1 stage");
 static_assert((kRows + kTok) * kChunk2 * 2 <= kStageBytes, "GEMM2 stage");
 
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+#ifdef SWAPMOE_SM90
 #define SWAPMOE_BULK 1
 #endif
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 #ifdef SWAPMOE_BULK
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
-}
-// Arrives once and raises the barrier's expected transaction bytes for this phase.
-__device__ __forceinline__ void mbar_arrive_expect(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
-}
-__device__ __forceinline__ bool mbar_test(uint64_t* bar, uint32_t parity) {
-  uint32_t done;
-  asm volatile(
-      "{\n\t.reg .pred p;\n\t"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-      "selp.u32 %0, 1, 0, p;\n\t}"
-      : "=r"(done)
-      : "r"(smem_u32(bar)), "r"(parity)
-      : "memory");
-  return done != 0;
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  while (!mbar_test(bar, parity)) {
-  }
-}
-// One bulk copy global -> shared; completion is counted in bytes on `bar`.
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-          smem_u32(dst)),
-      "l"(src), "r"(bytes), "r"(smem_u32(bar))
-      : "memory");
-}
 // Named barrier for the consumer warps only (the producer warp never joins it).
 __device__ __forceinline__ void consumers_sync() {
   asm volatile("bar.sync 1, %0;" ::"n"(kConsumerWarps * 32) : "memory");
@@ -156,7 +119,7 @@ __device__ __forceinline__ void init_barriers(uint64_t* full, uint64_t* empty) {
       mbar_init(&full[i], 1);
       mbar_init(&empty[i], kConsumerWarps);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    mbar_init_fence();
   }
 }
 

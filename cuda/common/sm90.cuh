@@ -1,0 +1,124 @@
+// Hopper (sm_90) building blocks shared by the sm90_* kernels, as inline PTX:
+// mbarriers, 1-D bulk copies and tensor-map (2-D/3-D tile) copies by the TMA unit, and the
+// wgmma fences and shared-memory descriptors. Everything but smem_u32 is compiled only for
+// sm_90 and later (SWAPMOE_SM90); the sm_80 build of a module leaves its kernels empty.
+#pragma once
+#include <stdint.h>
+
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+#define SWAPMOE_SM90 1
+#endif
+// wgmma needs the architecture-specific target (sm_90a), not only sm_90.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define SWAPMOE_SM90A 1
+#endif
+
+namespace swapmoe {
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// A CUDA tensor map (CUtensorMap: 128 opaque bytes, 64-byte aligned), built on the host by
+// cuTensorMapEncodeTiled and passed by value as a `const __grid_constant__` kernel
+// parameter, so that its generic address can be handed to the TMA unit.
+struct alignas(64) TensorMap {
+  uint64_t opaque[16];
+};
+
+#ifdef SWAPMOE_SM90
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+// Makes barrier initialization visible to the async proxy (TMA) and the other threads.
+__device__ __forceinline__ void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+// Arrives once and raises the barrier's expected transaction bytes for this phase.
+__device__ __forceinline__ void mbar_arrive_expect(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ bool mbar_test(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n\t.reg .pred p;\n\t"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+      "selp.u32 %0, 1, 0, p;\n\t}"
+      : "=r"(done)
+      : "r"(smem_u32(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  while (!mbar_test(bar, parity)) {
+  }
+}
+// One bulk copy global -> shared; completion is counted in bytes on `bar`.
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+          smem_u32(dst)),
+      "l"(src), "r"(bytes), "r"(smem_u32(bar))
+      : "memory");
+}
+// One tile of a tensor map into shared memory at `dst` (box as encoded in the map;
+// out-of-range elements are zero); completion is counted in bytes on `bar`.
+// Coordinates are in elements, innermost first.
+__device__ __forceinline__ void tma_load_2d(void* dst, const TensorMap* map, int c0, int c1, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], "
+      "[%2];" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_3d(void* dst, const TensorMap* map, int c0, int c1, int c2,
+                                            uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, "
+      "%5}], [%2];" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+__device__ __forceinline__ void tma_prefetch_map(const TensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+#endif  // SWAPMOE_SM90
+
+#ifdef SWAPMOE_SM90A
+// wgmma ordering: `fence` before the first wgmma that touches accumulator registers written
+// by ordinary instructions; `commit` closes a group of issued wgmmas; `wait<N>` returns
+// when at most N groups are still in flight.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+#endif
+
+// Keeps the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+template <int R>
+__device__ __forceinline__ void fence_accumulators(float (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// wgmma shared-memory descriptor of a K-major tile written with the 128-byte swizzle (the
+// layout TMA writes with CU_TENSOR_MAP_SWIZZLE_128B): rows of 128 bytes (64 bf16 of K),
+// 8-row groups 1024 bytes apart. `addr` is the shared address of the first row at the
+// wanted K offset; the tile base must be 1024-byte aligned. Bits: [0,14) address >> 4,
+// [16,30) leading byte offset >> 4 (unused with this swizzle), [32,46) stride byte offset
+// >> 4, [62,64) layout (1 = 128-byte swizzle).
+__device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t addr) {
+  uint64_t d = (uint64_t)((addr & 0x3FFFF) >> 4);
+  d |= (uint64_t)1 << 16;
+  d |= (uint64_t)(1024 >> 4) << 32;
+  d |= (uint64_t)1 << 62;
+  return d;
+}
+
+}  // namespace swapmoe
