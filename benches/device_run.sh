@@ -33,10 +33,12 @@ for step in "$@"; do
         python3 -m swapmoe bench --model $model --m ${BENCH_M:-1,2,4,8,16,32,64,1024,4096} ${BENCH_ARGS:-} --json "$OUT/$name.json" --plot "$OUT/$name.png" 2>&1 | tee "$OUT/$name.txt" | tail -30
       done ;;
     tune)
-      # tuned tables for the public shapes, into $OUT/tables (copy them to python/swapmoe/tables/)
+      # tuned tables for the public shapes, into $OUT/tables.tgz (unpack into python/swapmoe/tables/)
       python3 -m swapmoe tune --model ${TUNE_MODELS:-qwen3-30b-a3b,deepseek-v3-tp8,mixtral-8x7b} \
         --m ${TUNE_M:-1,2,4,8,16,32,64,128,256,512,1024,2048,4096} --out-dir "$OUT/tables" ${TUNE_ARGS:-} \
-        2>&1 | tee "$OUT/tune.txt" | tail -60 ;;
+        2>&1 | tee "$OUT/tune.txt" | tail -60
+      # the device tool returns no file whose name has ';' or '=' (the table names): tar them
+      tar czf "$OUT/tables.tgz" -C "$OUT" tables && rm -rf "$OUT/tables" ;;
     ncu-decode)
       # kernels of benches/profile_case.py at qwen3 M=${PROFILE_M:-1}: speed of light, memory, warp stalls
       ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \

@@ -51,6 +51,14 @@ if torch.cuda.get_device_capability() == (9, 0):  # TMA bulk-copy decode kernels
     for dtype in (torch.bfloat16, torch.float16):
         ok &= run(3, 8, 2, 520, 1160, dtype, backend="cuda_bulk_decode")  # K and N chunk tails
     ok &= run(8, 16, 8, 64, 48, torch.bfloat16, global_E=32, activation="gelu", backend="cuda_bulk_decode")
+    # wgmma + TMA GEMMs, both token tiles: K and N tails (TMA zero fill), 2 GEMM1 column
+    # blocks, expert map
+    for tile in ("64", "128"):
+        os.environ["SWAPMOE_MMA_TOKEN_TILE"] = tile
+        for dtype in (torch.bfloat16, torch.float16):
+            ok &= run(300, 4, 2, 136, 200, dtype, backend="cuda_wgmma")
+        ok &= run(70, 8, 3, 64, 48, torch.bfloat16, global_E=16, activation="gelu", backend="cuda_wgmma")
+    del os.environ["SWAPMOE_MMA_TOKEN_TILE"]
 
 
 def route_case(M, E, topk, **kw):

@@ -47,6 +47,41 @@ pub const BULK_MAX_SLOTS: usize = 64;
 /// `kStageBytes`). GEMM1 and GEMM2 CTAs fit on one SM together (2 x 100 KiB), so GEMM2's
 /// weight stream starts under GEMM1's tail.
 pub const BULK_SMEM_BYTES: usize = 5 * 20480;
+/// Token tiles (rows) the Hopper wgmma GEMMs are built for (`Tile<BM>` in
+/// cuda/sm90_wgmma_moe.cu): the route_align token tile of a cuda_wgmma plan.
+pub const WGMMA_TOKEN_TILES: [usize; 2] = [64, 128];
+/// The wgmma token tile the heuristic takes up to this many expected slots per active
+/// expert: 64 (each tile half the MMA work, so fewer padded rows at 1-3 tiles per expert),
+/// 128 beyond.
+pub const WGMMA_SMALL_TILE_MAX_SLOTS_PER_EXPERT: f64 = 192.0;
+/// Columns per CTA of the wgmma GEMMs: GEMM1 128 inter columns (128 gate + 128 up rows of
+/// w1), GEMM2 256 output columns (`kBN`).
+pub const WGMMA_GEMM1_COLUMNS: usize = 128;
+pub const WGMMA_GEMM2_COLUMNS: usize = 256;
+/// Threads per CTA of the wgmma GEMMs: a producer warpgroup and two consumer warpgroups.
+pub const WGMMA_THREADS: usize = 384;
+/// Dynamic shared memory of the wgmma GEMMs with token tile `tile`: 4 (tile 128) or 5
+/// (tile 64) stages of a tile x 64 token block and a 256 x 64 weight block, plus 1 KiB to
+/// align them (`Tile<BM>::kSmemBytes`).
+pub fn wgmma_smem_bytes(tile: usize) -> usize {
+    let stages = if tile >= 128 { 4 } else { 5 };
+    stages * (tile * 64 * 2 + 256 * 64 * 2) + 1024
+}
+/// Rows per TMA box of GEMM1's gate and up blocks (`Tile<BM>::kGateBox`).
+pub fn wgmma_gate_box(tile: usize) -> usize {
+    if tile >= 128 {
+        128
+    } else {
+        64
+    }
+}
+/// Threads per CTA of the row gather before GEMM1 (`kGatherThreads`).
+pub const WGMMA_GATHER_THREADS: usize = 128;
+/// Threads per CTA of the wgmma path's top-k sum, 8 columns each (`kReduceThreads`).
+pub const WGMMA_REDUCE_THREADS: usize = 128;
+/// Token tiles that sweep the column blocks together (grid rasterization): 8 tiles share
+/// each weight block while it is in L2, and 8 x 128 token rows of activations stay in L2.
+pub const WGMMA_RASTER_GROUP: usize = 8;
 /// What the FP8 SIMT kernels measured against vLLM's Triton (whole op against its GEMMs
 /// alone, H200, benches/NOTES.md): the reason the oracle sends untabled FP8 calls to vLLM's
 /// Triton when the caller (the vLLM plugin) can run it.
@@ -106,15 +141,20 @@ pub enum Backend {
     /// into a 6-stage shared-memory ring, on a persistent grid (cuda/sm90_bulk_decode.cu,
     /// sm_90): bf16/fp16, 16-byte aligned rows, M*topk <= BULK_MAX_SLOTS.
     CudaBulkDecode,
+    /// Hopper grouped GEMMs for many tokens per expert (cuda/sm90_wgmma_moe.cu, sm_90a):
+    /// wgmma with the tokens in the 64-row slot, both operands streamed by TMA from tensor
+    /// maps, warp-specialized; bf16/fp16 with K and N multiples of 8.
+    CudaWgmma,
 }
 
 impl Backend {
-    pub const ALL: [Backend; 5] = [
+    pub const ALL: [Backend; 6] = [
         Backend::Cpu,
         Backend::CudaGeneric,
         Backend::CudaDecode,
         Backend::CudaMma,
         Backend::CudaBulkDecode,
+        Backend::CudaWgmma,
     ];
 
     pub fn parse(s: &str) -> Option<Backend> {
@@ -128,6 +168,7 @@ impl Backend {
             Backend::CudaDecode => "cuda_decode",
             Backend::CudaMma => "cuda_mma",
             Backend::CudaBulkDecode => "cuda_bulk_decode",
+            Backend::CudaWgmma => "cuda_wgmma",
         }
     }
 }
@@ -168,6 +209,14 @@ pub enum KernelId {
     /// Bulk-copy decode kernels (cuda/sm90_bulk_decode.cu), bf16 or fp16.
     BulkGemm1Act(DType),
     BulkGemm2Sum(DType),
+    /// Hopper wgmma GEMMs (cuda/sm90_wgmma_moe.cu): the row gather (any 2-byte dtype), then
+    /// the GEMMs, bf16 or fp16.
+    WgmmaGather,
+    /// (bf16 or fp16, token tile)
+    WgmmaGemm1Act(DType, usize),
+    WgmmaGemm2(DType, usize),
+    /// The top-k sum of the wgmma path: per-slot outputs in the activation dtype.
+    WgmmaTopkReduce(DType),
 }
 
 const FP8_SCHEMES: [QuantScheme; 3] = [
@@ -183,6 +232,10 @@ const FLOAT_DTYPES: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
 fn mma_slot(d: DType, tile: usize) -> usize {
     let t = MMA_TOKEN_TILES.iter().position(|x| *x == tile).unwrap_or(0);
     t + 3 * usize::from(d == DType::F16)
+}
+
+fn wgmma_slot(d: DType, tile: usize) -> usize {
+    usize::from(tile >= 128) + 2 * usize::from(d == DType::F16)
 }
 
 fn fp8_slot(q: QuantScheme, v: usize) -> usize {
@@ -214,7 +267,10 @@ impl KernelId {
         + 2 * 2
         + 3 * 2
         + 3 * 2
-        + 1;
+        + 1
+        + 1
+        + 2 * 2 * 2
+        + 2;
 
     pub fn module(&self) -> &'static str {
         match self {
@@ -228,6 +284,12 @@ impl KernelId {
             KernelId::MmaGemm1Act(..) | KernelId::MmaGemm2(..) => "sm80_mma_moe",
             KernelId::RouteTopk(..) => "route_topk",
             KernelId::BulkGemm1Act(..) | KernelId::BulkGemm2Sum(..) => "sm90_bulk_decode",
+            KernelId::WgmmaGather
+            | KernelId::WgmmaGemm1Act(..)
+            | KernelId::WgmmaGemm2(..)
+            | KernelId::WgmmaTopkReduce(..) => {
+                "sm90_wgmma_moe"
+            }
             _ => "generic_moe",
         }
     }
@@ -260,6 +322,10 @@ impl KernelId {
             KernelId::GenericFp8Gemm2(q, v) => format!("generic_moe_fp8_gemm2_{}_v{v}", q.name()),
             KernelId::BulkGemm1Act(d) => format!("bulk_moe_gemm1_act_{}", d.suffix()),
             KernelId::BulkGemm2Sum(d) => format!("bulk_moe_gemm2_sum_{}", d.suffix()),
+            KernelId::WgmmaGather => "wgmma_moe_gather".into(),
+            KernelId::WgmmaGemm1Act(d, t) => format!("wgmma_moe_gemm1_act_{}_t{t}", d.suffix()),
+            KernelId::WgmmaGemm2(d, t) => format!("wgmma_moe_gemm2_{}_t{t}", d.suffix()),
+            KernelId::WgmmaTopkReduce(d) => format!("wgmma_moe_topk_reduce_{}", d.suffix()),
         }
     }
 
@@ -287,6 +353,10 @@ impl KernelId {
             KernelId::BulkGemm2Sum(d) => 87 + usize::from(d == DType::F16),
             KernelId::DecodeGemm1Routed(d, v) => 89 + vec_slot(d, v),
             KernelId::DecodeGemm2SumWide(d, v) => 95 + vec_slot(d, v),
+            KernelId::WgmmaGather => 102,
+            KernelId::WgmmaGemm1Act(d, t) => 103 + wgmma_slot(d, t),
+            KernelId::WgmmaGemm2(d, t) => 107 + wgmma_slot(d, t),
+            KernelId::WgmmaTopkReduce(d) => 111 + usize::from(d == DType::F16),
         }
     }
 
@@ -317,7 +387,13 @@ impl KernelId {
             }
             v.push(KernelId::BulkGemm1Act(d));
             v.push(KernelId::BulkGemm2Sum(d));
+            for t in WGMMA_TOKEN_TILES {
+                v.push(KernelId::WgmmaGemm1Act(d, t));
+                v.push(KernelId::WgmmaGemm2(d, t));
+            }
+            v.push(KernelId::WgmmaTopkReduce(d));
         }
+        v.push(KernelId::WgmmaGather);
         for d in FLOAT_DTYPES {
             v.push(KernelId::Fp8QuantX(d));
             v.push(KernelId::Fp8AbsmaxPartials(d));
@@ -619,7 +695,11 @@ pub fn decide(p: &MoeProblem, caps: Option<&DeviceCaps>, req: &Request) -> Resul
         }
     };
     if let Some(t) = req.mma_token_tile {
-        if backend == Backend::CudaMma {
+        if backend == Backend::CudaWgmma && !WGMMA_TOKEN_TILES.contains(&t) {
+            c.reasons.push(format!(
+                "override: ${MMA_TILE_ENV}={t} ignored, cuda_wgmma is built for token tiles {WGMMA_TOKEN_TILES:?}"
+            ));
+        } else if matches!(backend, Backend::CudaMma | Backend::CudaWgmma) {
             c.tile = Some(t);
             source = Source::Override;
             c.reasons.push(format!(
@@ -1198,6 +1278,16 @@ impl<'a> Candidates<'a> {
         s as f64 / self.p.local_experts.min(s).max(1) as f64
     }
 
+    /// The wgmma token tile for the average expert's slots (see
+    /// WGMMA_SMALL_TILE_MAX_SLOTS_PER_EXPERT).
+    fn wgmma_token_tile(&self) -> usize {
+        if self.slots_per_expert() <= WGMMA_SMALL_TILE_MAX_SLOTS_PER_EXPERT {
+            WGMMA_TOKEN_TILES[0]
+        } else {
+            WGMMA_TOKEN_TILES[1]
+        }
+    }
+
     /// Smallest token tile that holds the average expert's slots.
     fn mma_token_tile(&self) -> usize {
         let avg = self.slots_per_expert();
@@ -1248,6 +1338,22 @@ impl<'a> Candidates<'a> {
                     Ok(())
                 }
             }
+            Backend::CudaWgmma => {
+                if p.quant.is_some() {
+                    Err("it has no FP8 kernels in this build".into())
+                } else if self.hopper_sms.is_none() {
+                    Err("it needs an sm_90 (Hopper) device: wgmma, TMA tensor maps and mbarriers".into())
+                } else if !matches!(p.dtype, DType::BF16 | DType::F16) {
+                    Err(format!(
+                        "it needs bfloat16 or float16, got {}",
+                        p.dtype.name()
+                    ))
+                } else if self.gemm1_vec == 1 || self.gemm2_vec == 1 {
+                    Err("its tensor maps need K, N and every row stride to be multiples of 8 elements, with 16-byte aligned tensors".into())
+                } else {
+                    Ok(())
+                }
+            }
             Backend::CudaMma => {
                 if p.quant.is_some() {
                     Err("it has no FP8 kernels in this build".into())
@@ -1283,9 +1389,15 @@ impl<'a> Candidates<'a> {
         };
         self.eligible(b)?;
         if let Some(t) = tile {
-            if !MMA_TOKEN_TILES.contains(&t) {
+            let built: &[usize] = if b == Backend::CudaWgmma {
+                &WGMMA_TOKEN_TILES
+            } else {
+                &MMA_TOKEN_TILES
+            };
+            if !built.contains(&t) {
                 return Err(format!(
-                    "no tensor-core kernels are built for token tile {t} (built: {MMA_TOKEN_TILES:?})"
+                    "no {} kernels are built for token tile {t} (built: {built:?})",
+                    b.name()
                 ));
             }
             self.tile = Some(t);
@@ -1297,6 +1409,7 @@ impl<'a> Candidates<'a> {
         let d = self.p.dtype;
         let (g1, g2) = (self.gemm1_vec, self.gemm2_vec);
         let tile = self.tile.unwrap_or_else(|| self.mma_token_tile());
+        let wgmma_tile = self.tile.unwrap_or_else(|| self.wgmma_token_tile());
         let mut reasons = self.reasons;
         let mut ctas = 0;
         let fp8_front = |v: &mut Vec<KernelId>| {
@@ -1391,6 +1504,24 @@ impl<'a> Candidates<'a> {
                     tile,
                     false,
                 ),
+                Backend::CudaWgmma => {
+                    let tile = wgmma_tile;
+                    reasons.push(format!(
+                        "cuda_wgmma: token tiles of {tile} rows gathered in expert order, then wgmma GEMMs fed by TMA ({WGMMA_GEMM1_COLUMNS} inter columns per GEMM1 CTA, {WGMMA_GEMM2_COLUMNS} output columns per GEMM2 CTA), {WGMMA_RASTER_GROUP} token tiles per raster group"
+                    ));
+                    (
+                        vec![
+                            KernelId::RouteAlign,
+                            KernelId::WgmmaGather,
+                            KernelId::WgmmaGemm1Act(d, tile),
+                            KernelId::WgmmaGemm2(d, tile),
+                            KernelId::WgmmaTopkReduce(d),
+                        ],
+                        WGMMA_GEMM2_COLUMNS,
+                        tile,
+                        false,
+                    )
+                }
             },
         };
         Plan {
@@ -1951,7 +2082,7 @@ mod tests {
     fn table_entries_that_cannot_run_are_rejected_with_a_reason() {
         let json = r#"{"1": {"backend": "cpu"},
                        "4": {"backend": "cuda_mma", "token_tile": 32},
-                       "16": {"backend": "cuda_wgmma"},
+                       "16": {"backend": "cuda_tcgen05"},
                        "128": {"backend": "cuda_decode"},
                        "1024": {"backend": "cuda_mma", "token_tile": 64}}"#;
         let set = tables_with(40, 512, "NVIDIA H200", json);
@@ -1964,9 +2095,9 @@ mod tests {
             (
                 4,
                 DType::BF16,
-                "no tensor-core kernels are built for token tile 32",
+                "no cuda_mma kernels are built for token tile 32",
             ),
-            (16, DType::BF16, "no backend \"cuda_wgmma\""),
+            (16, DType::BF16, "no backend \"cuda_tcgen05\""),
             (128, DType::BF16, "at most M*topk = 512 slots, got 1024"),
         ] {
             let t = case(m, dtype, &h200(), &set);

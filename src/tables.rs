@@ -22,7 +22,7 @@
 //!   one (`vllm_triton`, `flashinfer_cutlass`) that only a caller running inside vLLM can use.
 //!   A name this build does not know is kept and rejected when planned (tables of newer
 //!   builds degrade to the heuristics instead of failing).
-//! - `token_tile`: the tensor-core token tile (cuda_mma only; absent: the heuristic's tile).
+//! - `token_tile`: the tensor-core token tile (cuda_mma and cuda_wgmma; absent: the heuristic's tile).
 //! - `time_us`, `times_us` (optional): measured times; labels are `backend` or
 //!   `cuda_mma:t<tile>`. When an external backend is not allowed, the fastest swapmoe
 //!   label of `times_us` that can run the call is used.
@@ -182,10 +182,17 @@ impl Choice {
     /// From a `times_us` label: `cuda_decode`, `cuda_mma:t64`, `vllm_triton`, ...
     pub fn from_label(label: &str) -> Choice {
         match label.split_once(":t") {
-            Some((b, t)) if Backend::parse(b) == Some(Backend::CudaMma) => match t.parse() {
-                Ok(t) => Choice::new(b, Some(t)),
-                Err(_) => Choice::Unknown(label.to_string()),
-            },
+            Some((b, t))
+                if matches!(
+                    Backend::parse(b),
+                    Some(Backend::CudaMma | Backend::CudaWgmma)
+                ) =>
+            {
+                match t.parse() {
+                    Ok(t) => Choice::new(b, Some(t)),
+                    Err(_) => Choice::Unknown(label.to_string()),
+                }
+            }
             _ => Choice::new(label, None),
         }
     }
@@ -388,10 +395,10 @@ impl Table {
                 .map_err(at)?;
             let choice = Choice::new(backend, tile);
             if tile.is_some()
-                && matches!(&choice, Choice::Swapmoe { backend, .. } if *backend != Backend::CudaMma)
+                && matches!(&choice, Choice::Swapmoe { backend, .. } if !matches!(backend, Backend::CudaMma | Backend::CudaWgmma))
             {
                 return Err(at(format!(
-                    "token_tile is only for cuda_mma, the backend is {backend}"
+                    "token_tile is only for cuda_mma and cuda_wgmma, the backend is {backend}"
                 )));
             }
             let time_us = e
@@ -713,8 +720,8 @@ mod tests {
             }
         );
         assert_eq!(
-            Choice::from_label("cuda_wgmma"),
-            Choice::Unknown("cuda_wgmma".into())
+            Choice::from_label("cuda_tcgen05"),
+            Choice::Unknown("cuda_tcgen05".into())
         );
         assert!(ExternalBackend::parse_list(&["vllm_triton"]).is_ok());
         assert!(ExternalBackend::parse_list(&["triton"]).is_err());
@@ -799,8 +806,8 @@ mod tests {
             assert!(err.contains(needle), "{text}: {err}");
         }
         // unknown backends parse (newer builds' tables) and are rejected when planned
-        let t = parse(r#"{"8": {"backend": "cuda_wgmma"}}"#).unwrap();
-        assert_eq!(t.entries[0].choice, Choice::Unknown("cuda_wgmma".into()));
+        let t = parse(r#"{"8": {"backend": "cuda_tcgen05"}}"#).unwrap();
+        assert_eq!(t.entries[0].choice, Choice::Unknown("cuda_tcgen05".into()));
     }
 
     fn tmpdir(name: &str) -> PathBuf {

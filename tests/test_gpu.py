@@ -147,6 +147,96 @@ def test_bulk_decode_is_deterministic(rng):
         assert same_bits(snapshot(call(inp, case, backend="cuda_bulk_decode")), first)
 
 
+WGMMA_CASES = [
+    Case(1, 128, 8, 128, 256, out="poison"),  # 8 tiles of one row each
+    # ragged experts, invalid ids, expert map with -1, N and K not multiples of 64 (TMA zero fill)
+    Case(17, 64, 6, 40, 56, "gelu", ids="invalid", ep=True, out="poison"),
+    Case(64, 128, 8, 128, 256, ids="concentrated", out="inplace"),  # many tiles per hot expert
+    Case(70, 8, 3, 72, 136, ids="dup", out="poison", tw_dtype="bfloat16"),
+    Case(300, 8, 2, 200, 136, out="poison"),  # 2 GEMM1 column blocks
+    Case(1000, 4, 2, 64, 64, ids="invalid", id_dtype="int64", out="poison"),
+    # 6000 slots: 47 tiles, several raster groups and a partial one; 3 GEMM2 column blocks
+    Case(3000, 8, 2, 264, 520, out="poison"),
+    Case(600, 64, 1, 96, 200, "gelu", on_input=True, ep=True, ids="invalid", out="poison"),
+    Case(3, 8, 2, 64, 64, ids="none", out="poison"),  # no expert at all: out must be zeros
+    Case(2, 128, 8, 768, 2048, out="poison"),  # qwen3-30b-a3b's expert shape
+]
+
+
+def _needs_hopper():
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("cuda_wgmma runs on sm_90 only")
+
+
+@pytest.mark.skipif(not HAS_BACKEND_ARG, reason="this build has no backend= argument")
+@pytest.mark.parametrize("tile", [64, 128])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("case", WGMMA_CASES, ids=_ids(WGMMA_CASES))
+def test_wgmma_backend(case, dtype, tile, rng, monkeypatch):
+    """The Hopper wgmma + TMA GEMMs on their own (sm_90 only), each token tile."""
+    _needs_hopper()
+    monkeypatch.setenv("SWAPMOE_MMA_TOKEN_TILE", str(tile))
+    monkeypatch.setenv("SWAPMOE_BACKEND", "cuda_wgmma")
+    _, _, inp = run_case(case, "torch", dtype, rng, device=DEV)
+    plan = swapmoe._core.describe_plan(inp["x"], inp["w1"], inp["w2"], inp["tw"], inp["ids"],
+                                       expert_map=inp["expert_map"])
+    assert (plan["backend"], plan["tokens_per_pass"]) == ("cuda_wgmma", tile)
+
+
+@pytest.mark.skipif(not HAS_BACKEND_ARG, reason="this build has no backend= argument")
+@pytest.mark.parametrize("M", DECODE_M)
+def test_wgmma_every_decode_size(M, rng):
+    _needs_hopper()
+    run_case(Case(M, 128, 8, 128, 256, out="poison"), "torch", "bfloat16", rng, device=DEV, backend="cuda_wgmma")
+
+
+@pytest.mark.skipif(not HAS_BACKEND_ARG, reason="this build has no backend= argument")
+@pytest.mark.parametrize("tile", [64, 128])
+def test_wgmma_is_deterministic(tile, rng, monkeypatch):
+    """A moving result would be a pipeline race: 20 reruns must be bit-identical."""
+    _needs_hopper()
+    monkeypatch.setenv("SWAPMOE_MMA_TOKEN_TILE", str(tile))
+    case = Case(2000, 16, 4, 264, 520, ids="concentrated", out="poison")
+    prob = make_problem(rng, case)
+    inp = to_inputs(prob, case, "torch", "bfloat16", DEV)
+    first = snapshot(call(inp, case, backend="cuda_wgmma"))
+    for _ in range(20):
+        assert same_bits(snapshot(call(inp, case, backend="cuda_wgmma")), first)
+
+
+def test_wgmma_rejects_unaligned_rows(rng):
+    """Tensor maps need 16-byte rows: forcing cuda_wgmma on misaligned views is an ArgumentError
+    that says so, not a fault."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("cuda_wgmma runs on sm_90 only")
+    case = Case(64, 8, 2, 64, 64, layout="misaligned")
+    inp = to_inputs(make_problem(rng, case), case, "torch", "bfloat16", DEV)
+    with pytest.raises(swapmoe.ArgumentError, match="cuda_wgmma.*multiples of 8"):
+        call(inp, case, backend="cuda_wgmma")
+
+
+@pytest.mark.parametrize("M", [4, 300])
+def test_wgmma_cuda_graph_capture_and_replay(M, rng, monkeypatch):
+    _needs_hopper()
+    monkeypatch.setenv("SWAPMOE_BACKEND", "cuda_wgmma")
+    case = Case(M, 32, 6, 64, 128, ids="concentrated")
+    prob = make_problem(rng, case)
+    inp = to_inputs(prob, case, "torch", "bfloat16", DEV)
+    swapmoe.warmup(0)
+    call(inp, case)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = call(inp, case)
+    for _ in range(2):
+        fresh = make_problem(rng, case)
+        fresh["w1"], fresh["w2"] = prob["w1"], prob["w2"]
+        _fresh_into(inp, fresh, case)
+        graph.replay()
+        torch.cuda.synchronize()
+        check_close(captured, reference(inp, case), "bfloat16", what="graph replay")
+
+
 @pytest.mark.parametrize("tile", [16, 64, 128])
 @pytest.mark.parametrize("case", [MMA_CASES[1], MMA_CASES[2], MMA_CASES[4]],
                          ids=_ids([MMA_CASES[1], MMA_CASES[2], MMA_CASES[4]]))

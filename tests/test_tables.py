@@ -284,7 +284,7 @@ def test_labels_and_candidates():
     assert T.parse_label("cuda_mma:t16") == ("cuda_mma", 16)
     assert T.parse_label("vllm_triton") == ("vllm_triton", None)
     assert T.swapmoe_candidates("bf16") == ["cuda_decode", "cuda_mma:t16", "cuda_mma:t64", "cuda_mma:t128",
-                                            "cuda_generic"]
+                                            "cuda_wgmma:t64", "cuda_wgmma:t128", "cuda_generic"]
     assert T.swapmoe_candidates("fp32") == ["cuda_decode", "cuda_generic"]
     for quant in ("fp8_tensor", "fp8_channel", "fp8_block128"):  # cuda_mma has no FP8 kernels
         assert T.swapmoe_candidates("bf16", quant) == ["cuda_decode", "cuda_generic"]
@@ -295,6 +295,8 @@ def test_ineligible_candidates_ask_the_oracle():
     assert T.ineligible("cuda_mma:t64", 8, shape, "bf16", H200, (9, 0)) is None
     assert "512" in T.ineligible("cuda_decode", 128, shape, "bf16", H200, (9, 0))
     assert "float32" in T.ineligible("cuda_mma:t16", 8, shape, "fp32", H200, (9, 0))
+    assert T.ineligible("cuda_wgmma:t64", 1024, shape, "bf16", H200, (9, 0)) is None
+    assert "sm_90" in T.ineligible("cuda_wgmma:t128", 1024, shape, "bf16", "NVIDIA A100-SXM4-80GB", (8, 0))
     # FP8: the oracle is asked with the scheme
     assert T.ineligible("cuda_decode", 1, shape, "bf16", H200, (9, 0), "fp8_block128") is None
     assert T.ineligible("cuda_generic", 64, shape, "bf16", H200, (9, 0), "fp8_channel") is None

@@ -5,7 +5,8 @@ use super::{check, device, stream_is_capturing, DeviceState};
 use crate::error::{Error, Result};
 use crate::oracle::{
     Backend, KernelId, Plan, RouterPlacement, BULK_SMEM_BYTES, BULK_THREADS, REDUCE_THREADS,
-    ROUTE_ALIGN_ROUTED_THREADS, ROUTE_ALIGN_THREADS,
+    ROUTE_ALIGN_ROUTED_THREADS, ROUTE_ALIGN_THREADS, WGMMA_GATHER_THREADS, WGMMA_GEMM1_COLUMNS,
+    WGMMA_GEMM2_COLUMNS, WGMMA_RASTER_GROUP, WGMMA_REDUCE_THREADS, WGMMA_THREADS,
 };
 
 /// Threads per CTA of the tensor-core kernels (`kThreads` in cuda/sm80_mma_moe.cu).
@@ -214,7 +215,11 @@ fn experts(
 ) -> Result<()> {
     if !matches!(
         plan.backend,
-        Backend::CudaGeneric | Backend::CudaDecode | Backend::CudaMma | Backend::CudaBulkDecode
+        Backend::CudaGeneric
+            | Backend::CudaDecode
+            | Backend::CudaMma
+            | Backend::CudaBulkDecode
+            | Backend::CudaWgmma
     ) {
         return Err(Error::Argument(format!(
             "backend: the CUDA launcher runs the cuda_* backends, the plan says {:?}",
@@ -258,7 +263,7 @@ fn experts(
     }
 
     // 1. Routing metadata (and the token tiles of the tensor-core GEMMs).
-    let tile_tokens = if plan.backend == Backend::CudaMma {
+    let tile_tokens = if matches!(plan.backend, Backend::CudaMma | Backend::CudaWgmma) {
         plan.tokens_per_pass as i32
     } else {
         0
@@ -313,6 +318,25 @@ fn experts(
     if p.quant.is_some() {
         fp8_generic(dev, p, plan, &layout, workspace, stream)?;
         return reduce(dev, p, plan, slot_out, slot_expert, stream);
+    }
+
+    if plan.backend == Backend::CudaWgmma {
+        return wgmma_gemms(
+            dev,
+            p,
+            plan,
+            [
+                expert_offsets,
+                sorted_slots,
+                tile_expert,
+                tile_start,
+                num_tiles,
+                inter,
+                slot_out,
+            ],
+            slot_expert,
+            stream,
+        );
     }
 
     if plan.backend == Backend::CudaMma {
@@ -543,6 +567,211 @@ fn mma_gemms(
         )?;
     }
     Ok(())
+}
+
+/// A tiled tensor map for the TMA unit over a row-major tensor of `dtype`: `dims` and the
+/// box innermost first, `strides` in bytes for every dimension but the innermost; 128-byte
+/// swizzle (the layout the wgmma descriptors expect), zero fill out of range.
+fn tensor_map(
+    dtype: DType,
+    base: u64,
+    dims: &[u64],
+    strides: &[u64],
+    box_: &[u32],
+    what: &str,
+) -> Result<sys::CUtensorMap> {
+    let data_type = match dtype {
+        DType::BF16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+        DType::F16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+        other => {
+            return Err(Error::Argument(format!(
+                "{what}: tensor maps are built for bfloat16 or float16, got {}",
+                other.name()
+            )))
+        }
+    };
+    let element_strides = [1u32; 3];
+    let mut map: sys::CUtensorMap = unsafe { std::mem::zeroed() };
+    let r = unsafe {
+        sys::cuTensorMapEncodeTiled(
+            &mut map,
+            data_type,
+            dims.len() as u32,
+            base as *mut c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            box_.as_ptr(),
+            element_strides.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    check(
+        r,
+        &format!("encoding the tensor map of {what} (dims {dims:?}, byte strides {strides:?}, box {box_:?})"),
+    )?;
+    Ok(map)
+}
+
+/// The Hopper wgmma GEMMs (cuda/sm90_wgmma_moe.cu) over the token tiles (64 or 128 rows) of
+/// route_align: gather the tiles' rows in expert order, GEMM1 writes the intermediate in
+/// that order, GEMM2 writes each row's output to its slot (in the activation dtype), then
+/// the top-k sum.
+/// `bufs` = [expert_offsets, sorted_slots, tile_expert, tile_start, num_tiles, inter, y].
+/// The gathered rows and y (both dtype [S, K]) live in the slot-output space (float32
+/// [S, K]); GEMM2 writes y only after GEMM1 has read the gathered rows.
+fn wgmma_gemms(
+    dev: &DeviceState,
+    p: &MoeProblem,
+    plan: &Plan,
+    bufs: [u64; 7],
+    slot_expert: u64,
+    stream: usize,
+) -> Result<()> {
+    let [expert_offsets, sorted_slots, tile_expert, tile_start, num_tiles, inter, slot_out] = bufs;
+    let o = p.operands;
+    let s = p.strides;
+    let esize = p.dtype.size() as u64;
+    let (k, n, topk) = (p.k as i32, p.n as i32, p.topk as i32);
+    let slots = p.slots() as u64;
+    let local_e = p.local_experts as i32;
+    let xs = slot_out;
+    {
+        let x = o.hidden_states as u64;
+        let row_vectors = (p.k * p.dtype.size() / 16) as i32;
+        let x_row_vectors = s.hidden_row * esize as i64 / 16;
+        let mut args = params!(
+            x,
+            x_row_vectors,
+            sorted_slots,
+            expert_offsets,
+            local_e,
+            topk,
+            row_vectors,
+            xs
+        );
+        launch(
+            dev,
+            plan.kernels[1],
+            (p.slots() as u32, 1, 1),
+            WGMMA_GATHER_THREADS as u32,
+            0,
+            stream,
+            false,
+            &mut args,
+        )?;
+    }
+    let tw = o.topk_weights as u64;
+    let tw_code = p.topk_weights_dtype.scalar_code();
+    let tw_row = s.topk_weights_row;
+    let act = p.activation.code();
+    let on_input = i32::from(p.apply_router_weight_on_input);
+    let tile = plan.tokens_per_pass;
+    let smem = crate::oracle::wgmma_smem_bytes(tile) as u32;
+    let tiles_bound = WorkspaceLayout::max_tiles(p.slots(), p.local_experts, tile);
+    let tiles = tiles_bound as i32;
+    let raster = WGMMA_RASTER_GROUP as i32;
+    let (e, kk, nn) = (p.local_experts as u64, p.k as u64, p.n as u64);
+    let box_tokens = [64u32, tile as u32];
+    {
+        let xs_map = tensor_map(p.dtype, xs, &[kk, slots], &[kk * esize], &box_tokens, "the gathered hidden_states")?;
+        let w1_map = tensor_map(
+            p.dtype,
+            o.w1 as u64,
+            &[kk, 2 * nn, e],
+            &[s.w1_row as u64 * esize, s.w1_expert as u64 * esize],
+            &[64, crate::oracle::wgmma_gate_box(tile) as u32, 1],
+            "w1",
+        )?;
+        let mut args = params!(
+            xs_map,
+            w1_map,
+            tw,
+            tw_code,
+            tw_row,
+            expert_offsets,
+            sorted_slots,
+            tile_expert,
+            tile_start,
+            num_tiles,
+            tiles,
+            raster,
+            topk,
+            n,
+            k,
+            act,
+            on_input,
+            inter
+        );
+        let grid = tiles_bound * p.n.div_ceil(WGMMA_GEMM1_COLUMNS);
+        launch(
+            dev,
+            plan.kernels[2],
+            (grid as u32, 1, 1),
+            WGMMA_THREADS as u32,
+            smem,
+            stream,
+            false,
+            &mut args,
+        )?;
+    }
+    {
+        let inter_map = tensor_map(p.dtype, inter, &[nn, slots], &[nn * esize], &box_tokens, "the intermediate")?;
+        let w2_map = tensor_map(
+            p.dtype,
+            o.w2 as u64,
+            &[nn, kk, e],
+            &[s.w2_row as u64 * esize, s.w2_expert as u64 * esize],
+            &[64, WGMMA_GEMM2_COLUMNS as u32, 1],
+            "w2",
+        )?;
+        let mut args = params!(
+            inter_map,
+            w2_map,
+            tw,
+            tw_code,
+            tw_row,
+            expert_offsets,
+            sorted_slots,
+            tile_expert,
+            tile_start,
+            num_tiles,
+            tiles,
+            raster,
+            topk,
+            n,
+            k,
+            on_input,
+            slot_out
+        );
+        let grid = tiles_bound * p.k.div_ceil(WGMMA_GEMM2_COLUMNS);
+        launch(
+            dev,
+            plan.kernels[3],
+            (grid as u32, 1, 1),
+            WGMMA_THREADS as u32,
+            smem,
+            stream,
+            false,
+            &mut args,
+        )?;
+    }
+    let out = o.out as u64;
+    let out_row = s.out_row;
+    let mut args = params!(slot_out, slot_expert, topk, k, out, out_row);
+    let grid = (p.k.div_ceil(8).div_ceil(WGMMA_REDUCE_THREADS) as u32, p.m as u32, 1);
+    launch(
+        dev,
+        plan.kernels[4],
+        grid,
+        WGMMA_REDUCE_THREADS as u32,
+        0,
+        stream,
+        false,
+        &mut args,
+    )
 }
 
 /// The two-launch decode path (cuda/decode_moe.cu): only the intermediate of the workspace
