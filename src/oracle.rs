@@ -54,6 +54,11 @@ pub const WGMMA_TOKEN_TILES: [usize; 2] = [64, 128];
 /// expert: 64 (each tile half the MMA work, so fewer padded rows at 1-3 tiles per expert),
 /// 128 beyond.
 pub const WGMMA_SMALL_TILE_MAX_SLOTS_PER_EXPERT: f64 = 192.0;
+/// Fewest expected slots per active expert for which the heuristic takes cuda_wgmma over
+/// cuda_mma on Hopper. Measured (H200, `swapmoe tune`, benches/NOTES.md "wgmma v1"): from
+/// 16 slots per expert on, cuda_wgmma won at every point of the three public shapes; below
+/// it cuda_mma's 16-token tile won most points (by 1-8%).
+pub const WGMMA_HEURISTIC_MIN_SLOTS_PER_EXPERT: f64 = 16.0;
 /// Columns per CTA of the wgmma GEMMs: GEMM1 128 inter columns (128 gate + 128 up rows of
 /// w1), GEMM2 256 output columns (`kBN`).
 pub const WGMMA_GEMM1_COLUMNS: usize = 128;
@@ -751,6 +756,20 @@ fn heuristic(c: &mut Candidates) -> Backend {
             "cuda_generic: the FP8 path for every M beyond decode (SIMT, e4m3 weights as 16-byte vectors)".into(),
         );
         return Backend::CudaGeneric;
+    }
+    let per_active = c.slots_per_expert();
+    match c.eligible(Backend::CudaWgmma) {
+        Ok(()) if per_active >= WGMMA_HEURISTIC_MIN_SLOTS_PER_EXPERT => {
+            c.reasons.push(format!(
+                "cuda_wgmma: {per_active:.1} slots per active expert on average (>= {WGMMA_HEURISTIC_MIN_SLOTS_PER_EXPERT}), so the Hopper wgmma GEMMs win; token tile {}",
+                c.wgmma_token_tile()
+            ));
+            return Backend::CudaWgmma;
+        }
+        Ok(()) => c.reasons.push(format!(
+            "cuda_wgmma: not picked, {per_active:.1} slots per active expert (< {WGMMA_HEURISTIC_MIN_SLOTS_PER_EXPERT}): the 16-token mma.sync tile wastes fewer rows"
+        )),
+        Err(why) => c.reasons.push(format!("cuda_wgmma: rejected, {why}")),
     }
     match c.eligible(Backend::CudaMma) {
         Ok(()) => {
@@ -1616,6 +1635,46 @@ mod tests {
     }
 
     #[test]
+    fn wgmma_for_many_slots_per_expert_on_hopper_only() {
+        // qwen3 M=4096: 256 slots per expert -> wgmma, tile 128; M=256: 16 -> wgmma, tile 64
+        let big = plan(&problem(4096, 128, 8, 2048, 768, DType::BF16), Some(&h200()));
+        assert_eq!(big.backend, Backend::CudaWgmma);
+        assert_eq!(big.tokens_per_pass, 128);
+        assert_eq!(
+            big.kernels,
+            vec![
+                KernelId::RouteAlign,
+                KernelId::WgmmaGather,
+                KernelId::WgmmaGemm1Act(DType::BF16, 128),
+                KernelId::WgmmaGemm2(DType::BF16, 128),
+                KernelId::WgmmaTopkReduce(DType::BF16),
+            ]
+        );
+        let mid = plan(&problem(256, 128, 8, 2048, 768, DType::BF16), Some(&h200()));
+        assert_eq!((mid.backend, mid.tokens_per_pass), (Backend::CudaWgmma, 64));
+        // 8 slots per expert: the 16-token mma.sync tile, with the reason
+        let few = plan(&problem(256, 256, 8, 7168, 256, DType::BF16), Some(&h200()));
+        assert_eq!(few.backend, Backend::CudaMma);
+        assert!(few.reasons.iter().any(|r| r.contains("cuda_wgmma: not picked")));
+        // not on Ampere, not for float32, not for FP8's SIMT fallbacks
+        let ampere = DeviceCaps {
+            name: "NVIDIA A100-SXM4-80GB".into(),
+            capability: (8, 0),
+            sm_count: 108,
+        };
+        let a = plan(&problem(4096, 128, 8, 2048, 768, DType::BF16), Some(&ampere));
+        assert_eq!(a.backend, Backend::CudaMma);
+        assert!(a.reasons.iter().any(|r| r.contains("cuda_wgmma: rejected") && r.contains("sm_90")));
+        let f32p = plan(&problem(4096, 128, 8, 2048, 768, DType::F32), Some(&h200()));
+        assert_eq!(f32p.backend, Backend::CudaGeneric);
+        // every wgmma kernel has its own function-cache slot
+        let ids: Vec<usize> = KernelId::all().iter().map(|k| k.index()).collect();
+        let unique: HashSet<usize> = ids.iter().copied().collect();
+        assert_eq!(unique.len(), ids.len());
+        assert!(ids.iter().all(|i| *i < KernelId::COUNT));
+    }
+
+    #[test]
     fn decode_for_few_slots_with_pdl_on_hopper() {
         let p = problem(4, 128, 8, 2048, 768, DType::BF16);
         let plan = plan(&p, Some(&h200()));
@@ -1810,7 +1869,7 @@ mod tests {
             &Request::default(),
         )
         .unwrap();
-        assert_eq!((p.backend, p.tokens_per_pass), (Backend::CudaMma, 128));
+        assert_eq!((p.backend, p.tokens_per_pass), (Backend::CudaWgmma, 128));
         let p = plan_for_shape(
             64,
             8,
@@ -1878,7 +1937,7 @@ mod tests {
     #[test]
     fn mma_for_many_slots_with_tile_by_slots_per_expert() {
         let p = problem(1024, 128, 8, 2048, 768, DType::BF16); // 64 slots per expert
-        let plan = plan(&p, Some(&h200()));
+        let plan = plan(&p, None); // (an H200 takes cuda_wgmma here)
         assert_eq!(plan.backend, Backend::CudaMma);
         assert_eq!(plan.tokens_per_pass, 64);
         let p = problem(4096, 8, 2, 4096, 1024, DType::F16); // 1024 slots per expert

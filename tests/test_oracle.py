@@ -43,11 +43,19 @@ def test_decode_gemm2_bounded_when_its_ctas_exceed_two_per_sm():
 
 
 def test_tensor_cores_at_prefill_with_token_tile_from_slots_per_expert():
+    # Hopper: the wgmma GEMMs from 16 slots per expert on, tile 64 up to 192 slots per expert
     p = plan(1024)
-    assert p.backend == "cuda_mma" and p.tile["tokens_per_pass"] == 64
+    assert p.backend == "cuda_wgmma" and not p.swap_ab and p.tile["tokens_per_pass"] == 64
     p = plan(4096, shape=(8, 2, 4096, 14336))
-    assert p.tile["tokens_per_pass"] == 128
+    assert p.backend == "cuda_wgmma" and p.tile["tokens_per_pass"] == 128
     assert any(r.startswith("cuda_decode: rejected") for r in p.reasons)
+    p = plan(128, shape=(256, 8, 7168, 256))  # 4 slots per expert: the 16-token mma.sync tile
+    assert p.backend == "cuda_mma" and p.tile["tokens_per_pass"] == 16
+    assert any(r.startswith("cuda_wgmma: not picked") for r in p.reasons)
+    # Ampere has no wgmma: mma.sync, tile by slots per expert
+    p = swapmoe.select_backend(1024, *QWEN3, device_capability=(8, 0), device_name="NVIDIA A100-SXM4-80GB")
+    assert p.backend == "cuda_mma" and p.tile["tokens_per_pass"] == 64
+    assert any(r.startswith("cuda_wgmma: rejected") and "sm_90" in r for r in p.reasons)
 
 
 def test_fp32_falls_back_to_generic_with_reason():
@@ -99,7 +107,7 @@ def test_explain_offline(capsys):
     assert cli.main(["explain", "--model", "qwen3-30b-a3b", "--device-name", "NVIDIA H200", "--m", "1,1024"]) == 0
     out = capsys.readouterr().out
     assert "M=1: cuda_decode (heuristic; swap_ab=True) on NVIDIA H200 sm_90" in out
-    assert "M=1024: cuda_mma" in out and "token tile 64" in out
+    assert "M=1024: cuda_wgmma" in out and "token tiles of 64 rows" in out  # heuristic: 64 slots per expert
 
 
 def test_explain_errors_exit_2(capsys):

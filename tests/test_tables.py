@@ -91,8 +91,10 @@ def test_shipped_table_picks_generic_for_mixtral_decode():
 
 def test_shipped_table_tiles_and_gaps():
     p = plan(1024, QWEN3)
-    assert (p.backend, p.source, p.tile["tokens_per_pass"]) == ("cuda_mma", "table", 64)
-    assert p.tile["kernels"][1] == "sm80_moe_gemm1_act_bf16_t64"
+    assert (p.backend, p.source, p.tile["tokens_per_pass"]) == ("cuda_wgmma", "table", 128)
+    assert p.tile["kernels"][2] == "wgmma_moe_gemm1_act_bf16_t128"
+    p = plan(512, QWEN3)  # the table's tile, not the heuristic's
+    assert (p.backend, p.source, p.tile["tokens_per_pass"]) == ("cuda_wgmma", "table", 64)
     # M=10000: the nearest entry (4096) is more than 2x away: the heuristics decide
     p = plan(10000, QWEN3)
     assert p.source == "heuristic" and p.table_m == 4096
@@ -148,7 +150,7 @@ def test_rejected_entry_falls_back_and_logs_once(tmp_path, monkeypatch, caplog):
     with caplog.at_level(logging.INFO, logger="swapmoe"):
         p = plan(128, shape)
         plan(100, shape)
-    assert p.source == "heuristic" and p.backend == "cuda_mma"
+    assert p.source == "heuristic" and p.backend == "cuda_wgmma"  # 1024 slots over 40 experts
     assert any("table: rejected cuda_decode" in r and "512" in r for r in p.reasons)
     records = [r for r in caplog.records if r.name == "swapmoe" and "cannot run" in r.getMessage()]
     assert len(records) == 1 and records[0].levelno == logging.WARNING
@@ -199,8 +201,8 @@ def test_overrides_beat_tables(monkeypatch):
     assert (p.backend, p.source) == ("cuda_decode", "override")
     monkeypatch.delenv("SWAPMOE_BACKEND")
     monkeypatch.setenv("SWAPMOE_MMA_TOKEN_TILE", "128")
-    p = plan(1024, QWEN3)  # the table says tile 64
-    assert (p.backend, p.source, p.tile["tokens_per_pass"]) == ("cuda_mma", "override", 128)
+    p = plan(512, QWEN3)  # the table says cuda_wgmma, tile 64
+    assert (p.backend, p.source, p.tile["tokens_per_pass"]) == ("cuda_wgmma", "override", 128)
     assert any("token tile 128 forced" in r for r in p.reasons)
     monkeypatch.setenv("SWAPMOE_MMA_TOKEN_TILE", "32")
     with pytest.raises(swapmoe.ArgumentError, match="SWAPMOE_MMA_TOKEN_TILE"):
@@ -239,7 +241,7 @@ def test_explain_shows_source_and_table(capsys):
     assert "M=1: cuda_generic (table; swap_ab=False) on NVIDIA H200 sm_90" in out
     assert "table: " + os.path.join(swapmoe.TABLES_DIR, "E=8;N=14336;device_name=NVIDIA_H200;dtype=bf16.json") \
         + " entry M=1 (used)" in out
-    assert "M=10000: cuda_mma (heuristic;" in out and "(not used, see the reasons)" in out
+    assert "M=10000: cuda_wgmma (heuristic;" in out and "(not used, see the reasons)" in out
 
 
 def test_explain_external_backends(tmp_path, monkeypatch, capsys):
