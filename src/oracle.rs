@@ -292,9 +292,7 @@ impl KernelId {
             KernelId::WgmmaGather
             | KernelId::WgmmaGemm1Act(..)
             | KernelId::WgmmaGemm2(..)
-            | KernelId::WgmmaTopkReduce(..) => {
-                "sm90_wgmma_moe"
-            }
+            | KernelId::WgmmaTopkReduce(..) => "sm90_wgmma_moe",
             _ => "generic_moe",
         }
     }
@@ -1361,7 +1359,10 @@ impl<'a> Candidates<'a> {
                 if p.quant.is_some() {
                     Err("it has no FP8 kernels in this build".into())
                 } else if self.hopper_sms.is_none() {
-                    Err("it needs an sm_90 (Hopper) device: wgmma, TMA tensor maps and mbarriers".into())
+                    Err(
+                        "it needs an sm_90 (Hopper) device: wgmma, TMA tensor maps and mbarriers"
+                            .into(),
+                    )
                 } else if !matches!(p.dtype, DType::BF16 | DType::F16) {
                     Err(format!(
                         "it needs bfloat16 or float16, got {}",
@@ -1637,7 +1638,10 @@ mod tests {
     #[test]
     fn wgmma_for_many_slots_per_expert_on_hopper_only() {
         // qwen3 M=4096: 256 slots per expert -> wgmma, tile 128; M=256: 16 -> wgmma, tile 64
-        let big = plan(&problem(4096, 128, 8, 2048, 768, DType::BF16), Some(&h200()));
+        let big = plan(
+            &problem(4096, 128, 8, 2048, 768, DType::BF16),
+            Some(&h200()),
+        );
         assert_eq!(big.backend, Backend::CudaWgmma);
         assert_eq!(big.tokens_per_pass, 128);
         assert_eq!(
@@ -1655,16 +1659,25 @@ mod tests {
         // 8 slots per expert: the 16-token mma.sync tile, with the reason
         let few = plan(&problem(256, 256, 8, 7168, 256, DType::BF16), Some(&h200()));
         assert_eq!(few.backend, Backend::CudaMma);
-        assert!(few.reasons.iter().any(|r| r.contains("cuda_wgmma: not picked")));
+        assert!(few
+            .reasons
+            .iter()
+            .any(|r| r.contains("cuda_wgmma: not picked")));
         // not on Ampere, not for float32, not for FP8's SIMT fallbacks
         let ampere = DeviceCaps {
             name: "NVIDIA A100-SXM4-80GB".into(),
             capability: (8, 0),
             sm_count: 108,
         };
-        let a = plan(&problem(4096, 128, 8, 2048, 768, DType::BF16), Some(&ampere));
+        let a = plan(
+            &problem(4096, 128, 8, 2048, 768, DType::BF16),
+            Some(&ampere),
+        );
         assert_eq!(a.backend, Backend::CudaMma);
-        assert!(a.reasons.iter().any(|r| r.contains("cuda_wgmma: rejected") && r.contains("sm_90")));
+        assert!(a
+            .reasons
+            .iter()
+            .any(|r| r.contains("cuda_wgmma: rejected") && r.contains("sm_90")));
         let f32p = plan(&problem(4096, 128, 8, 2048, 768, DType::F32), Some(&h200()));
         assert_eq!(f32p.backend, Backend::CudaGeneric);
         // every wgmma kernel has its own function-cache slot

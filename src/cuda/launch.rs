@@ -676,7 +676,14 @@ fn wgmma_gemms(
     let (e, kk, nn) = (p.local_experts as u64, p.k as u64, p.n as u64);
     let box_tokens = [64u32, tile as u32];
     {
-        let xs_map = tensor_map(p.dtype, xs, &[kk, slots], &[kk * esize], &box_tokens, "the gathered hidden_states")?;
+        let xs_map = tensor_map(
+            p.dtype,
+            xs,
+            &[kk, slots],
+            &[kk * esize],
+            &box_tokens,
+            "the gathered hidden_states",
+        )?;
         let w1_map = tensor_map(
             p.dtype,
             o.w1 as u64,
@@ -718,7 +725,14 @@ fn wgmma_gemms(
         )?;
     }
     {
-        let inter_map = tensor_map(p.dtype, inter, &[nn, slots], &[nn * esize], &box_tokens, "the intermediate")?;
+        let inter_map = tensor_map(
+            p.dtype,
+            inter,
+            &[nn, slots],
+            &[nn * esize],
+            &box_tokens,
+            "the intermediate",
+        )?;
         let w2_map = tensor_map(
             p.dtype,
             o.w2 as u64,
@@ -761,7 +775,11 @@ fn wgmma_gemms(
     let out = o.out as u64;
     let out_row = s.out_row;
     let mut args = params!(slot_out, slot_expert, topk, k, out, out_row);
-    let grid = (p.k.div_ceil(8).div_ceil(WGMMA_REDUCE_THREADS) as u32, p.m as u32, 1);
+    let grid = (
+        p.k.div_ceil(8).div_ceil(WGMMA_REDUCE_THREADS) as u32,
+        p.m as u32,
+        1,
+    );
     launch(
         dev,
         plan.kernels[4],
