@@ -80,8 +80,13 @@ pub fn wgmma_gate_box(tile: usize) -> usize {
         64
     }
 }
-/// Threads per CTA of the row gather before GEMM1 (`kGatherThreads`).
+/// Threads per CTA of the row gather before a pre-gathered GEMM1 (`kPreGatherThreads`).
 pub const WGMMA_GATHER_THREADS: usize = 128;
+/// Smallest N (intermediate size) for which cuda_wgmma gathers the token rows once before
+/// GEMM1 and streams them by TMA, instead of gathering them inside GEMM1 with cp.async.
+/// Measured (H200, benches/NOTES.md "wgmma v2"): the in-kernel gather is 5-13% faster on
+/// qwen3 (N=768) and deepseek-v3-tp8 (N=256), 8% slower on Mixtral (N=14336) at M=4096.
+pub const WGMMA_PREGATHER_MIN_N: usize = 4096;
 /// Threads per CTA of the wgmma path's top-k sum, 8 columns each (`kReduceThreads`).
 pub const WGMMA_REDUCE_THREADS: usize = 128;
 /// Token tiles that sweep the column blocks together (grid rasterization): 8 tiles share
@@ -214,14 +219,15 @@ pub enum KernelId {
     /// Bulk-copy decode kernels (cuda/sm90_bulk_decode.cu), bf16 or fp16.
     BulkGemm1Act(DType),
     BulkGemm2Sum(DType),
-    /// Hopper wgmma GEMMs (cuda/sm90_wgmma_moe.cu): the row gather (any 2-byte dtype), then
-    /// the GEMMs, bf16 or fp16.
-    WgmmaGather,
-    /// (bf16 or fp16, token tile)
-    WgmmaGemm1Act(DType, usize),
+    /// Hopper wgmma GEMMs (cuda/sm90_wgmma_moe.cu): (bf16 or fp16, token tile); GEMM1 also
+    /// by where its token rows come from: gathered in the kernel (false) or from the
+    /// pre-gathered copy written by WgmmaGather (true).
+    WgmmaGemm1Act(DType, usize, bool),
     WgmmaGemm2(DType, usize),
     /// The top-k sum of the wgmma path: per-slot outputs in the activation dtype.
     WgmmaTopkReduce(DType),
+    /// The row gather before a pre-gathered GEMM1 (any 2-byte dtype).
+    WgmmaGather,
 }
 
 const FP8_SCHEMES: [QuantScheme; 3] = [
@@ -273,9 +279,10 @@ impl KernelId {
         + 3 * 2
         + 3 * 2
         + 1
-        + 1
         + 2 * 2 * 2
-        + 2;
+        + 2 * 2
+        + 2
+        + 1;
 
     pub fn module(&self) -> &'static str {
         match self {
@@ -289,8 +296,8 @@ impl KernelId {
             KernelId::MmaGemm1Act(..) | KernelId::MmaGemm2(..) => "sm80_mma_moe",
             KernelId::RouteTopk(..) => "route_topk",
             KernelId::BulkGemm1Act(..) | KernelId::BulkGemm2Sum(..) => "sm90_bulk_decode",
-            KernelId::WgmmaGather
-            | KernelId::WgmmaGemm1Act(..)
+            KernelId::WgmmaGemm1Act(..)
+            | KernelId::WgmmaGather
             | KernelId::WgmmaGemm2(..)
             | KernelId::WgmmaTopkReduce(..) => "sm90_wgmma_moe",
             _ => "generic_moe",
@@ -325,8 +332,12 @@ impl KernelId {
             KernelId::GenericFp8Gemm2(q, v) => format!("generic_moe_fp8_gemm2_{}_v{v}", q.name()),
             KernelId::BulkGemm1Act(d) => format!("bulk_moe_gemm1_act_{}", d.suffix()),
             KernelId::BulkGemm2Sum(d) => format!("bulk_moe_gemm2_sum_{}", d.suffix()),
+            KernelId::WgmmaGemm1Act(d, t, pre) => format!(
+                "wgmma_moe_gemm1_act_{}_t{t}{}",
+                d.suffix(),
+                if pre { "_xs" } else { "" }
+            ),
             KernelId::WgmmaGather => "wgmma_moe_gather".into(),
-            KernelId::WgmmaGemm1Act(d, t) => format!("wgmma_moe_gemm1_act_{}_t{t}", d.suffix()),
             KernelId::WgmmaGemm2(d, t) => format!("wgmma_moe_gemm2_{}_t{t}", d.suffix()),
             KernelId::WgmmaTopkReduce(d) => format!("wgmma_moe_topk_reduce_{}", d.suffix()),
         }
@@ -356,10 +367,10 @@ impl KernelId {
             KernelId::BulkGemm2Sum(d) => 87 + usize::from(d == DType::F16),
             KernelId::DecodeGemm1Routed(d, v) => 89 + vec_slot(d, v),
             KernelId::DecodeGemm2SumWide(d, v) => 95 + vec_slot(d, v),
-            KernelId::WgmmaGather => 102,
-            KernelId::WgmmaGemm1Act(d, t) => 103 + wgmma_slot(d, t),
-            KernelId::WgmmaGemm2(d, t) => 107 + wgmma_slot(d, t),
-            KernelId::WgmmaTopkReduce(d) => 111 + usize::from(d == DType::F16),
+            KernelId::WgmmaGemm1Act(d, t, pre) => 102 + wgmma_slot(d, t) + 4 * usize::from(pre),
+            KernelId::WgmmaGemm2(d, t) => 110 + wgmma_slot(d, t),
+            KernelId::WgmmaTopkReduce(d) => 114 + usize::from(d == DType::F16),
+            KernelId::WgmmaGather => 116,
         }
     }
 
@@ -391,12 +402,14 @@ impl KernelId {
             v.push(KernelId::BulkGemm1Act(d));
             v.push(KernelId::BulkGemm2Sum(d));
             for t in WGMMA_TOKEN_TILES {
-                v.push(KernelId::WgmmaGemm1Act(d, t));
+                v.push(KernelId::WgmmaGemm1Act(d, t, false));
+                v.push(KernelId::WgmmaGemm1Act(d, t, true));
                 v.push(KernelId::WgmmaGemm2(d, t));
             }
             v.push(KernelId::WgmmaTopkReduce(d));
         }
         v.push(KernelId::WgmmaGather);
+
         for d in FLOAT_DTYPES {
             v.push(KernelId::Fp8QuantX(d));
             v.push(KernelId::Fp8AbsmaxPartials(d));
@@ -1526,21 +1539,25 @@ impl<'a> Candidates<'a> {
                 ),
                 Backend::CudaWgmma => {
                     let tile = wgmma_tile;
+                    let pre = self.p.n >= WGMMA_PREGATHER_MIN_N;
                     reasons.push(format!(
-                        "cuda_wgmma: token tiles of {tile} rows gathered in expert order, then wgmma GEMMs fed by TMA ({WGMMA_GEMM1_COLUMNS} inter columns per GEMM1 CTA, {WGMMA_GEMM2_COLUMNS} output columns per GEMM2 CTA), {WGMMA_RASTER_GROUP} token tiles per raster group"
+                        "cuda_wgmma: token tiles of {tile} rows in expert order, weights by TMA, warp-specialized wgmma GEMMs ({WGMMA_GEMM1_COLUMNS} inter columns per GEMM1 CTA, {WGMMA_GEMM2_COLUMNS} output columns per GEMM2 CTA), {WGMMA_RASTER_GROUP} token tiles per raster group"
                     ));
-                    (
-                        vec![
-                            KernelId::RouteAlign,
-                            KernelId::WgmmaGather,
-                            KernelId::WgmmaGemm1Act(d, tile),
-                            KernelId::WgmmaGemm2(d, tile),
-                            KernelId::WgmmaTopkReduce(d),
-                        ],
-                        WGMMA_GEMM2_COLUMNS,
-                        tile,
-                        false,
-                    )
+                    reasons.push(if pre {
+                        format!("gemm1: N={} >= {WGMMA_PREGATHER_MIN_N}: the token rows are gathered once beforehand and read by TMA (the copy is small against 6N flops per element; TMA feeds the compute-bound loop better)", self.p.n)
+                    } else {
+                        format!("gemm1: N={} < {WGMMA_PREGATHER_MIN_N}: GEMM1 gathers its token rows itself with cp.async (no gathered copy of hidden_states to write and read back)", self.p.n)
+                    });
+                    let mut v = vec![KernelId::RouteAlign];
+                    if pre {
+                        v.push(KernelId::WgmmaGather);
+                    }
+                    v.extend([
+                        KernelId::WgmmaGemm1Act(d, tile, pre),
+                        KernelId::WgmmaGemm2(d, tile),
+                        KernelId::WgmmaTopkReduce(d),
+                    ]);
+                    (v, WGMMA_GEMM2_COLUMNS, tile, false)
                 }
             },
         };
@@ -1648,12 +1665,30 @@ mod tests {
             big.kernels,
             vec![
                 KernelId::RouteAlign,
-                KernelId::WgmmaGather,
-                KernelId::WgmmaGemm1Act(DType::BF16, 128),
+                KernelId::WgmmaGemm1Act(DType::BF16, 128, false),
                 KernelId::WgmmaGemm2(DType::BF16, 128),
                 KernelId::WgmmaTopkReduce(DType::BF16),
             ]
         );
+        // Mixtral's N=14336: the rows are gathered first and GEMM1 reads them by TMA
+        let wide = plan(
+            &problem(4096, 8, 2, 4096, 14336, DType::BF16),
+            Some(&h200()),
+        );
+        assert_eq!(
+            wide.kernels,
+            vec![
+                KernelId::RouteAlign,
+                KernelId::WgmmaGather,
+                KernelId::WgmmaGemm1Act(DType::BF16, 128, true),
+                KernelId::WgmmaGemm2(DType::BF16, 128),
+                KernelId::WgmmaTopkReduce(DType::BF16),
+            ]
+        );
+        assert!(wide
+            .reasons
+            .iter()
+            .any(|r| r.contains("gathered once beforehand")));
         let mid = plan(&problem(256, 128, 8, 2048, 768, DType::BF16), Some(&h200()));
         assert_eq!((mid.backend, mid.tokens_per_pass), (Backend::CudaWgmma, 64));
         // 8 slots per expert: the 16-token mma.sync tile, with the reason

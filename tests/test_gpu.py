@@ -160,6 +160,9 @@ WGMMA_CASES = [
     Case(600, 64, 1, 96, 200, "gelu", on_input=True, ep=True, ids="invalid", out="poison"),
     Case(3, 8, 2, 64, 64, ids="none", out="poison"),  # no expert at all: out must be zeros
     Case(2, 128, 8, 768, 2048, out="poison"),  # qwen3-30b-a3b's expert shape
+    # N >= 4096: the plan gathers the token rows first (wgmma_moe_gather) and GEMM1 reads them by TMA
+    Case(300, 4, 2, 4104, 136, out="poison"),
+    Case(64, 8, 2, 4096, 64, "gelu", ids="invalid", ep=True, out="inplace"),
 ]
 
 

@@ -616,12 +616,10 @@ fn tensor_map(
 }
 
 /// The Hopper wgmma GEMMs (cuda/sm90_wgmma_moe.cu) over the token tiles (64 or 128 rows) of
-/// route_align: gather the tiles' rows in expert order, GEMM1 writes the intermediate in
-/// that order, GEMM2 writes each row's output to its slot (in the activation dtype), then
-/// the top-k sum.
+/// route_align: GEMM1 gathers each tile's rows of hidden_states and writes the intermediate
+/// in sorted order, GEMM2 writes each row's output to its slot (in the activation dtype, in
+/// the slot-output space), then the top-k sum.
 /// `bufs` = [expert_offsets, sorted_slots, tile_expert, tile_start, num_tiles, inter, y].
-/// The gathered rows and y (both dtype [S, K]) live in the slot-output space (float32
-/// [S, K]); GEMM2 writes y only after GEMM1 has read the gathered rows.
 fn wgmma_gemms(
     dev: &DeviceState,
     p: &MoeProblem,
@@ -636,33 +634,6 @@ fn wgmma_gemms(
     let esize = p.dtype.size() as u64;
     let (k, n, topk) = (p.k as i32, p.n as i32, p.topk as i32);
     let slots = p.slots() as u64;
-    let local_e = p.local_experts as i32;
-    let xs = slot_out;
-    {
-        let x = o.hidden_states as u64;
-        let row_vectors = (p.k * p.dtype.size() / 16) as i32;
-        let x_row_vectors = s.hidden_row * esize as i64 / 16;
-        let mut args = params!(
-            x,
-            x_row_vectors,
-            sorted_slots,
-            expert_offsets,
-            local_e,
-            topk,
-            row_vectors,
-            xs
-        );
-        launch(
-            dev,
-            plan.kernels[1],
-            (p.slots() as u32, 1, 1),
-            WGMMA_GATHER_THREADS as u32,
-            0,
-            stream,
-            false,
-            &mut args,
-        )?;
-    }
     let tw = o.topk_weights as u64;
     let tw_code = p.topk_weights_dtype.scalar_code();
     let tw_row = s.topk_weights_row;
@@ -675,15 +646,51 @@ fn wgmma_gemms(
     let raster = WGMMA_RASTER_GROUP as i32;
     let (e, kk, nn) = (p.local_experts as u64, p.k as u64, p.n as u64);
     let box_tokens = [64u32, tile as u32];
-    {
-        let xs_map = tensor_map(
+    // GEMM1's token rows: gathered inside GEMM1, or (a plan with the gather kernel) first
+    // copied in sorted order into the slot-output space, which GEMM2 only writes after
+    // GEMM1 has read them.
+    let x = o.hidden_states as u64;
+    let x_row = s.hidden_row;
+    let pre_gathered = plan.kernels[1] == KernelId::WgmmaGather;
+    let xs = slot_out;
+    let xs_map = if pre_gathered {
+        let row_vectors = (p.k * p.dtype.size() / 16) as i32;
+        let x_row_vectors = s.hidden_row * esize as i64 / 16;
+        let local_e = p.local_experts as i32;
+        let mut args = params!(
+            x,
+            x_row_vectors,
+            sorted_slots,
+            expert_offsets,
+            local_e,
+            topk,
+            row_vectors,
+            xs
+        );
+        launch(
+            dev,
+            KernelId::WgmmaGather,
+            (p.slots() as u32, 1, 1),
+            WGMMA_GATHER_THREADS as u32,
+            0,
+            stream,
+            false,
+            &mut args,
+        )?;
+        tensor_map(
             p.dtype,
             xs,
             &[kk, slots],
             &[kk * esize],
             &box_tokens,
             "the gathered hidden_states",
-        )?;
+        )?
+    } else {
+        // unused by the kernel that gathers for itself
+        unsafe { std::mem::zeroed() }
+    };
+    let first = usize::from(pre_gathered);
+    {
         let w1_map = tensor_map(
             p.dtype,
             o.w1 as u64,
@@ -693,6 +700,8 @@ fn wgmma_gemms(
             "w1",
         )?;
         let mut args = params!(
+            x,
+            x_row,
             xs_map,
             w1_map,
             tw,
@@ -715,7 +724,7 @@ fn wgmma_gemms(
         let grid = tiles_bound * p.n.div_ceil(WGMMA_GEMM1_COLUMNS);
         launch(
             dev,
-            plan.kernels[2],
+            plan.kernels[first + 1],
             (grid as u32, 1, 1),
             WGMMA_THREADS as u32,
             smem,
@@ -763,7 +772,7 @@ fn wgmma_gemms(
         let grid = tiles_bound * p.k.div_ceil(WGMMA_GEMM2_COLUMNS);
         launch(
             dev,
-            plan.kernels[3],
+            plan.kernels[first + 2],
             (grid as u32, 1, 1),
             WGMMA_THREADS as u32,
             smem,
@@ -782,7 +791,7 @@ fn wgmma_gemms(
     );
     launch(
         dev,
-        plan.kernels[4],
+        plan.kernels[first + 3],
         grid,
         WGMMA_REDUCE_THREADS as u32,
         0,

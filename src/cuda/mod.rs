@@ -252,7 +252,7 @@ impl DeviceState {
             KernelId::BulkGemm1Act(_) | KernelId::BulkGemm2Sum(_) => {
                 Some(crate::oracle::BULK_SMEM_BYTES)
             }
-            KernelId::WgmmaGemm1Act(_, tile) | KernelId::WgmmaGemm2(_, tile) => {
+            KernelId::WgmmaGemm1Act(_, tile, _) | KernelId::WgmmaGemm2(_, tile) => {
                 Some(crate::oracle::wgmma_smem_bytes(tile))
             }
             _ => None,
