@@ -131,8 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
         "tune",
         help="measure every swapmoe candidate per shape and M on this GPU and write tuned tables",
         description=(
-            "For each shape and M, times every candidate the oracle can run (cuda_decode, cuda_mma with each "
-            "token tile, cuda_generic; vLLM's Triton fused_experts as vllm_triton when vllm imports) as "
+            "For each shape and M, times every candidate the oracle can run (cuda_decode, cuda_mma and "
+            "cuda_wgmma with each token tile, cuda_generic; vLLM's Triton fused_experts as vllm_triton when vllm imports) as "
             "swapmoe bench does: a CUDA graph of --layers calls on distinct weight copies, "
             "triton.testing.do_bench (L2 flushed, median), divided by --layers. Writes "
             "E=..,N=..,device_name=..,dtype=...json into --out-dir after every M; a second run skips the M "

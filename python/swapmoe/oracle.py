@@ -20,7 +20,8 @@ EXTERNAL_BACKENDS = ("vllm_triton", "flashinfer_cutlass")
 class Plan:
     """What one call of the op would run.
 
-    - ``backend``: ``cuda_decode``, ``cuda_mma``, ``cuda_generic`` (or ``cpu`` for CPU
+    - ``backend``: ``cuda_decode``, ``cuda_mma``, ``cuda_wgmma``, ``cuda_generic``,
+      ``cuda_bulk_decode`` (or ``cpu`` for CPU
       tensors), or an external backend (``vllm_triton``, ``flashinfer_cutlass``) when a
       table picked it and the caller allowed it
     - ``swap_ab``: whether the weights fill the MMA's wide side and the tokens the narrow one
