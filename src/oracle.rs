@@ -2190,8 +2190,10 @@ mod tests {
         let json = r#"{"1": {"backend": "cpu"},
                        "4": {"backend": "cuda_mma", "token_tile": 32},
                        "16": {"backend": "cuda_tcgen05"},
+                       "64": {"backend": "cuda_wgmma", "token_tile": 16},
                        "128": {"backend": "cuda_decode"},
-                       "1024": {"backend": "cuda_mma", "token_tile": 64}}"#;
+                       "1024": {"backend": "cuda_mma", "token_tile": 64},
+                       "4096": {"backend": "cuda_wgmma", "token_tile": 64}}"#;
         let set = tables_with(40, 512, "NVIDIA H200", json);
         let case = |m: i64, dtype: DType, caps: &DeviceCaps, set: &TableSet| {
             let p = problem(m, 40, 8, 256, 512, dtype);
@@ -2205,6 +2207,11 @@ mod tests {
                 "no cuda_mma kernels are built for token tile 32",
             ),
             (16, DType::BF16, "no backend \"cuda_tcgen05\""),
+            (
+                64,
+                DType::BF16,
+                "no cuda_wgmma kernels are built for token tile 16",
+            ),
             (128, DType::BF16, "at most M*topk = 512 slots, got 1024"),
         ] {
             let t = case(m, dtype, &h200(), &set);
@@ -2227,6 +2234,17 @@ mod tests {
             (Backend::CudaGeneric, Source::Heuristic)
         );
         assert!(has(&t, &["table: rejected", "float32"]));
+        // a wgmma entry: its tile on Hopper; rejected (sm_90 only) on an Ampere table of the
+        // same name
+        let t = case(4096, DType::BF16, &h200(), &set);
+        assert_eq!(
+            (t.backend, t.source, t.tokens_per_pass),
+            (Backend::CudaWgmma, Source::Table, 64)
+        );
+        let ampere = offline_caps(Some("NVIDIA H200"), Some((8, 0)), None).unwrap();
+        let t = case(4096, DType::BF16, &ampere, &set);
+        assert!(has(&t, &["table: rejected", "sm_90"]));
+        assert_eq!(t.backend, Backend::CudaMma);
         // sm_75: no embedded kernel image
         let turing = offline_caps(Some("NVIDIA H200"), Some((7, 5)), None).unwrap();
         let t = case(1024, DType::BF16, &turing, &set);

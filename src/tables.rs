@@ -706,6 +706,7 @@ mod tests {
     fn labels_round_trip() {
         for label in [
             "cuda_mma:t64",
+            "cuda_wgmma:t128",
             "cuda_decode",
             "vllm_triton",
             "flashinfer_cutlass",
@@ -717,6 +718,13 @@ mod tests {
             Choice::Swapmoe {
                 backend: Backend::CudaMma,
                 token_tile: Some(16)
+            }
+        );
+        assert_eq!(
+            Choice::from_label("cuda_wgmma:t64"),
+            Choice::Swapmoe {
+                backend: Backend::CudaWgmma,
+                token_tile: Some(64)
             }
         );
         assert_eq!(
@@ -789,7 +797,7 @@ mod tests {
             (r#"{"8": {"token_tile": 16}}"#, "backend"),
             (
                 r#"{"8": {"backend": "cuda_decode", "token_tile": 16}}"#,
-                "only for cuda_mma",
+                "only for cuda_mma and cuda_wgmma",
             ),
             (
                 r#"{"8": {"backend": "cuda_mma", "token_tile": -16}}"#,
