@@ -43,10 +43,6 @@ static_assert((2 * kRows + kTok) * kChunk1 * 2 <= kStageBytes, "GEMM1 stage");
 static_assert((kRows + kTok) * kChunk2 * 2 <= kStageBytes, "GEMM2 stage");
 
 #ifdef SWAPMOE_SM90
-#define SWAPMOE_BULK 1
-#endif
-
-#ifdef SWAPMOE_BULK
 // Named barrier for the consumer warps only (the producer warp never joins it).
 __device__ __forceinline__ void consumers_sync() {
   asm volatile("bar.sync 1, %0;" ::"n"(kConsumerWarps * 32) : "memory");
@@ -109,7 +105,7 @@ __device__ __forceinline__ void build_routing(Routing& r, const void* __restrict
   if (eb >= 0) r.sorted[r.start[r.rank_of[first_b]] + before_b] = sb;
 }
 
-#ifdef SWAPMOE_BULK
+#ifdef SWAPMOE_SM90
 // Barrier setup shared by both kernels: `full` completes when a stage's bytes have landed
 // (one arrival from the producer plus the transaction bytes); `empty` when every consumer
 // warp is done reading it.
@@ -156,7 +152,7 @@ __device__ __forceinline__ void bulk_gemm1_act(
     int topk_weights_code, long long topk_weights_row_stride, const void* __restrict__ topk_ids,
     int ids_is_i64, long long ids_row_stride, const int* __restrict__ expert_map, int M, int topk,
     int global_E, int local_E, int N, int K, int act, int weight_on_input, T* __restrict__ inter) {
-#ifdef SWAPMOE_BULK
+#ifdef SWAPMOE_SM90
   extern __shared__ __align__(128) unsigned char stage_mem[];
   __shared__ __align__(8) uint64_t full[kStages];
   __shared__ __align__(8) uint64_t empty[kStages];
@@ -269,7 +265,7 @@ __device__ __forceinline__ void bulk_gemm2_sum(
     long long topk_weights_row_stride, const void* __restrict__ topk_ids, int ids_is_i64,
     long long ids_row_stride, const int* __restrict__ expert_map, int M, int topk, int global_E,
     int local_E, int N, int K, int weight_on_input, T* __restrict__ out, long long out_row_stride) {
-#ifdef SWAPMOE_BULK
+#ifdef SWAPMOE_SM90
   extern __shared__ __align__(128) unsigned char stage_mem[];
   __shared__ __align__(8) uint64_t full[kStages];
   __shared__ __align__(8) uint64_t empty[kStages];
