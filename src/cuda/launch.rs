@@ -669,7 +669,7 @@ fn wgmma_gemms(
         );
         launch(
             dev,
-            KernelId::WgmmaGather,
+            plan.kernels[1],
             (p.slots() as u32, 1, 1),
             WGMMA_GATHER_THREADS as u32,
             0,
