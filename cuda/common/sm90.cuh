@@ -101,6 +101,31 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
 __device__ __forceinline__ void tma_prefetch_map(const TensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
+// Thread-block clusters: this CTA's rank in its cluster (0 without a cluster launch), the
+// cluster's number of CTAs (1 without), a
+// barrier over every thread of the cluster (release/acquire: shared-memory writes before it
+// are visible to the cluster's loads after it), and a 4-byte load from the shared memory of
+// CTA `rank` of the cluster at the address `addr` has in this CTA (distributed shared memory).
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ uint32_t cluster_nctarank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+}
+__device__ __forceinline__ float ld_shared_cluster_f32(uint32_t addr, uint32_t rank) {
+  uint32_t remote;
+  float v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+  return v;
+}
 #endif  // SWAPMOE_SM90
 
 #ifdef SWAPMOE_SM90A
