@@ -92,6 +92,61 @@ pub const WGMMA_REDUCE_THREADS: usize = 128;
 /// Token tiles that sweep the column blocks together (grid rasterization): 8 tiles share
 /// each weight block while it is in L2, and 8 x 128 token rows of activations stay in L2.
 pub const WGMMA_RASTER_GROUP: usize = 8;
+/// Token columns (wgmma N) of the swap-AB decode kernels: the plan takes the smallest that
+/// holds M (`NT` in cuda/sm90_swap_decode.cu).
+pub const SWAP_TOKEN_TILES: [usize; 4] = [8, 16, 32, 64];
+/// Largest M the swap-AB decode kernels take (one accumulator column per token).
+pub const SWAP_MAX_TOKENS: usize = 64;
+/// Largest M*topk (`kMaxSlots`: the slots' experts are held in shared memory).
+pub const SWAP_MAX_SLOTS: usize = 512;
+/// Weight rows per swap-AB CTA: wgmma's 64-row A slot (`kRows`).
+pub const SWAP_ROWS: usize = 64;
+/// Threads per swap-AB CTA: a consumer warpgroup and a producer warp (`kThreads`).
+pub const SWAP_THREADS: usize = 160;
+/// Largest thread-block cluster the swap-AB kernels split a CTA's work over (portable size).
+pub const SWAP_MAX_SPLITS: usize = 8;
+/// `$SWAPMOE_SWAP_SPLITS` = "g1,g2": force the swap-AB kernels' cluster sizes (GEMM1's K
+/// split, GEMM2's expert split), each 1, 2, 4 or 8; for tuning.
+pub const SWAP_SPLITS_ENV: &str = "SWAPMOE_SWAP_SPLITS";
+/// 64-wide K slices per stage of the swap-AB kernels (`kSub`): each weight row is read as
+/// slices x 128 contiguous bytes at once.
+pub const SWAP_K_SLICES: [usize; 2] = [1, 4];
+/// The heuristic's range for cuda_wgmma_swap (measured, H200, benches/NOTES.md "swap v1"):
+/// experts at least this wide (Mixtral, N = 14336) ran 1-18% faster than every other backend
+/// at M = 1-32, where cuda_decode's GEMM2 leaves warps idle on few slots...
+pub const SWAP_WIDE_MIN_N: usize = 4096;
+pub const SWAP_WIDE_HEURISTIC_MAX_TOKENS: usize = 32;
+/// ...and narrower experts (qwen3, deepseek-v3-tp8) 2-9% faster past cuda_decode's range up to
+/// M = 16 (qwen3 M = 16 is within 3% of cuda_wgmma); from M = 32 GEMM1's one-wave grid of
+/// short CTAs loses (up to 3.7x at M = 64).
+pub const SWAP_HEURISTIC_MAX_TOKENS: usize = 16;
+/// Smallest N from which GEMM2 of cuda_wgmma_swap takes 4 K slices per stage: measured
+/// (H200, benches/NOTES.md "swap v1") Mixtral (N = 14336) M = 1-16 6-11% faster with 4; qwen3
+/// (N = 768) and deepseek-v3-tp8 (N = 256) 5-20% slower (fewer stages in flight).
+pub const SWAP_GEMM2_WIDE_SLICE_MIN_N: usize = 4096;
+/// `$SWAPMOE_SWAP_SLICES` = "g1,g2": force the K slices per stage of GEMM1 and GEMM2; for tuning.
+pub const SWAP_SLICES_ENV: &str = "SWAPMOE_SWAP_SLICES";
+/// Dynamic shared memory of a swap-AB kernel (`Stages<NT, kBoxes, kSub>::kSmemBytes`): stages
+/// of `slices` x (`weight_boxes` 64 x 64 weight boxes + NT x 64 token rows); as many as fit
+/// 102 KiB (two CTAs per SM) when that is at least 3, else as many as fit 200 KiB; plus 1 KiB
+/// to align them. GEMM1 has 2 boxes (gate, up), GEMM2 one.
+pub fn swap_smem_bytes(tile: usize, weight_boxes: usize, slices: usize) -> usize {
+    let stage = slices * (weight_boxes * SWAP_ROWS * 64 * 2 + tile * 64 * 2);
+    let two_per_sm = 102 * 1024 / stage;
+    let count = if two_per_sm >= 3 {
+        two_per_sm
+    } else {
+        200 * 1024 / stage
+    };
+    count * stage + 1024
+}
+/// The swap-AB token tile for M tokens.
+pub fn swap_token_tile(m: usize) -> usize {
+    SWAP_TOKEN_TILES
+        .into_iter()
+        .find(|&t| m <= t)
+        .unwrap_or(SWAP_MAX_TOKENS)
+}
 /// What the FP8 SIMT kernels measured against vLLM's Triton (whole op against its GEMMs
 /// alone, H200, benches/NOTES.md): the reason the oracle sends untabled FP8 calls to vLLM's
 /// Triton when the caller (the vLLM plugin) can run it.
@@ -155,16 +210,21 @@ pub enum Backend {
     /// wgmma with the tokens in the 64-row slot, both operands streamed by TMA from tensor
     /// maps, warp-specialized; bf16/fp16 with K and N multiples of 8.
     CudaWgmma,
+    /// Hopper swap-AB decode kernels (cuda/sm90_swap_decode.cu, sm_90a): the weights in
+    /// wgmma's 64-row slot, the M <= 64 tokens as its N side; two launches, routing read in
+    /// every CTA, the top-k sum in GEMM2's accumulators; bf16/fp16, TMA-aligned shapes.
+    CudaWgmmaSwap,
 }
 
 impl Backend {
-    pub const ALL: [Backend; 6] = [
+    pub const ALL: [Backend; 7] = [
         Backend::Cpu,
         Backend::CudaGeneric,
         Backend::CudaDecode,
         Backend::CudaMma,
         Backend::CudaBulkDecode,
         Backend::CudaWgmma,
+        Backend::CudaWgmmaSwap,
     ];
 
     pub fn parse(s: &str) -> Option<Backend> {
@@ -179,6 +239,7 @@ impl Backend {
             Backend::CudaMma => "cuda_mma",
             Backend::CudaBulkDecode => "cuda_bulk_decode",
             Backend::CudaWgmma => "cuda_wgmma",
+            Backend::CudaWgmmaSwap => "cuda_wgmma_swap",
         }
     }
 }
@@ -228,6 +289,10 @@ pub enum KernelId {
     WgmmaTopkReduce(DType),
     /// The row gather before a pre-gathered GEMM1 (any 2-byte dtype).
     WgmmaGather,
+    /// Swap-AB decode kernels (cuda/sm90_swap_decode.cu): (bf16 or fp16, token tile, K slices
+    /// per stage).
+    SwapGemm1Act(DType, usize, usize),
+    SwapGemm2Sum(DType, usize, usize),
 }
 
 const FP8_SCHEMES: [QuantScheme; 3] = [
@@ -247,6 +312,15 @@ fn mma_slot(d: DType, tile: usize) -> usize {
 
 fn wgmma_slot(d: DType, tile: usize) -> usize {
     usize::from(tile >= 128) + 2 * usize::from(d == DType::F16)
+}
+
+fn swap_slot(d: DType, tile: usize, slices: usize) -> usize {
+    let t = SWAP_TOKEN_TILES
+        .iter()
+        .position(|x| *x == tile)
+        .unwrap_or(0);
+    let k = SWAP_K_SLICES.iter().position(|x| *x == slices).unwrap_or(0);
+    t + SWAP_TOKEN_TILES.len() * (k + SWAP_K_SLICES.len() * usize::from(d == DType::F16))
 }
 
 fn fp8_slot(q: QuantScheme, v: usize) -> usize {
@@ -282,7 +356,8 @@ impl KernelId {
         + 2 * 2 * 2
         + 2 * 2
         + 2
-        + 1;
+        + 1
+        + 2 * 2 * 4 * 2;
 
     pub fn module(&self) -> &'static str {
         match self {
@@ -300,6 +375,7 @@ impl KernelId {
             | KernelId::WgmmaGather
             | KernelId::WgmmaGemm2(..)
             | KernelId::WgmmaTopkReduce(..) => "sm90_wgmma_moe",
+            KernelId::SwapGemm1Act(..) | KernelId::SwapGemm2Sum(..) => "sm90_swap_decode",
             _ => "generic_moe",
         }
     }
@@ -340,6 +416,12 @@ impl KernelId {
             KernelId::WgmmaGather => "wgmma_moe_gather".into(),
             KernelId::WgmmaGemm2(d, t) => format!("wgmma_moe_gemm2_{}_t{t}", d.suffix()),
             KernelId::WgmmaTopkReduce(d) => format!("wgmma_moe_topk_reduce_{}", d.suffix()),
+            KernelId::SwapGemm1Act(d, t, k) => {
+                format!("swap_moe_gemm1_act_{}_n{t}_s{k}", d.suffix())
+            }
+            KernelId::SwapGemm2Sum(d, t, k) => {
+                format!("swap_moe_gemm2_sum_{}_n{t}_s{k}", d.suffix())
+            }
         }
     }
 
@@ -371,6 +453,8 @@ impl KernelId {
             KernelId::WgmmaGemm2(d, t) => 110 + wgmma_slot(d, t),
             KernelId::WgmmaTopkReduce(d) => 114 + usize::from(d == DType::F16),
             KernelId::WgmmaGather => 116,
+            KernelId::SwapGemm1Act(d, t, k) => 117 + swap_slot(d, t, k),
+            KernelId::SwapGemm2Sum(d, t, k) => 133 + swap_slot(d, t, k),
         }
     }
 
@@ -407,6 +491,12 @@ impl KernelId {
                 v.push(KernelId::WgmmaGemm2(d, t));
             }
             v.push(KernelId::WgmmaTopkReduce(d));
+            for t in SWAP_TOKEN_TILES {
+                for k in SWAP_K_SLICES {
+                    v.push(KernelId::SwapGemm1Act(d, t, k));
+                    v.push(KernelId::SwapGemm2Sum(d, t, k));
+                }
+            }
         }
         v.push(KernelId::WgmmaGather);
 
@@ -443,6 +533,9 @@ pub struct Plan {
     pub pdl: bool,
     /// CTAs of a persistent grid (the device's SM count; 0 for other backends).
     pub ctas: usize,
+    /// cuda_wgmma_swap: thread-block cluster sizes, (GEMM1's split of K, GEMM2's split of
+    /// the active experts); (1, 1) for other backends.
+    pub splits: (usize, usize),
     /// Why each choice was made or each candidate rejected.
     pub reasons: Vec<String>,
     /// What decided: an override, a tuned table or the heuristics.
@@ -747,7 +840,33 @@ fn heuristic(c: &mut Candidates) -> Backend {
     }
     let slots = p.slots();
     let per_expert = expected_slots_per_expert(slots, p.local_experts);
-    if slots <= DECODE_HEURISTIC_MAX_SLOTS && per_expert <= DECODE_HEURISTIC_MAX_SLOTS_PER_EXPERT {
+    let decode_range =
+        slots <= DECODE_HEURISTIC_MAX_SLOTS && per_expert <= DECODE_HEURISTIC_MAX_SLOTS_PER_EXPERT;
+    // Where cuda_wgmma_swap measured fastest on the H200 (benches/NOTES.md, "swap v1"):
+    // wide experts (N >= SWAP_WIDE_MIN_N) up to SWAP_WIDE_HEURISTIC_MAX_TOKENS tokens, and
+    // beyond the decode kernels' range up to SWAP_HEURISTIC_MAX_TOKENS tokens.
+    let swap_wins = p.quant.is_none()
+        && if decode_range {
+            p.n >= SWAP_WIDE_MIN_N
+        } else {
+            p.m <= SWAP_HEURISTIC_MAX_TOKENS
+                || (p.n >= SWAP_WIDE_MIN_N && p.m <= SWAP_WIDE_HEURISTIC_MAX_TOKENS)
+        };
+    match c.eligible(Backend::CudaWgmmaSwap) {
+        Ok(()) if swap_wins && c.slots_per_expert() < WGMMA_HEURISTIC_MIN_SLOTS_PER_EXPERT => {
+            c.reasons.push(format!(
+                "cuda_wgmma_swap: M = {}, N = {}: the swap-AB wgmma kernels measured fastest here on the H200 (wide experts up to M = {SWAP_WIDE_HEURISTIC_MAX_TOKENS}, others from the end of cuda_decode's range up to M = {SWAP_HEURISTIC_MAX_TOKENS})",
+                p.m, p.n
+            ));
+            return Backend::CudaWgmmaSwap;
+        }
+        Ok(()) => c.reasons.push(format!(
+            "cuda_wgmma_swap: not picked, M = {}, N = {} is outside where it measured fastest (a tuned table or backend= can pick it)",
+            p.m, p.n
+        )),
+        Err(why) => c.reasons.push(format!("cuda_wgmma_swap: rejected, {why}")),
+    }
+    if decode_range {
         c.reasons.push(format!(
             "cuda_decode: M*topk = {slots} <= {DECODE_HEURISTIC_MAX_SLOTS} and ~{per_expert:.1} slots per expert, so each GEMM CTA routes for itself and GEMM2 sums over top-k: 2 launches instead of 4"
         ));
@@ -1327,6 +1446,26 @@ impl<'a> Candidates<'a> {
             .unwrap_or(MMA_TOKEN_TILES[2])
     }
 
+    /// What every Hopper bf16/fp16 kernel needs: no FP8, an sm_90 device (`needs`: for what),
+    /// bfloat16 or float16, and 16-byte aligned rows (`copies`: what copies them).
+    fn hopper_16bit(&self, needs: &str, copies: &str) -> std::result::Result<(), String> {
+        let p = self.p;
+        if p.quant.is_some() {
+            Err("it has no FP8 kernels in this build".into())
+        } else if self.hopper_sms.is_none() {
+            Err(format!("it needs an sm_90 (Hopper) device: {needs}"))
+        } else if !matches!(p.dtype, DType::BF16 | DType::F16) {
+            Err(format!(
+                "it needs bfloat16 or float16, got {}",
+                p.dtype.name()
+            ))
+        } else if self.gemm1_vec == 1 || self.gemm2_vec == 1 {
+            Err(format!("{copies} need K, N and every row stride to be multiples of 8 elements, with 16-byte aligned tensors"))
+        } else {
+            Ok(())
+        }
+    }
+
     /// Whether `b` can run the problem, and why not.
     fn eligible(&self, b: Backend) -> std::result::Result<(), String> {
         let p = self.p;
@@ -1348,41 +1487,33 @@ impl<'a> Candidates<'a> {
             )),
             Backend::CudaDecode => Ok(()),
             Backend::CudaBulkDecode => {
-                if p.quant.is_some() {
-                    Err("it has no FP8 kernels in this build".into())
-                } else if self.hopper_sms.is_none() {
-                    Err("it needs an sm_90 (Hopper) device: TMA bulk copies and mbarriers".into())
-                } else if !matches!(p.dtype, DType::BF16 | DType::F16) {
-                    Err(format!(
-                        "it needs bfloat16 or float16, got {}",
-                        p.dtype.name()
-                    ))
-                } else if self.gemm1_vec == 1 || self.gemm2_vec == 1 {
-                    Err("its bulk copies need K, N and every row stride to be multiples of 8 elements, with 16-byte aligned tensors".into())
-                } else if p.slots() > BULK_MAX_SLOTS {
-                    Err(format!(
+                self.hopper_16bit("TMA bulk copies and mbarriers", "its bulk copies")?;
+                if p.slots() > BULK_MAX_SLOTS {
+                    return Err(format!(
                         "it holds at most M*topk = {BULK_MAX_SLOTS} slots, got {}",
                         p.slots()
-                    ))
-                } else {
-                    Ok(())
+                    ));
                 }
+                Ok(())
             }
             Backend::CudaWgmma => {
-                if p.quant.is_some() {
-                    Err("it has no FP8 kernels in this build".into())
-                } else if self.hopper_sms.is_none() {
-                    Err(
-                        "it needs an sm_90 (Hopper) device: wgmma, TMA tensor maps and mbarriers"
-                            .into(),
-                    )
-                } else if !matches!(p.dtype, DType::BF16 | DType::F16) {
+                self.hopper_16bit("wgmma, TMA tensor maps and mbarriers", "its tensor maps")
+            }
+            Backend::CudaWgmmaSwap => {
+                self.hopper_16bit(
+                    "wgmma, TMA tensor maps, mbarriers and thread-block clusters",
+                    "its tensor maps",
+                )?;
+                if p.m > SWAP_MAX_TOKENS {
                     Err(format!(
-                        "it needs bfloat16 or float16, got {}",
-                        p.dtype.name()
+                        "it holds at most M = {SWAP_MAX_TOKENS} tokens (one wgmma column each), got {}",
+                        p.m
                     ))
-                } else if self.gemm1_vec == 1 || self.gemm2_vec == 1 {
-                    Err("its tensor maps need K, N and every row stride to be multiples of 8 elements, with 16-byte aligned tensors".into())
+                } else if p.slots() > SWAP_MAX_SLOTS {
+                    Err(format!(
+                        "it holds at most M*topk = {SWAP_MAX_SLOTS} slots, got {}",
+                        p.slots()
+                    ))
                 } else {
                     Ok(())
                 }
@@ -1438,13 +1569,97 @@ impl<'a> Candidates<'a> {
         Ok(b)
     }
 
+    /// cuda_wgmma_swap's cluster sizes (GEMM1's K split, GEMM2's expert split) and why:
+    /// `$SWAPMOE_SWAP_SPLITS`, or the smallest power of two that gives each GEMM at least
+    /// 90% of an SM's worth of CTAs (GEMM1 keeping >= 4 k-tiles per CTA; GEMM2 no more
+    /// ranks than expected active experts).
+    fn swap_splits(&self) -> ((usize, usize), String) {
+        let allowed = [1usize, 2, 4, 8];
+        let mut note = String::new();
+        if let Ok(v) = std::env::var(SWAP_SPLITS_ENV) {
+            let parsed: Vec<Option<usize>> = v
+                .split(',')
+                .map(|x| {
+                    x.trim()
+                        .parse::<usize>()
+                        .ok()
+                        .filter(|n| allowed.contains(n))
+                })
+                .collect();
+            if let [Some(a), Some(b)] = parsed[..] {
+                return ((a, b), format!("splits forced by ${SWAP_SPLITS_ENV}={v}"));
+            }
+            note = format!(
+                "${SWAP_SPLITS_ENV}={v:?} ignored (expected \"g1,g2\", each 1, 2, 4 or 8); "
+            );
+        }
+        let p = self.p;
+        let slots = p.slots();
+        // each token's top-k experts are distinct, so at least min(topk, E) are active
+        let active = (slots as f64 / expected_slots_per_expert(slots, p.local_experts).max(1.0))
+            .max(p.topk.min(p.local_experts) as f64)
+            .max(1.0);
+        let want = 0.9 * self.sms as f64;
+        let pick = |base: f64, cap: usize| {
+            allowed
+                .into_iter()
+                .find(|&s| base * s as f64 >= want || s >= cap.min(SWAP_MAX_SPLITS))
+                .unwrap_or(SWAP_MAX_SPLITS)
+        };
+        let g1_base = p.n.div_ceil(SWAP_ROWS) as f64 * active;
+        let g1 = pick(g1_base, (p.k.div_ceil(64) / 4).max(1));
+        let g2_base = p.k.div_ceil(SWAP_ROWS) as f64;
+        let g2 = pick(g2_base, active.ceil() as usize);
+        (
+            (g1, g2),
+            format!(
+                "{note}~{active:.0} active experts: GEMM1 {g1_base:.0} x {g1} CTAs, GEMM2 {g2_base:.0} x {g2} CTAs for {} SMs",
+                self.sms
+            ),
+        )
+    }
+
+    /// cuda_wgmma_swap's K slices per stage (GEMM1, GEMM2): `$SWAPMOE_SWAP_SLICES`, or 1 and
+    /// (GEMM2, from N >= SWAP_GEMM2_WIDE_SLICE_MIN_N) 4.
+    fn swap_slices(&self) -> ((usize, usize), String) {
+        let default = (
+            1,
+            if self.p.n >= SWAP_GEMM2_WIDE_SLICE_MIN_N {
+                4
+            } else {
+                1
+            },
+        );
+        match std::env::var(SWAP_SLICES_ENV) {
+            Err(_) => (default, String::new()),
+            Ok(v) => {
+                let parsed: Vec<Option<usize>> = v
+                    .split(',')
+                    .map(|x| {
+                        x.trim()
+                            .parse::<usize>()
+                            .ok()
+                            .filter(|n| SWAP_K_SLICES.contains(n))
+                    })
+                    .collect();
+                match parsed[..] {
+                    [Some(a), Some(b)] => ((a, b), format!("; K slices forced by ${SWAP_SLICES_ENV}={v}")),
+                    _ => (default, format!("; ${SWAP_SLICES_ENV}={v:?} ignored (expected \"g1,g2\", each of {SWAP_K_SLICES:?})")),
+                }
+            }
+        }
+    }
+
     fn build(self, b: Backend) -> Plan {
         let d = self.p.dtype;
         let (g1, g2) = (self.gemm1_vec, self.gemm2_vec);
         let tile = self.tile.unwrap_or_else(|| self.mma_token_tile());
         let wgmma_tile = self.tile.unwrap_or_else(|| self.wgmma_token_tile());
+        let swap_split_choice = (b == Backend::CudaWgmmaSwap).then(|| self.swap_splits());
+        let swap_slice_choice = (b == Backend::CudaWgmmaSwap).then(|| self.swap_slices());
         let mut reasons = self.reasons;
         let mut ctas = 0;
+        let mut splits = (1, 1);
         let fp8_front = |v: &mut Vec<KernelId>| {
             if let Some(q) = self.p.quant {
                 if q.scheme == QuantScheme::Tensor && q.a1_scale == 0 {
@@ -1537,6 +1752,30 @@ impl<'a> Candidates<'a> {
                     tile,
                     false,
                 ),
+                Backend::CudaWgmmaSwap => {
+                    let tile = swap_token_tile(self.p.m);
+                    let (s, why) = swap_split_choice.clone().unwrap_or_default();
+                    let ((k1, k2), slice_why) = swap_slice_choice.clone().unwrap_or_default();
+                    splits = s;
+                    reasons.push(format!(
+                        "cuda_wgmma_swap: weights in wgmma's {SWAP_ROWS}-row slot streamed by TMA, {k1} (GEMM1) and {k2} (GEMM2) 64-wide K slices per stage, the M = {} tokens as {tile} columns; 2 launches, no align or top-k sum kernel; clusters of {} (GEMM1, K split) and {} (GEMM2, expert split) summed through distributed shared memory; {why}{slice_why}",
+                        self.p.m, s.0, s.1
+                    ));
+                    reasons.push(if self.pdl_ok {
+                        "pdl: GEMM2 streams its first weights while GEMM1 finishes".into()
+                    } else {
+                        "pdl: off, programmatic dependent launch needs sm_90".into()
+                    });
+                    (
+                        vec![
+                            KernelId::SwapGemm1Act(d, tile, k1),
+                            KernelId::SwapGemm2Sum(d, tile, k2),
+                        ],
+                        SWAP_ROWS,
+                        tile,
+                        self.pdl_ok,
+                    )
+                }
                 Backend::CudaWgmma => {
                     let tile = wgmma_tile;
                     let pre = self.p.n >= WGMMA_PREGATHER_MIN_N;
@@ -1570,6 +1809,7 @@ impl<'a> Candidates<'a> {
             tokens_per_pass,
             pdl,
             ctas,
+            splits,
             reasons,
             source: Source::Heuristic,
             table: None,
@@ -1720,6 +1960,123 @@ mod tests {
         let unique: HashSet<usize> = ids.iter().copied().collect();
         assert_eq!(unique.len(), ids.len());
         assert!(ids.iter().all(|i| *i < KernelId::COUNT));
+    }
+
+    #[test]
+    fn wgmma_swap_tiles_splits_slices_and_rejections() {
+        let swap =
+            |p: &MoeProblem| plan_with(p, Some(&h200()), Some(Backend::CudaWgmmaSwap)).unwrap();
+        // qwen3 M=1: 8 token columns, 12 row blocks x 8 experts -> K split 2; GEMM2 32 row
+        // blocks -> 4 ranks; one K slice per stage on both (N = 768 < 4096); PDL on Hopper
+        let q = swap(&problem(1, 128, 8, 2048, 768, DType::BF16));
+        assert_eq!(
+            q.kernels,
+            vec![
+                KernelId::SwapGemm1Act(DType::BF16, 8, 1),
+                KernelId::SwapGemm2Sum(DType::BF16, 8, 1),
+            ]
+        );
+        assert_eq!((q.tokens_per_pass, q.splits, q.pdl), (8, (2, 4), true));
+        assert!(q
+            .reasons
+            .iter()
+            .any(|r| r.starts_with("cuda_wgmma_swap: weights")));
+        // deepseek-v3-tp8 M=1: 4 row blocks x 8 experts -> K split 4; GEMM2 112 -> 2
+        let d = swap(&problem(1, 256, 8, 7168, 256, DType::F16));
+        assert_eq!(d.splits, (4, 2));
+        assert_eq!(d.kernels[0], KernelId::SwapGemm1Act(DType::F16, 8, 1));
+        // Mixtral: 2 experts -> GEMM2 split 2 at most; N >= 4096 -> 4 K slices in GEMM2
+        let mx = swap(&problem(1, 8, 2, 4096, 14336, DType::BF16));
+        assert_eq!(mx.splits, (1, 2));
+        assert_eq!(mx.kernels[1], KernelId::SwapGemm2Sum(DType::BF16, 8, 4));
+        // the token tile is the smallest that holds M
+        for (m, t) in [(2, 8), (8, 8), (9, 16), (17, 32), (33, 64), (64, 64)] {
+            assert_eq!(
+                swap(&problem(m, 128, 8, 2048, 768, DType::BF16)).tokens_per_pass,
+                t
+            );
+        }
+        // rejections, each with its reason
+        let too_many = plan_with(
+            &problem(65, 128, 2, 2048, 768, DType::BF16),
+            Some(&h200()),
+            Some(Backend::CudaWgmmaSwap),
+        )
+        .unwrap_err();
+        assert!(too_many.to_string().contains("at most M = 64 tokens"));
+        let ampere = DeviceCaps {
+            name: "NVIDIA A100-SXM4-80GB".into(),
+            capability: (8, 0),
+            sm_count: 108,
+        };
+        let on_ampere = plan_with(
+            &problem(1, 128, 8, 2048, 768, DType::BF16),
+            Some(&ampere),
+            Some(Backend::CudaWgmmaSwap),
+        )
+        .unwrap_err();
+        assert!(on_ampere.to_string().contains("sm_90"));
+        let f32p = plan_with(
+            &problem(1, 128, 8, 2048, 768, DType::F32),
+            Some(&h200()),
+            Some(Backend::CudaWgmmaSwap),
+        )
+        .unwrap_err();
+        assert!(f32p.to_string().contains("bfloat16 or float16"));
+        let odd = plan_with(
+            &problem(1, 128, 8, 2044, 768, DType::BF16),
+            Some(&h200()),
+            Some(Backend::CudaWgmmaSwap),
+        )
+        .unwrap_err();
+        assert!(odd.to_string().contains("multiples of 8"));
+        // shared memory mirrors Stages<NT, kBoxes, kSub>: 6 stages of 17 KiB (two CTAs per
+        // SM); 4 slices of the 64-token tile: 2 stages of 96 KiB (one CTA per SM)
+        assert_eq!(swap_smem_bytes(8, 2, 1), 6 * 17 * 1024 + 1024);
+        assert_eq!(swap_smem_bytes(64, 2, 4), 2 * 96 * 1024 + 1024);
+        assert_eq!(swap_smem_bytes(8, 1, 1), 11 * 9 * 1024 + 1024);
+        // the heuristic's range on Hopper (no tables): wide experts up to M = 32, others past
+        // cuda_decode's range up to M = 16
+        let pick = |m, e, topk, k, n| plan(&problem(m, e, topk, k, n, DType::BF16), Some(&h200()));
+        for m in [1, 4, 32] {
+            assert_eq!(
+                pick(m, 8, 2, 4096, 14336).backend,
+                Backend::CudaWgmmaSwap,
+                "mixtral M={m}"
+            );
+        }
+        assert_eq!(pick(64, 8, 2, 4096, 14336).backend, Backend::CudaWgmma);
+        assert_eq!(pick(1, 128, 8, 2048, 768).backend, Backend::CudaDecode);
+        let q8 = pick(8, 128, 8, 2048, 768);
+        assert_eq!(q8.backend, Backend::CudaWgmmaSwap);
+        assert!(q8
+            .reasons
+            .iter()
+            .any(|r| r.contains("measured fastest here")));
+        assert_eq!(pick(16, 256, 8, 7168, 256).backend, Backend::CudaWgmmaSwap);
+        let q32 = pick(32, 128, 8, 2048, 768);
+        assert_ne!(q32.backend, Backend::CudaWgmmaSwap);
+        assert!(q32
+            .reasons
+            .iter()
+            .any(|r| r.starts_with("cuda_wgmma_swap: not picked")));
+        // overrides through the environment, bad values ignored with a reason
+        std::env::set_var(SWAP_SPLITS_ENV, "8,1");
+        std::env::set_var(SWAP_SLICES_ENV, "4,4");
+        let forced = swap(&problem(1, 128, 8, 2048, 768, DType::BF16));
+        assert_eq!(forced.splits, (8, 1));
+        assert_eq!(forced.kernels[0], KernelId::SwapGemm1Act(DType::BF16, 8, 4));
+        std::env::set_var(SWAP_SPLITS_ENV, "3,1");
+        std::env::set_var(SWAP_SLICES_ENV, "2");
+        let ignored = swap(&problem(1, 128, 8, 2048, 768, DType::BF16));
+        std::env::remove_var(SWAP_SPLITS_ENV);
+        std::env::remove_var(SWAP_SLICES_ENV);
+        assert_eq!(ignored.splits, (2, 4));
+        assert!(ignored
+            .reasons
+            .iter()
+            .any(|r| r.contains("SWAPMOE_SWAP_SPLITS=\"3,1\" ignored")
+                && r.contains("SWAPMOE_SWAP_SLICES=\"2\" ignored")));
     }
 
     #[test]

@@ -218,10 +218,11 @@ def test_wgmma_rejects_unaligned_rows(rng):
         call(inp, case, backend="cuda_wgmma")
 
 
-@pytest.mark.parametrize("M", [4, 300])
-def test_wgmma_cuda_graph_capture_and_replay(M, rng, monkeypatch):
+def _graph_capture_and_replay(backend, M, rng, monkeypatch):
+    """Captures one call of ``backend`` in a CUDA graph, then replays it twice on fresh
+    inputs written into the captured buffers; each replay must match float64."""
     _needs_hopper()
-    monkeypatch.setenv("SWAPMOE_BACKEND", "cuda_wgmma")
+    monkeypatch.setenv("SWAPMOE_BACKEND", backend)
     case = Case(M, 32, 6, 64, 128, ids="concentrated")
     prob = make_problem(rng, case)
     inp = to_inputs(prob, case, "torch", "bfloat16", DEV)
@@ -238,6 +239,99 @@ def test_wgmma_cuda_graph_capture_and_replay(M, rng, monkeypatch):
         graph.replay()
         torch.cuda.synchronize()
         check_close(captured, reference(inp, case), "bfloat16", what="graph replay")
+
+
+@pytest.mark.parametrize("M", [4, 300])
+def test_wgmma_cuda_graph_capture_and_replay(M, rng, monkeypatch):
+    _graph_capture_and_replay("cuda_wgmma", M, rng, monkeypatch)
+
+
+SWAP_CASES = [
+    Case(1, 128, 8, 128, 256, out="poison"),  # M=1: 8 experts of one token each
+    # ragged experts, invalid ids, expert map with -1, N and K not multiples of 64 (TMA zero fill)
+    Case(17, 64, 6, 40, 56, "gelu", ids="invalid", ep=True, out="poison"),
+    Case(64, 128, 8, 128, 256, ids="concentrated", out="inplace"),  # 64 tokens: the widest tile
+    Case(7, 8, 3, 72, 136, ids="dup", out="poison", tw_dtype="bfloat16"),  # a token lists an expert twice
+    Case(5, 16, 1, 96, 200, "gelu", on_input=True, ep=True, ids="invalid", out="poison"),
+    Case(3, 8, 2, 64, 64, ids="none", out="poison"),  # no expert at all: out must be zeros
+    Case(2, 128, 8, 768, 2048, out="poison"),  # qwen3-30b-a3b's expert shape
+    Case(1, 16, 8, 256, 7168, out="poison"),  # deepseek-v3-tp8's expert shape (fewer experts)
+    Case(33, 8, 2, 520, 264, id_dtype="int64", out="poison"),  # several row blocks, both tails
+]
+SWAP_SPLITS = [None, "1,1", "4,2", "8,8"]  # None: the oracle's clusters
+
+
+@pytest.mark.skipif(not HAS_BACKEND_ARG, reason="this build has no backend= argument")
+@pytest.mark.parametrize("splits", SWAP_SPLITS, ids=lambda s: f"splits={s or 'oracle'}")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("case", SWAP_CASES, ids=_ids(SWAP_CASES))
+def test_wgmma_swap_backend(case, dtype, splits, rng, monkeypatch):
+    """The Hopper swap-AB decode kernels (sm_90 only), with each cluster split: GEMM1's K
+    and GEMM2's experts over 1 to 8 CTAs summed through distributed shared memory."""
+    _needs_hopper()
+    if splits:
+        monkeypatch.setenv("SWAPMOE_SWAP_SPLITS", splits)
+    monkeypatch.setenv("SWAPMOE_BACKEND", "cuda_wgmma_swap")
+    _, _, inp = run_case(case, "torch", dtype, rng, device=DEV)
+    plan = swapmoe._core.describe_plan(inp["x"], inp["w1"], inp["w2"], inp["tw"], inp["ids"],
+                                       expert_map=inp["expert_map"])
+    assert plan["backend"] == "cuda_wgmma_swap"
+    assert plan["tokens_per_pass"] == min(t for t in (8, 16, 32, 64) if t >= case.M)
+    if splits:
+        assert plan["splits"] == tuple(int(v) for v in splits.split(","))
+
+
+@pytest.mark.skipif(not HAS_BACKEND_ARG, reason="this build has no backend= argument")
+@pytest.mark.parametrize("slices", ["4,4", "1,4", "4,1"])
+@pytest.mark.parametrize("case", [SWAP_CASES[i] for i in (1, 3, 4, 6, 8)], ids=_ids([SWAP_CASES[i] for i in (1, 3, 4, 6, 8)]))
+def test_wgmma_swap_k_slices(case, slices, rng, monkeypatch):
+    """Stages of 4 K slices (4 x 128 bytes of each weight row at once) in either GEMM,
+    including K and N tails inside a stage."""
+    _needs_hopper()
+    monkeypatch.setenv("SWAPMOE_SWAP_SLICES", slices)
+    monkeypatch.setenv("SWAPMOE_SWAP_SPLITS", "2,2")
+    monkeypatch.setenv("SWAPMOE_BACKEND", "cuda_wgmma_swap")
+    _, _, inp = run_case(case, "torch", "bfloat16", rng, device=DEV)
+    plan = swapmoe._core.describe_plan(inp["x"], inp["w1"], inp["w2"], inp["tw"], inp["ids"],
+                                       expert_map=inp["expert_map"])
+    g1, g2 = slices.split(",")
+    assert plan["kernels"][0].endswith(f"_s{g1}") and plan["kernels"][1].endswith(f"_s{g2}")
+
+
+@pytest.mark.skipif(not HAS_BACKEND_ARG, reason="this build has no backend= argument")
+@pytest.mark.parametrize("ids", ["uniform", "concentrated"])
+@pytest.mark.parametrize("M", [m for m in DECODE_M if m <= 64])
+def test_wgmma_swap_every_decode_size(M, ids, rng):
+    _needs_hopper()
+    run_case(Case(M, 128, 8, 128, 256, ids=ids, out="poison"), "torch", "bfloat16", rng, device=DEV,
+             backend="cuda_wgmma_swap")
+
+
+@pytest.mark.skipif(not HAS_BACKEND_ARG, reason="this build has no backend= argument")
+@pytest.mark.parametrize("splits", ["1,1", "8,8"])
+def test_wgmma_swap_is_deterministic(splits, rng, monkeypatch):
+    """A moving result would be a pipeline or cluster race: 20 reruns must be bit-identical."""
+    _needs_hopper()
+    monkeypatch.setenv("SWAPMOE_SWAP_SPLITS", splits)
+    case = Case(13, 64, 8, 264, 1160, ids="concentrated", out="poison")
+    prob = make_problem(rng, case)
+    inp = to_inputs(prob, case, "torch", "bfloat16", DEV)
+    first = snapshot(call(inp, case, backend="cuda_wgmma_swap"))
+    for _ in range(20):
+        assert same_bits(snapshot(call(inp, case, backend="cuda_wgmma_swap")), first)
+
+
+def test_wgmma_swap_rejects_more_than_64_tokens(rng):
+    _needs_hopper()
+    case = Case(65, 8, 2, 64, 64)
+    inp = to_inputs(make_problem(rng, case), case, "torch", "bfloat16", DEV)
+    with pytest.raises(swapmoe.ArgumentError, match="cuda_wgmma_swap.*at most M = 64 tokens.*got 65"):
+        call(inp, case, backend="cuda_wgmma_swap")
+
+
+@pytest.mark.parametrize("M", [1, 24])
+def test_wgmma_swap_cuda_graph_capture_and_replay(M, rng, monkeypatch):
+    _graph_capture_and_replay("cuda_wgmma_swap", M, rng, monkeypatch)
 
 
 @pytest.mark.parametrize("tile", [16, 64, 128])

@@ -20,12 +20,13 @@ EXTERNAL_BACKENDS = ("vllm_triton", "flashinfer_cutlass")
 class Plan:
     """What one call of the op would run.
 
-    - ``backend``: ``cuda_decode``, ``cuda_mma``, ``cuda_wgmma``, ``cuda_generic``,
-      ``cuda_bulk_decode`` (or ``cpu`` for CPU
+    - ``backend``: ``cuda_decode``, ``cuda_wgmma_swap``, ``cuda_mma``, ``cuda_wgmma``,
+      ``cuda_generic``, ``cuda_bulk_decode`` (or ``cpu`` for CPU
       tensors), or an external backend (``vllm_triton``, ``flashinfer_cutlass``) when a
       table picked it and the caller allowed it
     - ``swap_ab``: whether the weights fill the MMA's wide side and the tokens the narrow one
-    - ``tile``: kernels, rows per CTA, tokens per pass (token tile), load widths, PDL; for an
+    - ``tile``: kernels, rows per CTA, tokens per pass (token tile), load widths, PDL,
+      ``splits`` (cuda_wgmma_swap's cluster sizes: GEMM1's K split, GEMM2's expert split); for an
       external backend, those of swapmoe's ``fallback``
     - ``source``: ``"override"`` (``backend=``, ``$SWAPMOE_BACKEND``,
       ``$SWAPMOE_MMA_TOKEN_TILE``), ``"table"`` (a tuned table entry) or ``"heuristic"``

@@ -42,7 +42,7 @@ from . import bench as B
 SCHEMA = "swapmoe.table/1"
 #: the default sweep
 DEFAULT_M: Tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
-SWAPMOE_BACKENDS: Tuple[str, ...] = ("cuda_decode", "cuda_mma", "cuda_wgmma", "cuda_generic")
+SWAPMOE_BACKENDS: Tuple[str, ...] = ("cuda_decode", "cuda_wgmma_swap", "cuda_mma", "cuda_wgmma", "cuda_generic")
 MMA_TILES: Tuple[int, ...] = (16, 64, 128)
 WGMMA_TILES: Tuple[int, ...] = (64, 128)
 VLLM_LABEL = "vllm_triton"
@@ -100,13 +100,14 @@ def parse_label(label: str) -> Tuple[str, Optional[int]]:
 
 
 def swapmoe_candidates(dtype: str, quant: str = "none") -> List[str]:
-    """Every swapmoe candidate for a dtype: decode, each tensor-core tile and the Hopper wgmma
-    GEMMs (bf16/fp16), generic; for an FP8 ``quant`` the backends with FP8 kernels (decode,
+    """Every swapmoe candidate for a dtype: decode, the Hopper swap-AB decode kernels, each
+    tensor-core tile and the Hopper wgmma GEMMs (bf16/fp16), generic; for an FP8 ``quant`` the backends with FP8 kernels (decode,
     generic). Candidates the device cannot run are skipped with the oracle's reason."""
     if quant != "none":
         return list(FP8_BACKENDS)
     labels = ["cuda_decode"]
     if dtype in ("bf16", "fp16"):
+        labels.append("cuda_wgmma_swap")
         labels += [candidate_label("cuda_mma", t) for t in MMA_TILES]
         labels += [candidate_label("cuda_wgmma", t) for t in WGMMA_TILES]
     labels.append("cuda_generic")

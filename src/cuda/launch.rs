@@ -5,8 +5,9 @@ use super::{check, device, stream_is_capturing, DeviceState};
 use crate::error::{Error, Result};
 use crate::oracle::{
     Backend, KernelId, Plan, RouterPlacement, BULK_SMEM_BYTES, BULK_THREADS, REDUCE_THREADS,
-    ROUTE_ALIGN_ROUTED_THREADS, ROUTE_ALIGN_THREADS, WGMMA_GATHER_THREADS, WGMMA_GEMM1_COLUMNS,
-    WGMMA_GEMM2_COLUMNS, WGMMA_RASTER_GROUP, WGMMA_REDUCE_THREADS, WGMMA_THREADS,
+    ROUTE_ALIGN_ROUTED_THREADS, ROUTE_ALIGN_THREADS, SWAP_ROWS, SWAP_THREADS, WGMMA_GATHER_THREADS,
+    WGMMA_GEMM1_COLUMNS, WGMMA_GEMM2_COLUMNS, WGMMA_RASTER_GROUP, WGMMA_REDUCE_THREADS,
+    WGMMA_THREADS,
 };
 
 /// Threads per CTA of the tensor-core kernels (`kThreads` in cuda/sm80_mma_moe.cu).
@@ -36,11 +37,39 @@ fn launch(
     pdl: bool,
     params: &mut [*mut c_void],
 ) -> Result<()> {
+    launch_clustered(dev, id, grid, block, smem, stream, pdl, 1, params)
+}
+
+/// `launch` with thread-block clusters of `cluster` CTAs along x (1: no cluster).
+#[allow(clippy::too_many_arguments)]
+fn launch_clustered(
+    dev: &DeviceState,
+    id: KernelId,
+    grid: (u32, u32, u32),
+    block: u32,
+    smem: u32,
+    stream: usize,
+    pdl: bool,
+    cluster: u32,
+    params: &mut [*mut c_void],
+) -> Result<()> {
     let f = dev.function(id)?;
-    let r = if pdl {
-        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attr.value.programmaticStreamSerializationAllowed = 1;
+    let r = if pdl || cluster > 1 {
+        let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
+        let mut count = 0;
+        if pdl {
+            attrs[count].id =
+                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attrs[count].value.programmaticStreamSerializationAllowed = 1;
+            count += 1;
+        }
+        if cluster > 1 {
+            attrs[count].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+            attrs[count].value.clusterDim.x = cluster;
+            attrs[count].value.clusterDim.y = 1;
+            attrs[count].value.clusterDim.z = 1;
+            count += 1;
+        }
         let config = sys::CUlaunchConfig {
             gridDimX: grid.0,
             gridDimY: grid.1,
@@ -50,8 +79,8 @@ fn launch(
             blockDimZ: 1,
             sharedMemBytes: smem,
             hStream: stream as sys::CUstream,
-            attrs: &mut attr,
-            numAttrs: 1,
+            attrs: attrs.as_mut_ptr(),
+            numAttrs: count as u32,
         };
         unsafe { sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut()) }
     } else {
@@ -220,6 +249,7 @@ fn experts(
             | Backend::CudaMma
             | Backend::CudaBulkDecode
             | Backend::CudaWgmma
+            | Backend::CudaWgmmaSwap
     ) {
         return Err(Error::Argument(format!(
             "backend: the CUDA launcher runs the cuda_* backends, the plan says {:?}",
@@ -255,6 +285,9 @@ fn experts(
     let global_e = p.global_experts as i32;
     let slots = p.slots();
 
+    if plan.backend == Backend::CudaWgmmaSwap {
+        return swap_decode(dev, p, plan, inter, stream);
+    }
     if matches!(plan.backend, Backend::CudaDecode | Backend::CudaBulkDecode) {
         if p.quant.is_some() {
             return fp8_decode(dev, p, plan, &layout, workspace, stream);
@@ -801,6 +834,167 @@ fn wgmma_gemms(
     )
 }
 
+/// The kernel arguments of the kernels that read topk_ids themselves (the decode, FP8 decode
+/// and swap-AB paths): sizes, router weights, ids, expert map, activation, weight placement.
+struct RoutedArgs {
+    m: i32,
+    k: i32,
+    n: i32,
+    topk: i32,
+    local_e: i32,
+    global_e: i32,
+    tw: u64,
+    tw_code: i32,
+    tw_row: i64,
+    ids: u64,
+    ids_i64: i32,
+    ids_row: i64,
+    map: u64,
+    act: i32,
+    on_input: i32,
+}
+
+impl RoutedArgs {
+    fn new(p: &MoeProblem) -> Self {
+        let o = p.operands;
+        let s = p.strides;
+        RoutedArgs {
+            m: p.m as i32,
+            k: p.k as i32,
+            n: p.n as i32,
+            topk: p.topk as i32,
+            local_e: p.local_experts as i32,
+            global_e: p.global_experts as i32,
+            tw: o.topk_weights as u64,
+            tw_code: p.topk_weights_dtype.scalar_code(),
+            tw_row: s.topk_weights_row,
+            ids: o.topk_ids as u64,
+            ids_i64: i32::from(p.topk_ids_dtype == DType::I64),
+            ids_row: s.topk_ids_row,
+            map: o.expert_map as u64,
+            act: p.activation.code(),
+            on_input: i32::from(p.apply_router_weight_on_input),
+        }
+    }
+}
+
+/// The swap-AB decode kernels (cuda/sm90_swap_decode.cu): GEMM1 writes one row per
+/// (active expert, token) into the workspace's intermediate, GEMM2 sums them into `out`.
+/// Clusters split GEMM1's K and GEMM2's experts as `plan.splits` says.
+fn swap_decode(
+    dev: &DeviceState,
+    p: &MoeProblem,
+    plan: &Plan,
+    h: u64,
+    stream: usize,
+) -> Result<()> {
+    let o = p.operands;
+    let s = p.strides;
+    let esize = p.dtype.size() as u64;
+    let RoutedArgs {
+        m,
+        k,
+        n,
+        topk,
+        local_e,
+        global_e,
+        tw,
+        tw_code,
+        tw_row,
+        ids,
+        ids_i64,
+        ids_row,
+        map,
+        act,
+        on_input,
+    } = RoutedArgs::new(p);
+    let tile = plan.tokens_per_pass as u32;
+    let rows = SWAP_ROWS as u32;
+    let (g1_split, g2_split) = (plan.splits.0 as u32, plan.splits.1 as u32);
+    let (e, kk, nn, mm) = (p.local_experts as u64, p.k as u64, p.n as u64, p.m as u64);
+    let active_bound = p.local_experts.min(p.slots()) as u64;
+    {
+        let x_map = tensor_map(
+            p.dtype,
+            o.hidden_states as u64,
+            &[kk, mm],
+            &[s.hidden_row as u64 * esize],
+            &[64, tile],
+            "hidden_states",
+        )?;
+        let w1_map = tensor_map(
+            p.dtype,
+            o.w1 as u64,
+            &[kk, 2 * nn, e],
+            &[s.w1_row as u64 * esize, s.w1_expert as u64 * esize],
+            &[64, rows, 1],
+            "w1",
+        )?;
+        let mut args = params!(
+            x_map, w1_map, tw, tw_code, tw_row, ids, ids_i64, ids_row, map, m, topk, global_e,
+            local_e, n, k, act, on_input, h
+        );
+        let grid = (
+            p.n.div_ceil(SWAP_ROWS) as u32 * g1_split,
+            active_bound as u32,
+            1,
+        );
+        launch_clustered(
+            dev,
+            plan.kernels[0],
+            grid,
+            SWAP_THREADS as u32,
+            swap_smem(plan.kernels[0]),
+            stream,
+            plan.pdl,
+            g1_split,
+            &mut args,
+        )?;
+    }
+    let h_map = tensor_map(
+        p.dtype,
+        h,
+        &[nn, mm, active_bound.max(1)],
+        &[nn * esize, mm * nn * esize],
+        &[64, tile, 1],
+        "the intermediate",
+    )?;
+    let w2_map = tensor_map(
+        p.dtype,
+        o.w2 as u64,
+        &[nn, kk, e],
+        &[s.w2_row as u64 * esize, s.w2_expert as u64 * esize],
+        &[64, rows, 1],
+        "w2",
+    )?;
+    let out = o.out as u64;
+    let out_row = s.out_row;
+    let mut args = params!(
+        h_map, w2_map, ids, ids_i64, ids_row, map, m, topk, global_e, local_e, n, k, out, out_row
+    );
+    let grid = (p.k.div_ceil(SWAP_ROWS) as u32 * g2_split, 1, 1);
+    launch_clustered(
+        dev,
+        plan.kernels[1],
+        grid,
+        SWAP_THREADS as u32,
+        swap_smem(plan.kernels[1]),
+        stream,
+        plan.pdl,
+        g2_split,
+        &mut args,
+    )
+}
+
+/// Dynamic shared memory of a swap-AB kernel.
+fn swap_smem(id: KernelId) -> u32 {
+    match id {
+        KernelId::SwapGemm1Act(_, tile, k) => crate::oracle::swap_smem_bytes(tile, 2, k) as u32,
+        KernelId::SwapGemm2Sum(_, tile, k) => crate::oracle::swap_smem_bytes(tile, 1, k) as u32,
+        _ => 0,
+    }
+}
+
 /// The two-launch decode path (cuda/decode_moe.cu): only the intermediate of the workspace
 /// is used.
 fn decode(
@@ -813,17 +1007,23 @@ fn decode(
 ) -> Result<()> {
     let o = p.operands;
     let s = p.strides;
-    let (m, k, n, topk) = (p.m as i32, p.k as i32, p.n as i32, p.topk as i32);
-    let (local_e, global_e) = (p.local_experts as i32, p.global_experts as i32);
-    let tw = o.topk_weights as u64;
-    let tw_code = p.topk_weights_dtype.scalar_code();
-    let tw_row = s.topk_weights_row;
-    let ids = o.topk_ids as u64;
-    let ids_i64 = i32::from(p.topk_ids_dtype == DType::I64);
-    let ids_row = s.topk_ids_row;
-    let map = o.expert_map as u64;
-    let act = p.activation.code();
-    let on_input = i32::from(p.apply_router_weight_on_input);
+    let RoutedArgs {
+        m,
+        k,
+        n,
+        topk,
+        local_e,
+        global_e,
+        tw,
+        tw_code,
+        tw_row,
+        ids,
+        ids_i64,
+        ids_row,
+        map,
+        act,
+        on_input,
+    } = RoutedArgs::new(p);
     let rows = plan.rows_per_cta;
     // The bulk-copy kernels run on a persistent grid with a producer warp and 96 KiB of
     // stages; the SIMT decode kernels take one CTA per row block (and per expert, GEMM1).
@@ -1135,17 +1335,23 @@ fn fp8_decode(
     let f = Fp8Args::new(p, layout, workspace);
     let o = p.operands;
     let s = p.strides;
-    let (m, k, n, topk) = (p.m as i32, p.k as i32, p.n as i32, p.topk as i32);
-    let (local_e, global_e) = (p.local_experts as i32, p.global_experts as i32);
-    let tw = o.topk_weights as u64;
-    let tw_code = p.topk_weights_dtype.scalar_code();
-    let tw_row = s.topk_weights_row;
-    let ids = o.topk_ids as u64;
-    let ids_i64 = i32::from(p.topk_ids_dtype == DType::I64);
-    let ids_row = s.topk_ids_row;
-    let map = o.expert_map as u64;
-    let act = p.activation.code();
-    let on_input = i32::from(p.apply_router_weight_on_input);
+    let RoutedArgs {
+        m,
+        k,
+        n,
+        topk,
+        local_e,
+        global_e,
+        tw,
+        tw_code,
+        tw_row,
+        ids,
+        ids_i64,
+        ids_row,
+        map,
+        act,
+        on_input,
+    } = RoutedArgs::new(p);
     let rows = plan.rows_per_cta;
     let block = (rows * 32) as u32;
     let Fp8Args {

@@ -255,6 +255,8 @@ impl DeviceState {
             KernelId::WgmmaGemm1Act(_, tile, _) | KernelId::WgmmaGemm2(_, tile) => {
                 Some(crate::oracle::wgmma_smem_bytes(tile))
             }
+            KernelId::SwapGemm1Act(_, tile, k) => Some(crate::oracle::swap_smem_bytes(tile, 2, k)),
+            KernelId::SwapGemm2Sum(_, tile, k) => Some(crate::oracle::swap_smem_bytes(tile, 1, k)),
             _ => None,
         };
         if let Some(bytes) = big_smem {

@@ -571,6 +571,7 @@ fn describe_plan<'py>(
     d.set_item("router", plan.router.name())?;
     d.set_item("rows_per_cta", plan.rows_per_cta)?;
     d.set_item("tokens_per_pass", plan.tokens_per_pass)?;
+    d.set_item("splits", plan.splits)?;
     d.set_item("reasons", plan.reasons)?;
     d.set_item(
         "workspace_bytes",
@@ -682,6 +683,7 @@ fn select_backend<'py>(
                     oracle::Backend::CudaDecode
                         | oracle::Backend::CudaMma
                         | oracle::Backend::CudaBulkDecode
+                        | oracle::Backend::CudaWgmmaSwap
                 ),
             )?;
             d.set_item("fallback", py.None())?;
@@ -698,6 +700,7 @@ fn select_backend<'py>(
     tile.set_item("gemm1_vec", plan.gemm1_vec)?;
     tile.set_item("gemm2_vec", plan.gemm2_vec)?;
     tile.set_item("pdl", plan.pdl)?;
+    tile.set_item("splits", plan.splits)?;
     d.set_item("tile", tile)?;
     d.set_item("source", plan.source.name())?;
     d.set_item("reasons", plan.reasons)?;
