@@ -80,13 +80,16 @@ def test_shipped_entries_are_measured():
                 assert "anchor" in e["vllm_triton_source"], (name, m)
 
 
-def test_shipped_table_picks_generic_for_mixtral_decode():
-    # measured (benches/NOTES.md v4): generic 179.3 µs < decode 189.5 at M=1; the
-    # heuristic would say decode
+def test_shipped_tables_pick_the_measured_decode_backend():
+    # measured (benches/NOTES.md "swap v1"): Mixtral M=1 cuda_wgmma_swap 176.8 µs < generic 179.0
     p = plan(1, MIXTRAL)
-    assert (p.backend, p.source, p.table_m) == ("cuda_generic", "table", 1)
+    assert (p.backend, p.source, p.table_m) == ("cuda_wgmma_swap", "table", 1)
     assert p.table == os.path.join(swapmoe.TABLES_DIR, "E=8;N=14336;device_name=NVIDIA_H200;dtype=bf16.json")
     assert plan(1, MIXTRAL, backend="cuda_decode").source == "override"
+    # qwen3 M=4: the table's fastest swapmoe backend (cuda_wgmma_swap 85.6 µs; vllm_triton is
+    # external, not a candidate here) where the heuristic would say cuda_decode (93.8)
+    p = plan(4, QWEN3)
+    assert (p.backend, p.source, p.table_m) == ("cuda_wgmma_swap", "table", 4)
 
 
 def test_shipped_table_tiles_and_gaps():
@@ -107,7 +110,7 @@ def test_shipped_table_tiles_and_gaps():
 
 def test_tables_off(monkeypatch):
     monkeypatch.setenv("SWAPMOE_TABLES", "off")
-    p = plan(1, MIXTRAL)
+    p = plan(4, QWEN3)
     assert (p.backend, p.source) == ("cuda_decode", "heuristic")
     assert any("tables are off" in r for r in p.reasons)
 
@@ -238,7 +241,7 @@ def test_explain_shows_source_and_table(capsys):
     assert cli.main(["explain", "--model", "mixtral-8x7b", "--device-name", H200, "--m", "1,10000"]) == 0
     out = capsys.readouterr().out
     assert "tables: 3 loaded from" in out
-    assert "M=1: cuda_generic (table; swap_ab=False) on NVIDIA H200 sm_90" in out
+    assert "M=1: cuda_wgmma_swap (table; swap_ab=True) on NVIDIA H200 sm_90" in out
     assert "table: " + os.path.join(swapmoe.TABLES_DIR, "E=8;N=14336;device_name=NVIDIA_H200;dtype=bf16.json") \
         + " entry M=1 (used)" in out
     assert "M=10000: cuda_wgmma (heuristic;" in out and "(not used, see the reasons)" in out
@@ -285,7 +288,7 @@ def test_labels_and_candidates():
     assert T.candidate_label("cuda_mma", 64) == "cuda_mma:t64" and T.candidate_label("cuda_decode") == "cuda_decode"
     assert T.parse_label("cuda_mma:t16") == ("cuda_mma", 16)
     assert T.parse_label("vllm_triton") == ("vllm_triton", None)
-    assert T.swapmoe_candidates("bf16") == ["cuda_decode", "cuda_mma:t16", "cuda_mma:t64", "cuda_mma:t128",
+    assert T.swapmoe_candidates("bf16") == ["cuda_decode", "cuda_wgmma_swap", "cuda_mma:t16", "cuda_mma:t64", "cuda_mma:t128",
                                             "cuda_wgmma:t64", "cuda_wgmma:t128", "cuda_generic"]
     assert T.swapmoe_candidates("fp32") == ["cuda_decode", "cuda_generic"]
     for quant in ("fp8_tensor", "fp8_channel", "fp8_block128"):  # cuda_mma has no FP8 kernels
