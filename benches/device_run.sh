@@ -45,6 +45,17 @@ for step in "$@"; do
         --section LaunchStats --section Occupancy -k regex:'decode|bulk|route' \
         python3 benches/profile_case.py ${PROFILE_M:-1} ${PROFILE_SHAPE:-qwen3} > "$OUT/ncu_decode_${PROFILE_SHAPE:-qwen3}.txt" 2>&1
       echo "ncu: exit $? ; $(grep -c 'decode_moe\|bulk_moe' "$OUT/ncu_decode_${PROFILE_SHAPE:-qwen3}.txt") kernel sections" ;;
+    swap-sweep) python3 benches/swap_sweep.py --m ${SWEEP_M:-1,4,16,64} 2>&1 | tee "$OUT/swap_sweep.txt" ;;
+    ncu-swap)
+      # the swap-AB kernels per ($PROFILE_SHAPE, M, splits) in $NCU_SWAP_CASES, e.g. "qwen3:1:1,4 deepseek:1:4,2"
+      for c in ${NCU_SWAP_CASES:-qwen3:1:1,4 qwen3:1:2,4 deepseek:1:4,2 qwen3:64:2,4}; do
+        IFS=: read -r shape m splits <<< "$c"
+        SWAPMOE_SWAP_SPLITS=$splits PROFILE_BACKENDS=cuda_wgmma_swap PROFILE_ROUTER=0 ncu --clock-control none \
+          --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section LaunchStats \
+          --section Occupancy -k regex:'swap|decode' python3 benches/profile_case.py $m $shape > "/tmp/ncu_swap_${shape}_m${m}_${splits/,/x}.txt" 2>&1
+        echo "ncu $c: exit $?"
+      done
+      tar czf "$OUT/ncu_swap.tgz" -C /tmp $(cd /tmp && ls ncu_swap_*.txt) ;;
     routing) python3 benches/routing_bench.py --m ${ROUTING_M:-1,8,64} --json "$OUT/routing.json" 2>&1 | tee "$OUT/routing.txt" ;;
     pytest) python3 -m pytest -m gpu -q -p no:cacheprovider ${PYTEST_FILES:-tests} 2>&1 | tee "$OUT/pytest_gpu.txt" | tail -25 ;;
     pytest-all) python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest_all.txt" | tail -25 ;;

@@ -1,9 +1,12 @@
 """One MoE layer per decode backend, for Nsight Compute (issue 5's next step: what limits
 the decode kernels), plus fused_moe's router. Shape: qwen3 (default) or deepseek.
+$PROFILE_BACKENDS (comma-separated, default cuda_decode,cuda_bulk_decode) picks the backends;
+$PROFILE_ROUTER=0 leaves out fused_moe.
 
     ncu --clock-control none python3 benches/profile_case.py [M] [qwen3|deepseek]
 """
 
+import os
 import sys
 
 import torch
@@ -20,15 +23,14 @@ x = torch.randn(M, K, device="cuda", generator=g).to(torch.bfloat16)
 logits = torch.randn(M, E, device="cuda", generator=g)
 tw, ids = swapmoe.select_experts(logits, TOPK)
 flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-import os
 
-for backend in ("cuda_decode", "cuda_bulk_decode"):
-    if M * TOPK > (512 if backend == "cuda_decode" else 64):
+for backend in os.environ.get("PROFILE_BACKENDS", "cuda_decode,cuda_bulk_decode").split(","):
+    if M * TOPK > (64 if backend == "cuda_bulk_decode" else 512):
         continue
     for _ in range(2):
         flush.zero_()  # L2 cold, as in the benchmark
         swapmoe.fused_experts(x, w1, w2, tw, ids, backend=backend)
-for fusion in ("on", "off"):  # fused_moe with the router placed by the oracle, then separate
+for fusion in ("on", "off") if os.environ.get("PROFILE_ROUTER", "1") != "0" else ():  # fused_moe with the router placed by the oracle, then separate
     os.environ["SWAPMOE_ROUTER_FUSION"] = fusion
     flush.zero_()
     swapmoe.fused_moe(x, w1, w2, logits, TOPK)

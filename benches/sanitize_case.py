@@ -59,6 +59,18 @@ if torch.cuda.get_device_capability() == (9, 0):  # TMA bulk-copy decode kernels
             ok &= run(300, 4, 2, 136, 200, dtype, backend="cuda_wgmma")
         ok &= run(70, 8, 3, 64, 48, torch.bfloat16, global_E=16, activation="gelu", backend="cuda_wgmma")
     del os.environ["SWAPMOE_MMA_TOKEN_TILE"]
+    # swap-AB decode kernels: each token tile (8..64), K and N tails, expert-map cases; without
+    # clusters and 1 K slice per stage, and with the widest clusters (distributed shared
+    # memory) and 4 slices
+    for splits, slices in (("1,1", "1,1"), ("8,8", "4,4")):
+        os.environ["SWAPMOE_SWAP_SPLITS"] = splits
+        os.environ["SWAPMOE_SWAP_SLICES"] = slices
+        for dtype in (torch.bfloat16, torch.float16):
+            ok &= run(3, 8, 2, 136, 200, dtype, backend="cuda_wgmma_swap")
+        ok &= run(13, 16, 4, 72, 520, torch.bfloat16, global_E=32, activation="gelu", backend="cuda_wgmma_swap")
+        ok &= run(30, 64, 8, 64, 64, torch.bfloat16, backend="cuda_wgmma_swap")
+        ok &= run(64, 8, 2, 64, 48, torch.float16, backend="cuda_wgmma_swap")
+    del os.environ["SWAPMOE_SWAP_SPLITS"], os.environ["SWAPMOE_SWAP_SLICES"]
 
 
 def route_case(M, E, topk, **kw):
