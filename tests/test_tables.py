@@ -247,6 +247,16 @@ def test_explain_shows_source_and_table(capsys):
     assert "M=10000: cuda_wgmma (heuristic;" in out and "(not used, see the reasons)" in out
 
 
+def test_explain_shows_swap_clusters(capsys):
+    # deepseek-v3-tp8 M=1: the table's cuda_wgmma_swap, GEMM1's K over clusters of 4 CTAs,
+    # GEMM2's experts over 2 (the oracle's splits for 8 active experts on 132 SMs)
+    assert cli.main(["explain", "--model", "deepseek-v3-tp8", "--device-name", H200, "--m", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "M=1: cuda_wgmma_swap (table; swap_ab=True)" in out
+    assert "swap_moe_gemm1_act_bf16_n8_s1, swap_moe_gemm2_sum_bf16_n8_s1" in out
+    assert "tokens_per_pass=8" in out and "clusters: gemm1 4, gemm2 2" in out
+
+
 def test_explain_external_backends(tmp_path, monkeypatch, capsys):
     write(tmp_path, _core.table_file_name(32, 512, H200), {"8": {"backend": "vllm_triton"}})
     monkeypatch.setenv("SWAPMOE_TABLES_DIR", str(tmp_path))
