@@ -1997,39 +1997,24 @@ mod tests {
             );
         }
         // rejections, each with its reason
-        let too_many = plan_with(
-            &problem(65, 128, 2, 2048, 768, DType::BF16),
-            Some(&h200()),
-            Some(Backend::CudaWgmmaSwap),
-        )
-        .unwrap_err();
-        assert!(too_many.to_string().contains("at most M = 64 tokens"));
+        let refusal = |p: &MoeProblem, caps: &DeviceCaps| {
+            plan_with(p, Some(caps), Some(Backend::CudaWgmmaSwap))
+                .unwrap_err()
+                .to_string()
+        };
+        let too_many = refusal(&problem(65, 128, 2, 2048, 768, DType::BF16), &h200());
+        assert!(too_many.contains("at most M = 64 tokens"));
         let ampere = DeviceCaps {
             name: "NVIDIA A100-SXM4-80GB".into(),
             capability: (8, 0),
             sm_count: 108,
         };
-        let on_ampere = plan_with(
-            &problem(1, 128, 8, 2048, 768, DType::BF16),
-            Some(&ampere),
-            Some(Backend::CudaWgmmaSwap),
-        )
-        .unwrap_err();
-        assert!(on_ampere.to_string().contains("sm_90"));
-        let f32p = plan_with(
-            &problem(1, 128, 8, 2048, 768, DType::F32),
-            Some(&h200()),
-            Some(Backend::CudaWgmmaSwap),
-        )
-        .unwrap_err();
-        assert!(f32p.to_string().contains("bfloat16 or float16"));
-        let odd = plan_with(
-            &problem(1, 128, 8, 2044, 768, DType::BF16),
-            Some(&h200()),
-            Some(Backend::CudaWgmmaSwap),
-        )
-        .unwrap_err();
-        assert!(odd.to_string().contains("multiples of 8"));
+        let on_ampere = refusal(&problem(1, 128, 8, 2048, 768, DType::BF16), &ampere);
+        assert!(on_ampere.contains("sm_90"));
+        let f32p = refusal(&problem(1, 128, 8, 2048, 768, DType::F32), &h200());
+        assert!(f32p.contains("bfloat16 or float16"));
+        let odd = refusal(&problem(1, 128, 8, 2044, 768, DType::BF16), &h200());
+        assert!(odd.contains("multiples of 8"));
         // shared memory mirrors Stages<NT, kBoxes, kSub>: 6 stages of 17 KiB (two CTAs per
         // SM); 4 slices of the 64-token tile: 2 stages of 96 KiB (one CTA per SM)
         assert_eq!(swap_smem_bytes(8, 2, 1), 6 * 17 * 1024 + 1024);

@@ -135,16 +135,20 @@ def test_bulk_decode_backend(case, dtype, rng):
     run_case(case, "torch", dtype, rng, device=DEV, backend="cuda_bulk_decode")
 
 
+def _assert_deterministic(backend, case, rng, reruns=20):
+    """A moving result would be a race: ``reruns`` calls of ``backend`` on the same inputs
+    must be bit-identical to the first."""
+    inp = to_inputs(make_problem(rng, case), case, "torch", "bfloat16", DEV)
+    first = snapshot(call(inp, case, backend=backend))
+    for _ in range(reruns):
+        assert same_bits(snapshot(call(inp, case, backend=backend)), first)
+
+
 @pytest.mark.skipif(not HAS_BACKEND_ARG, reason="this build has no backend= argument")
 def test_bulk_decode_is_deterministic(rng):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("cuda_bulk_decode runs on sm_90 only")
-    case = Case(4, 64, 8, 1160, 1000, ids="concentrated", out="poison")
-    prob = make_problem(rng, case)
-    inp = to_inputs(prob, case, "torch", "bfloat16", DEV)
-    first = snapshot(call(inp, case, backend="cuda_bulk_decode"))
-    for _ in range(20):
-        assert same_bits(snapshot(call(inp, case, backend="cuda_bulk_decode")), first)
+    _assert_deterministic("cuda_bulk_decode", Case(4, 64, 8, 1160, 1000, ids="concentrated", out="poison"), rng)
 
 
 WGMMA_CASES = [
@@ -199,12 +203,7 @@ def test_wgmma_is_deterministic(tile, rng, monkeypatch):
     """A moving result would be a pipeline race: 20 reruns must be bit-identical."""
     _needs_hopper()
     monkeypatch.setenv("SWAPMOE_MMA_TOKEN_TILE", str(tile))
-    case = Case(2000, 16, 4, 264, 520, ids="concentrated", out="poison")
-    prob = make_problem(rng, case)
-    inp = to_inputs(prob, case, "torch", "bfloat16", DEV)
-    first = snapshot(call(inp, case, backend="cuda_wgmma"))
-    for _ in range(20):
-        assert same_bits(snapshot(call(inp, case, backend="cuda_wgmma")), first)
+    _assert_deterministic("cuda_wgmma", Case(2000, 16, 4, 264, 520, ids="concentrated", out="poison"), rng)
 
 
 def test_wgmma_rejects_unaligned_rows(rng):
@@ -313,12 +312,7 @@ def test_wgmma_swap_is_deterministic(splits, rng, monkeypatch):
     """A moving result would be a pipeline or cluster race: 20 reruns must be bit-identical."""
     _needs_hopper()
     monkeypatch.setenv("SWAPMOE_SWAP_SPLITS", splits)
-    case = Case(13, 64, 8, 264, 1160, ids="concentrated", out="poison")
-    prob = make_problem(rng, case)
-    inp = to_inputs(prob, case, "torch", "bfloat16", DEV)
-    first = snapshot(call(inp, case, backend="cuda_wgmma_swap"))
-    for _ in range(20):
-        assert same_bits(snapshot(call(inp, case, backend="cuda_wgmma_swap")), first)
+    _assert_deterministic("cuda_wgmma_swap", Case(13, 64, 8, 264, 1160, ids="concentrated", out="poison"), rng)
 
 
 def test_wgmma_swap_rejects_more_than_64_tokens(rng):
