@@ -111,18 +111,20 @@ pub const SWAP_SPLITS_ENV: &str = "SWAPMOE_SWAP_SPLITS";
 /// 64-wide K slices per stage of the swap-AB kernels (`kSub`): each weight row is read as
 /// slices x 128 contiguous bytes at once.
 pub const SWAP_K_SLICES: [usize; 2] = [1, 4];
-/// The heuristic's range for cuda_wgmma_swap (measured, H200, benches/NOTES.md "swap v1"):
-/// experts at least this wide (Mixtral, N = 14336) ran 1-18% faster than every other backend
-/// at M = 1-32, where cuda_decode's GEMM2 leaves warps idle on few slots...
+/// The heuristic's range for cuda_wgmma_swap (measured, H200, `swapmoe tune`, benches/NOTES.md
+/// "swap v1"): experts at least this wide (Mixtral, N = 14336) ran 0.1-2.3% faster than every
+/// other swapmoe backend at M = 1-32 (and 5-25% faster than cuda_decode, whose GEMM2 leaves
+/// warps idle on few slots)...
 pub const SWAP_WIDE_MIN_N: usize = 4096;
 pub const SWAP_WIDE_HEURISTIC_MAX_TOKENS: usize = 32;
-/// ...and narrower experts (qwen3, deepseek-v3-tp8) 2-9% faster past cuda_decode's range up to
-/// M = 16 (qwen3 M = 16 is within 3% of cuda_wgmma); from M = 32 GEMM1's one-wave grid of
-/// short CTAs loses (up to 3.7x at M = 64).
+/// ...and narrower experts (qwen3, deepseek-v3-tp8) 2-4% faster past cuda_decode's range up to
+/// M = 16 (qwen3 M = 16 is 3% slower than cuda_wgmma); from M = 32 GEMM1's grid of many short
+/// CTAs, in many waves, loses (up to 3.7x at M = 64).
 pub const SWAP_HEURISTIC_MAX_TOKENS: usize = 16;
 /// Smallest N from which GEMM2 of cuda_wgmma_swap takes 4 K slices per stage: measured
-/// (H200, benches/NOTES.md "swap v1") Mixtral (N = 14336) M = 1-16 6-11% faster with 4; qwen3
-/// (N = 768) and deepseek-v3-tp8 (N = 256) 5-20% slower (fewer stages in flight).
+/// (H200, benches/NOTES.md "swap v1", GEMM2 slices 4 against 1) Mixtral (N = 14336) M = 1-16
+/// 6-12% faster; qwen3 (N = 768) 5-6% slower, deepseek-v3-tp8 (N = 256) 20% slower at M = 1
+/// and within 1% at M = 4-16 (fewer stages in flight).
 pub const SWAP_GEMM2_WIDE_SLICE_MIN_N: usize = 4096;
 /// `$SWAPMOE_SWAP_SLICES` = "g1,g2": force the K slices per stage of GEMM1 and GEMM2; for tuning.
 pub const SWAP_SLICES_ENV: &str = "SWAPMOE_SWAP_SLICES";
