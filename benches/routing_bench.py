@@ -40,7 +40,8 @@ def torch_router(logits, topk, kw, bias):
     return w, ids.to(torch.int32)
 
 
-def time_graph(fn, layers):
+def capture(fn, layers):
+    """A CUDA graph of `layers` calls fn(0..layers-1)."""
     fn(0)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
@@ -49,20 +50,32 @@ def time_graph(fn, layers):
         with torch.cuda.graph(g, stream=s):
             for i in range(layers):
                 fn(i)
-    return triton.testing.do_bench(g.replay, return_mode="median") * 1000 / layers
+    return g
+
+
+def time_graphs(graphs, layers, rounds):
+    """Per-layer µs of each graph: the median over `rounds` rounds that replay the graphs in
+    turn (do_bench median each), so that clock and thermal drift falls on all of them alike.
+    The differences between them are what this bench reports."""
+    times = {name: [] for name in graphs}
+    for _ in range(rounds):
+        for name, g in graphs.items():
+            times[name].append(triton.testing.do_bench(g.replay, return_mode="median") * 1000 / layers)
+    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--m", default="1,8,64")
     ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=5, help="alternating timing rounds per point (median)")
     ap.add_argument("--json")
     a = ap.parse_args()
     swapmoe.warmup(0)
     rows = []
     print(f"{'shape':16s} {'M':>4s} {'experts_us':>10s} {'fused_moe_us':>12s} {'delta_us':>8s} "
-          f"{'fusion_on':>10s} {'delta':>8s} {'torch_route+experts_us':>22s} {'router (on)':>16s} "
-          f"{'launches moe/on/experts':>24s} {'max|diff|':>9s}")
+          f"{'warp_router':>11s} {'delta':>8s} {'fusion_on':>10s} {'delta':>8s} {'torch_route+experts_us':>22s} "
+          f"{'router kernel':>26s} {'router (on)':>16s} {'launches moe/on/experts':>24s} {'max|diff|':>9s}")
     for name, (E, topk, K, N, kw) in SHAPES.items():
         gen = torch.Generator(device="cuda").manual_seed(0)
         w1 = (torch.randn(E, 2 * N, K, device="cuda", generator=gen) / K**0.5).to(torch.bfloat16)
@@ -77,25 +90,38 @@ def main():
             logits = torch.randn(M, E, device="cuda", generator=gen)
             tw, ids = swapmoe.select_experts(logits, topk, **kwb)
             out = torch.empty_like(x)
-            t_exp = time_graph(lambda i: swapmoe.fused_experts(x, w1s[i], w2s[i], tw, ids, out=out), a.layers)
-            t_moe = time_graph(lambda i: swapmoe.fused_moe(x, w1s[i], w2s[i], logits, topk, out=out, **kwb),
-                               a.layers)
+            moe = lambda i: swapmoe.fused_moe(x, w1s[i], w2s[i], logits, topk, out=out, **kwb)  # noqa: E731
+            graphs = dict(
+                experts=capture(lambda i: swapmoe.fused_experts(x, w1s[i], w2s[i], tw, ids, out=out), a.layers),
+                moe=capture(moe, a.layers),
+            )
+            os.environ["SWAPMOE_ROUTER_KERNEL"] = "warp"  # the warp router where the CTA router applies
+            try:
+                graphs["warp"] = capture(moe, a.layers)
+            finally:
+                del os.environ["SWAPMOE_ROUTER_KERNEL"]
             os.environ["SWAPMOE_ROUTER_FUSION"] = "on"  # the routing twins, where M allows
             try:
-                t_twin = time_graph(
-                    lambda i: swapmoe.fused_moe(x, w1s[i], w2s[i], logits, topk, out=out, **kwb), a.layers)
+                graphs["twin"] = capture(moe, a.layers)
                 plan_twin = swapmoe._core.describe_plan(x, w1s[0], w2s[0], tw, ids, fused_moe=True)
             finally:
                 del os.environ["SWAPMOE_ROUTER_FUSION"]
-            t_sep = time_graph(lambda i: swapmoe.fused_experts(x, w1s[i], w2s[i], *torch_router(logits, topk, kw, bias),
-                                                               out=out), a.layers)
+            graphs["torch_routing"] = capture(
+                lambda i: swapmoe.fused_experts(x, w1s[i], w2s[i], *torch_router(logits, topk, kw, bias), out=out),
+                a.layers)
+            t = time_graphs(graphs, a.layers, a.rounds)
+            t_exp, t_moe, t_warp, t_twin, t_sep = (t[k] for k in ("experts", "moe", "warp", "twin", "torch_routing"))
+            del graphs
             ref_out = swapmoe.fused_experts(x, w1s[0], w2s[0], *torch_router(logits, topk, kw, bias))
             moe_out = swapmoe.fused_moe(x, w1s[0], w2s[0], logits, topk, **kwb)
             diff = (ref_out.float() - moe_out.float()).abs().max().item()
             plan = swapmoe._core.describe_plan(x, w1s[0], w2s[0], tw, ids)
-            plan_moe = swapmoe._core.describe_plan(x, w1s[0], w2s[0], tw, ids, fused_moe=True)
+            plan_moe = swapmoe._core.describe_plan(x, w1s[0], w2s[0], tw, ids, fused_moe=True,
+                                                   scoring=kw["scoring"],
+                                                   num_expert_group=kw.get("num_expert_group"))
             rows.append(dict(shape=name, M=M, fused_experts_us=t_exp, fused_moe_us=t_moe,
-                             fused_moe_fusion_on_us=t_twin,
+                             fused_moe_fusion_on_us=t_twin, fused_moe_warp_router_us=t_warp,
+                             delta_warp_router_us=t_warp - t_exp, router_kernel=plan_moe["kernels"][0],
                              torch_routing_plus_experts_us=t_sep, delta_us=t_moe - t_exp,
                              delta_fusion_on_us=t_twin - t_exp,
                              router=plan_moe["router"], router_fusion_on=plan_twin["router"],
@@ -103,12 +129,14 @@ def main():
                              launches_fusion_on=len(plan_twin["kernels"]),
                              launches_fused_experts=len(plan["kernels"]),
                              backend=plan["backend"], max_abs_diff_vs_torch_routing=diff))
-            print(f"{name:16s} {M:4d} {t_exp:10.1f} {t_moe:12.1f} {t_moe - t_exp:8.1f} {t_twin:10.1f} "
-                  f"{t_twin - t_exp:8.1f} {t_sep:22.1f} {plan_twin['router']:>16s} "
+            print(f"{name:16s} {M:4d} {t_exp:10.1f} {t_moe:12.1f} {t_moe - t_exp:8.1f} {t_warp:11.1f} "
+                  f"{t_warp - t_exp:8.1f} {t_twin:10.1f} "
+                  f"{t_twin - t_exp:8.1f} {t_sep:22.1f} {plan_moe['kernels'][0]:>26s} {plan_twin['router']:>16s} "
                   f"{len(plan_moe['kernels']):>3d}/{len(plan_twin['kernels'])}/{len(plan['kernels']):<3d} {diff:9.2e}")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), layers=a.layers, rows=rows), f, indent=1)
+            json.dump(dict(device=torch.cuda.get_device_name(), layers=a.layers, rounds=a.rounds, rows=rows), f,
+                      indent=1)
 
 
 if __name__ == "__main__":

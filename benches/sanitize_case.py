@@ -91,6 +91,7 @@ def route_case(M, E, topk, **kw):
 ok &= route_case(5, 128, 8)
 ok &= route_case(3, 256, 8, scoring="sigmoid", num_expert_group=8, topk_group=4, bias=True, routed_scaling_factor=2.5)
 ok &= route_case(9, 16, 1, scoring="sigmoid", renormalize=False)
+ok &= route_case(3, 80, 6, scoring="sigmoid", num_expert_group=5, topk_group=2)  # CTA router, E % 32 != 0
 ok &= route_case(4, 48, 4, num_expert_group=16, topk_group=5)  # groups not aligned with lanes
 ok &= route_case(6, 512, 8, scoring="sigmoid", num_expert_group=8, topk_group=4, bias=True)  # wide router
 

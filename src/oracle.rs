@@ -3,6 +3,7 @@
 
 use crate::error::{Error, Result};
 use crate::problem::{DType, Device, MoeProblem, QuantScheme};
+use crate::routing::{RouterConfig, Scoring};
 use crate::tables::{self, Choice, ExternalBackend, Loaded, Quant, TableSet};
 use std::collections::HashSet;
 use std::fmt;
@@ -166,6 +167,11 @@ pub const ROUTER_NARROW_LANE_EXPERTS: usize = 8;
 /// The router kernel for E <= 128 holds 4 experts per lane (half the work per pick).
 pub const ROUTER_NARROWEST_LANE_EXPERTS: usize = 4;
 pub const ROUTER_WIDE_LANE_EXPERTS: usize = 32;
+/// Largest E of the grouped CTA router: one thread per expert (`kGroupedThreads` in
+/// cuda/route_topk.cu).
+pub const ROUTER_CTA_MAX_EXPERTS: usize = 256;
+/// Largest group of the grouped CTA router: a group's top-2 merges inside one warp.
+pub const ROUTER_CTA_MAX_GROUP_EXPERTS: usize = 32;
 /// Largest E a fused router handles (32 lanes x `ROUTER_NARROW_LANE_EXPERTS`).
 pub const ROUTER_FUSED_MAX_EXPERTS: usize = 32 * ROUTER_NARROW_LANE_EXPERTS;
 /// Largest M routed inside the align kernel: its 32 warps take M / 32 tokens each, one
@@ -182,6 +188,9 @@ pub const DECODE_GEMM2_WIDE_MAX_CTAS_PER_SM: usize = 2;
 /// `$SWAPMOE_ROUTER_FUSION=on`: fused_moe routes inside the experts' first kernel where it
 /// can (opt-in: measured slower than the router kernel, benches/NOTES.md "Router v3").
 pub const ROUTER_FUSION_ENV: &str = "SWAPMOE_ROUTER_FUSION";
+/// `$SWAPMOE_ROUTER_KERNEL=warp` keeps every call on the warp router, for comparisons with
+/// the grouped CTA router; unset or "auto" lets `router_kernel` choose.
+pub const ROUTER_KERNEL_ENV: &str = "SWAPMOE_ROUTER_KERNEL";
 
 /// What the driver tells us about a device, or what an offline question assumes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -295,6 +304,9 @@ pub enum KernelId {
     /// per stage).
     SwapGemm1Act(DType, usize, usize),
     SwapGemm2Sum(DType, usize, usize),
+    /// Grouped sigmoid router, one CTA per token and one thread per expert
+    /// (cuda/route_topk.cu, `router_kernel` says when).
+    RouteGroupedCta,
 }
 
 const FP8_SCHEMES: [QuantScheme; 3] = [
@@ -359,7 +371,8 @@ impl KernelId {
         + 2 * 2
         + 2
         + 1
-        + 2 * 2 * 4 * 2;
+        + 2 * 2 * 4 * 2
+        + 1;
 
     pub fn module(&self) -> &'static str {
         match self {
@@ -371,7 +384,7 @@ impl KernelId {
             | KernelId::DecodeFp8Gemm1(..)
             | KernelId::DecodeFp8Gemm2Sum(..) => "decode_moe",
             KernelId::MmaGemm1Act(..) | KernelId::MmaGemm2(..) => "sm80_mma_moe",
-            KernelId::RouteTopk(..) => "route_topk",
+            KernelId::RouteTopk(..) | KernelId::RouteGroupedCta => "route_topk",
             KernelId::BulkGemm1Act(..) | KernelId::BulkGemm2Sum(..) => "sm90_bulk_decode",
             KernelId::WgmmaGemm1Act(..)
             | KernelId::WgmmaGather
@@ -393,6 +406,7 @@ impl KernelId {
             KernelId::MmaGemm1Act(d, t) => format!("sm80_moe_gemm1_act_{}_t{t}", d.suffix()),
             KernelId::MmaGemm2(d, t) => format!("sm80_moe_gemm2_{}_t{t}", d.suffix()),
             KernelId::RouteTopk(p) => format!("swapmoe_route_topk_p{p}"),
+            KernelId::RouteGroupedCta => "swapmoe_route_grouped_cta".into(),
             KernelId::RouteAlignRouted => "swapmoe_route_align_routed".into(),
             KernelId::DecodeGemm1Routed(d, v) => {
                 format!("decode_moe_gemm1_act_routed_{}_v{v}", d.suffix())
@@ -457,6 +471,7 @@ impl KernelId {
             KernelId::WgmmaGather => 116,
             KernelId::SwapGemm1Act(d, t, k) => 117 + swap_slot(d, t, k),
             KernelId::SwapGemm2Sum(d, t, k) => 133 + swap_slot(d, t, k),
+            KernelId::RouteGroupedCta => 149,
         }
     }
 
@@ -468,6 +483,7 @@ impl KernelId {
             KernelId::RouteTopk(ROUTER_NARROWEST_LANE_EXPERTS),
             KernelId::RouteTopk(ROUTER_NARROW_LANE_EXPERTS),
             KernelId::RouteTopk(ROUTER_WIDE_LANE_EXPERTS),
+            KernelId::RouteGroupedCta,
         ];
         for d in FLOAT_DTYPES {
             for w in [1, vector_width(d)] {
@@ -1140,45 +1156,125 @@ pub fn first_kernel_uses_pdl(caps: &DeviceCaps) -> bool {
     caps.capability.0 >= 9
 }
 
-/// The router kernel for E experts: the narrow variant (fewer registers) when it fits.
-pub fn router_kernel(experts: usize) -> KernelId {
-    if experts <= 32 * ROUTER_NARROWEST_LANE_EXPERTS {
-        KernelId::RouteTopk(ROUTER_NARROWEST_LANE_EXPERTS)
-    } else if experts <= ROUTER_FUSED_MAX_EXPERTS {
-        KernelId::RouteTopk(ROUTER_NARROW_LANE_EXPERTS)
-    } else {
-        KernelId::RouteTopk(ROUTER_WIDE_LANE_EXPERTS)
+/// The router kernel for E experts routed as `cfg` says, and why.
+///
+/// Grouped sigmoid routing (DeepSeek-V3) takes the CTA router when its groups merge inside
+/// a warp: at E = 256 the warp router's 8 serial picks over 8 keys per lane plus the group
+/// stage cost 3.7-3.9 us over fused_experts (benches/NOTES.md "Router v3"). Softmax stays on
+/// the warp router: its denominator is summed in the warp's order, and another order would
+/// change the weights' last bits between kernels. Otherwise the narrowest warp router that
+/// holds E (the fewer keys per lane, the fewer instructions per pick).
+pub fn router_kernel(
+    experts: usize,
+    cfg: &RouterConfig,
+    warp_router_only: bool,
+) -> (KernelId, String) {
+    if let Some((groups, _)) = cfg.groups.filter(|g| g.0 > 1) {
+        let group = experts / groups;
+        let why_not = if warp_router_only {
+            Some(format!("${ROUTER_KERNEL_ENV}=warp"))
+        } else if cfg.scoring != Scoring::Sigmoid {
+            Some("softmax scores are summed in the warp router's order".to_string())
+        } else if experts > ROUTER_CTA_MAX_EXPERTS {
+            Some(format!(
+                "E = {experts} > {ROUTER_CTA_MAX_EXPERTS} threads of the CTA router"
+            ))
+        } else if !group.is_power_of_two() || group > ROUTER_CTA_MAX_GROUP_EXPERTS {
+            Some(format!(
+                "groups of {group} experts are not a power of two <= {ROUTER_CTA_MAX_GROUP_EXPERTS} (one warp's shuffles)"
+            ))
+        } else {
+            None
+        };
+        match why_not {
+            None => {
+                return (
+                    KernelId::RouteGroupedCta,
+                    format!("grouped sigmoid routing, {groups} groups of {group}: one CTA per token, one thread per expert, ranks instead of serial picks"),
+                )
+            }
+            Some(why) => {
+                let (id, lanes) = warp_router_kernel(experts);
+                return (id, format!("{lanes}; not the grouped CTA router: {why}"));
+            }
+        }
     }
+    let (id, lanes) = warp_router_kernel(experts);
+    (id, lanes)
 }
 
-/// `$SWAPMOE_ROUTER_FUSION`: "on" or "1" asks fused_moe to route inside the experts' first
-/// kernel; unset, "off" or "0" keeps the router kernel, which measured faster.
-pub fn router_fusion_requested() -> Result<bool> {
-    match std::env::var(ROUTER_FUSION_ENV) {
-        Err(_) => Ok(false),
-        Ok(v) => match v.trim() {
-            "on" | "1" => Ok(true),
-            "" | "off" | "0" => Ok(false),
-            other => Err(Error::Argument(format!(
-                "${ROUTER_FUSION_ENV}: expected 'on' or 'off', got {other:?}"
-            ))),
-        },
+/// The narrowest warp router that holds E experts, and a description.
+fn warp_router_kernel(experts: usize) -> (KernelId, String) {
+    let p = if experts <= 32 * ROUTER_NARROWEST_LANE_EXPERTS {
+        ROUTER_NARROWEST_LANE_EXPERTS
+    } else if experts <= ROUTER_FUSED_MAX_EXPERTS {
+        ROUTER_NARROW_LANE_EXPERTS
+    } else {
+        ROUTER_WIDE_LANE_EXPERTS
+    };
+    (
+        KernelId::RouteTopk(p),
+        format!("one warp per token, up to {p} experts per lane (E = {experts})"),
+    )
+}
+
+/// What the environment asks of the router's placement and kernel.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RouterRequest {
+    /// `$SWAPMOE_ROUTER_FUSION=on`: route inside the experts' first kernel where one can.
+    pub fusion: bool,
+    /// `$SWAPMOE_ROUTER_KERNEL=warp`: the warp router even where the CTA router applies.
+    pub warp_router_only: bool,
+}
+
+impl RouterRequest {
+    /// Reads `$SWAPMOE_ROUTER_FUSION` ("on"/"1" or "off"/"0"/unset) and
+    /// `$SWAPMOE_ROUTER_KERNEL` ("warp" or "auto"/unset); other values are an ArgumentError.
+    pub fn from_env() -> Result<Self> {
+        let read = |name: &str, on: &[&str], off: &[&str], expected: &str| -> Result<bool> {
+            match std::env::var(name) {
+                Err(_) => Ok(false),
+                Ok(v) if on.contains(&v.trim()) => Ok(true),
+                Ok(v) if v.trim().is_empty() || off.contains(&v.trim()) => Ok(false),
+                Ok(v) => Err(Error::Argument(format!(
+                    "${name}: expected {expected}, got {v:?}"
+                ))),
+            }
+        };
+        Ok(RouterRequest {
+            fusion: read(
+                ROUTER_FUSION_ENV,
+                &["on", "1"],
+                &["off", "0"],
+                "'on' or 'off'",
+            )?,
+            warp_router_only: read(ROUTER_KERNEL_ENV, &["warp"], &["auto"], "'warp' or 'auto'")?,
+        })
     }
 }
 
 /// Decides where fused_moe routes its M tokens over E experts, given the experts' plan: the
-/// router kernel before it, or (`fusion_requested`) the plan's first kernel swapped for its
+/// router kernel before it, or (`request.fusion`) the plan's first kernel swapped for its
 /// routing twin where one exists. Records the choice and its reason in the plan.
 ///
 /// The router kernel is the default because it measured faster at every point of issue 3's
 /// grid on the H200 (benches/NOTES.md, "Router v3"): the twins put the router's latency on
 /// every GEMM1 CTA's critical path (two waves at qwen3 M=1), or serialize it before the
 /// alignment in one CTA, while the router kernel runs once and PDL hides the next launch.
-pub fn place_router(plan: &mut Plan, m: usize, experts: usize, fusion_requested: bool) {
+pub fn place_router(
+    plan: &mut Plan,
+    m: usize,
+    experts: usize,
+    cfg: &RouterConfig,
+    request: RouterRequest,
+) {
     let separate = |plan: &mut Plan, why: String| {
+        let (id, kernel_why) = router_kernel(experts, cfg, request.warp_router_only);
         plan.reasons
             .push(format!("router: its own kernel first, {why}"));
-        plan.router = RouterPlacement::Separate(router_kernel(experts));
+        plan.reasons
+            .push(format!("router: {}: {kernel_why}", id.symbol()));
+        plan.router = RouterPlacement::Separate(id);
     };
     if plan.backend == Backend::Cpu {
         plan.reasons
@@ -1186,7 +1282,7 @@ pub fn place_router(plan: &mut Plan, m: usize, experts: usize, fusion_requested:
         plan.router = RouterPlacement::NotRouting;
         return;
     }
-    if !fusion_requested {
+    if !request.fusion {
         return separate(
             plan,
             format!("measured faster than routing inside the experts' first kernel (${ROUTER_FUSION_ENV}=on does that)"),
@@ -2117,7 +2213,11 @@ mod tests {
         let placed = |m: i64, e: i64, b: Backend, allowed: bool| {
             let p = problem(m, e, 8, 2048, 768, DType::BF16);
             let mut plan = plan_with(&p, Some(&h), Some(b)).unwrap();
-            place_router(&mut plan, p.m, p.global_experts, allowed);
+            let request = RouterRequest {
+                fusion: allowed,
+                warp_router_only: false,
+            };
+            place_router(&mut plan, p.m, p.global_experts, &softmax_top8(), request);
             plan
         };
         let has = |plan: &Plan, needle: &str| {
@@ -2186,17 +2286,116 @@ mod tests {
         let mut cpu = plan(&problem(1, 128, 8, 2048, 768, DType::BF16), None);
         cpu.backend = Backend::Cpu;
         cpu.kernels.clear();
-        place_router(&mut cpu, 1, 128, true);
+        let fuse = RouterRequest {
+            fusion: true,
+            warp_router_only: false,
+        };
+        place_router(&mut cpu, 1, 128, &softmax_top8(), fuse);
         assert_eq!(cpu.router, RouterPlacement::NotRouting);
         // fused_experts' plans never route.
         assert_eq!(
             plan(&problem(1, 128, 8, 2048, 768, DType::BF16), Some(&h)).router,
             RouterPlacement::NotRouting
         );
-        assert_eq!(router_kernel(128), KernelId::RouteTopk(4));
-        assert_eq!(router_kernel(129), KernelId::RouteTopk(8));
-        assert_eq!(router_kernel(256), KernelId::RouteTopk(8));
-        assert_eq!(router_kernel(257), KernelId::RouteTopk(32));
+        let kernel = |e: usize| router_kernel(e, &softmax_top8(), false).0;
+        assert_eq!(kernel(128), KernelId::RouteTopk(4));
+        assert_eq!(kernel(129), KernelId::RouteTopk(8));
+        assert_eq!(kernel(256), KernelId::RouteTopk(8));
+        assert_eq!(kernel(257), KernelId::RouteTopk(32));
+    }
+
+    fn softmax_top8() -> RouterConfig {
+        RouterConfig {
+            topk: 8,
+            renormalize: true,
+            scoring: Scoring::Softmax,
+            groups: None,
+            routed_scaling_factor: 1.0,
+        }
+    }
+
+    #[test]
+    fn grouped_sigmoid_routing_takes_the_cta_router() {
+        let grouped = |scoring: Scoring, groups: usize| RouterConfig {
+            topk: 8,
+            renormalize: true,
+            scoring,
+            groups: Some((groups, 4.min(groups))),
+            routed_scaling_factor: 2.5,
+        };
+        // DeepSeek-V3: 256 experts, 8 groups of 32, sigmoid.
+        let (id, why) = router_kernel(256, &grouped(Scoring::Sigmoid, 8), false);
+        assert_eq!(id, KernelId::RouteGroupedCta);
+        assert!(why.contains("8 groups of 32"), "{why}");
+        // Groups of 8 and of 2 (power-of-two groups inside a warp), E not a multiple of 32.
+        let kernel = |e: usize, cfg: RouterConfig| router_kernel(e, &cfg, false).0;
+        assert_eq!(
+            kernel(64, grouped(Scoring::Sigmoid, 8)),
+            KernelId::RouteGroupedCta
+        );
+        assert_eq!(
+            kernel(48, grouped(Scoring::Sigmoid, 24)),
+            KernelId::RouteGroupedCta
+        );
+        // Each rejection names its reason and falls back to the narrowest warp router.
+        let refused = |e: usize, cfg: RouterConfig, id: KernelId, needle: &str| {
+            let (got, why) = router_kernel(e, &cfg, false);
+            assert_eq!(got, id, "E = {e}: {why}");
+            assert!(
+                why.contains("not the grouped CTA router") && why.contains(needle),
+                "{why}"
+            );
+        };
+        refused(
+            256,
+            grouped(Scoring::Softmax, 8),
+            KernelId::RouteTopk(8),
+            "softmax",
+        );
+        refused(
+            512,
+            grouped(Scoring::Sigmoid, 8),
+            KernelId::RouteTopk(32),
+            "E = 512 > 256",
+        );
+        refused(
+            160,
+            grouped(Scoring::Sigmoid, 8),
+            KernelId::RouteTopk(8),
+            "groups of 20",
+        );
+        refused(
+            128,
+            grouped(Scoring::Sigmoid, 2),
+            KernelId::RouteTopk(4),
+            "groups of 64",
+        );
+        // Ungrouped sigmoid (Llama-4 top-1) and a single group stay on the warp router.
+        let mut top1 = grouped(Scoring::Sigmoid, 1);
+        assert_eq!(kernel(128, top1.clone()), KernelId::RouteTopk(4));
+        top1.groups = None;
+        assert_eq!(kernel(16, top1), KernelId::RouteTopk(4));
+        // $SWAPMOE_ROUTER_KERNEL=warp keeps the warp router.
+        let (id, why) = router_kernel(256, &grouped(Scoring::Sigmoid, 8), true);
+        assert_eq!(id, KernelId::RouteTopk(8));
+        assert!(why.contains("SWAPMOE_ROUTER_KERNEL=warp"), "{why}");
+        // The plan records the kernel and its reason.
+        let mut plan = plan(&problem(1, 256, 8, 7168, 256, DType::BF16), Some(&h200()));
+        place_router(
+            &mut plan,
+            1,
+            256,
+            &grouped(Scoring::Sigmoid, 8),
+            RouterRequest::default(),
+        );
+        assert_eq!(
+            plan.router,
+            RouterPlacement::Separate(KernelId::RouteGroupedCta)
+        );
+        assert!(plan
+            .reasons
+            .iter()
+            .any(|r| r.starts_with("router: swapmoe_route_grouped_cta: grouped sigmoid")));
     }
 
     #[test]

@@ -843,6 +843,25 @@ def test_fused_moe_errors_name_the_argument(lib, rng):
         moe_call(r, dict(inp, logits=i32))
 
 
+@pytest.mark.parametrize("name,value", [("SWAPMOE_ROUTER_KERNEL", "cta"), ("SWAPMOE_ROUTER_FUSION", "maybe")])
+def test_router_env_knobs_reject_other_values(name, value, rng, monkeypatch):
+    """The router's environment knobs are read where fused_moe's router is placed; a value
+    they do not know is an ArgumentError naming the variable and the value, on any device."""
+    r = BY_NAME["deepseek_v3"]
+    inp = moe_inputs(moe_problem(rng, r, 2, ep=False), "numpy", "float32")
+    w, ids = route(r, inp["logits"], inp["bias"])
+    monkeypatch.setenv(name, value)
+    with pytest.raises(swapmoe.ArgumentError, match=rf"^\${name}: expected .*got \"{value}\""):
+        swapmoe._core.describe_plan(inp["x"], inp["w1"], inp["w2"], w, ids, fused_moe=True,
+                                    scoring="sigmoid", num_expert_group=8)
+    monkeypatch.setenv(name, "")
+    plan = swapmoe._core.describe_plan(inp["x"], inp["w1"], inp["w2"], w, ids, fused_moe=True,
+                                       scoring="sigmoid", num_expert_group=8)
+    assert plan["router"] == "not_routing" or any(s.startswith("router:") for s in plan["reasons"]), plan
+    with pytest.raises(swapmoe.ArgumentError, match=r"^scoring"):
+        swapmoe._core.describe_plan(inp["x"], inp["w1"], inp["w2"], w, ids, fused_moe=True, scoring="relu")
+
+
 def test_numpy_integer_topk():
     w, ids = swapmoe.select_experts(E8, np.int64(2))
     assert w.shape == (3, 2)

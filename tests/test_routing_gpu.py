@@ -134,6 +134,95 @@ def test_cuda_router_shape_limits(r, rng):
     check_routing(r, (w, ids), route_ref(r, g, b), what=r.name)
 
 
+# Grouped sigmoid routers the CTA router takes (`oracle::router_kernel`): power-of-two groups
+# of 2 to 32 experts, E <= 256 (E not a multiple of 32 too), with and without a bias, and the
+# largest topk (32).
+CTA_ROUTERS = [
+    BY_NAME["deepseek_v3"],
+    Router("cta_e48_g2", 48, 4, "sigmoid", groups=(24, 6), bias=True, scale=1.5),
+    Router("cta_e80_g16", 80, 6, "sigmoid", groups=(5, 2), renormalize=False),
+    Router("cta_e64_g8", 64, 8, "sigmoid", groups=(8, 4)),
+    Router("cta_e256_k32", 256, 32, "sigmoid", groups=(8, 2), bias=True, scale=2.5),
+    Router("cta_e200_g8", 200, 5, "sigmoid", groups=(25, 3), bias=True),
+]
+
+
+def router_kernel_of(r: Router, g, b) -> str:
+    """The router kernel fused_moe's plan names for these logits (describe_plan)."""
+    M = g.shape[0]
+    x = torch.zeros(M, 64, dtype=torch.bfloat16, device=DEV)
+    w1 = torch.zeros(r.E, 128, 64, dtype=torch.bfloat16, device=DEV)
+    w2 = torch.zeros(r.E, 64, 64, dtype=torch.bfloat16, device=DEV)
+    w, ids = route(r, g, b)
+    plan = swapmoe._core.describe_plan(x, w1, w2, w, ids, fused_moe=True, scoring=r.scoring,
+                                       num_expert_group=None if r.groups is None else r.groups[0])
+    return plan["kernels"][0]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 7, 64, 300])
+@pytest.mark.parametrize("r", CTA_ROUTERS, ids=lambda r: r.name)
+def test_cta_router_matches_reference_and_warp_router(r, M, rng, monkeypatch):
+    """The grouped CTA router (one thread per expert) against the float64 reference, and
+    bitwise against the warp router ($SWAPMOE_ROUTER_KERNEL=warp): the same scores, picks
+    and renormalizing sum. Outputs are poisoned first, so a slot it misses shows."""
+    bias = draw_bias(rng, r)
+    g, b = cuda_routing(r, draw_logits(rng, r, M, bias), bias, "bfloat16")
+    assert router_kernel_of(r, g, b) == "swapmoe_route_grouped_cta"
+    w = torch.full((M, r.topk), float("nan"), device=DEV)
+    ids = torch.full((M, r.topk), -7, dtype=torch.int32, device=DEV)
+    ng, tg = r.groups
+    swapmoe._core.select_experts(g, w, ids, r.topk, r.renormalize, r.scoring, ng, tg, b, r.scale,
+                                 torch.cuda.current_stream().cuda_stream, None)
+    check_routing(r, (w, ids), route_ref(r, g, b), what=f"{r.name} M={M}")
+    monkeypatch.setenv("SWAPMOE_ROUTER_KERNEL", "warp")
+    assert router_kernel_of(r, g, b).startswith("swapmoe_route_topk_p")
+    w_warp, ids_warp = route(r, g, b)
+    torch.cuda.synchronize()
+    assert torch.equal(ids, ids_warp)
+    assert torch.equal(w, w_warp), f"{r.name} M={M}: CTA and warp router weights differ"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("r", CTA_ROUTERS[:3], ids=lambda r: r.name)
+def test_cta_router_ties_and_nan_match_the_warp_router(r, rng, monkeypatch):
+    """Coarse logits (many exact ties between experts and between groups), -inf and NaN:
+    the CTA router picks what the warp router picks, bit for bit, and NaN is picked first
+    with a NaN weight. Against the float64 reference only the rows without a near-tie:
+    with a bias, sums of scores that tie exactly in real numbers can round apart in float32
+    (both GPU routers agree there, and differ from float64)."""
+    M = 96
+    logits = rng.integers(-2, 3, size=(M, r.E)).astype(np.float32)
+    logits[5, 3] = np.nan
+    logits[6, :] = np.nan
+    logits[7, :] = -np.inf
+    logits[8, : r.E // 2] = -np.inf
+    bias = None if not r.bias else rng.integers(-1, 2, size=r.E).astype(np.float32) / 4
+    g, b = cuda_routing(r, logits, bias, "float32")
+    assert router_kernel_of(r, g, b) == "swapmoe_route_grouped_cta"
+    w, ids = route(r, g, b)
+    monkeypatch.setenv("SWAPMOE_ROUTER_KERNEL", "warp")
+    w_warp, ids_warp = route(r, g, b)
+    torch.cuda.synchronize()
+    assert torch.equal(ids, ids_warp)
+    assert torch.equal(w.isnan(), w_warp.isnan())
+    assert torch.equal(torch.nan_to_num(w), torch.nan_to_num(w_warp))
+    assert ids[5, 0].item() == 3 and math.isnan(w[5, 0].item())
+    rows = [m for m in range(M) if not np.isnan(logits[m]).any() and not near_tie(logits[m], r, bias)]
+    assert len(rows) >= 10, "too few rows without a near-tie to compare with the reference"
+    rows_t = torch.tensor(rows, device=DEV)
+    check_routing(r, (w[rows_t], ids[rows_t]), route_ref(r, g[rows_t], b), what=f"{r.name} ties")
+
+
+@pytest.mark.gpu
+def test_router_kernel_env_rejects_other_values(rng, monkeypatch):
+    r = BY_NAME["deepseek_v3"]
+    g = torch.zeros(2, r.E, device=DEV)
+    monkeypatch.setenv("SWAPMOE_ROUTER_KERNEL", "cta")
+    with pytest.raises(swapmoe.ArgumentError, match="SWAPMOE_ROUTER_KERNEL.*'warp' or 'auto'.*\"cta\""):
+        route(r, g, torch.zeros(r.E, device=DEV))
+
+
 @pytest.mark.gpu
 def test_cuda_noncontiguous_logits(rng):
     r = BY_NAME["deepseek_v3"]

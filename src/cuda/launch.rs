@@ -1164,7 +1164,9 @@ const ROUTER_TOKENS_PER_CTA: usize = 4;
 
 /// Routes every token of `p` on `stream` (cuda/route_topk.cu).
 pub fn select_experts(p: &RouterProblem, stream: usize) -> Result<()> {
-    route(p, crate::oracle::router_kernel(p.experts), stream)
+    let request = crate::oracle::RouterRequest::from_env()?;
+    let (id, _) = crate::oracle::router_kernel(p.experts, &p.cfg, request.warp_router_only);
+    route(p, id, stream)
 }
 
 fn route(p: &RouterProblem, id: KernelId, stream: usize) -> Result<()> {
@@ -1184,12 +1186,19 @@ fn route(p: &RouterProblem, id: KernelId, stream: usize) -> Result<()> {
     let router = RouterArgs::new(p);
     let m = p.m as i32;
     let mut args = params!(router, m);
-    let grid = (p.m.div_ceil(ROUTER_TOKENS_PER_CTA) as u32, 1, 1);
+    let (grid, threads) = match id {
+        // One CTA per token, one thread per expert (`oracle::router_kernel` bounds E).
+        KernelId::RouteGroupedCta => ((p.m as u32, 1, 1), 32 * p.experts.div_ceil(32)),
+        _ => (
+            (p.m.div_ceil(ROUTER_TOKENS_PER_CTA) as u32, 1, 1),
+            ROUTER_TOKENS_PER_CTA * 32,
+        ),
+    };
     launch(
         dev,
         id,
         grid,
-        (ROUTER_TOKENS_PER_CTA * 32) as u32,
+        threads as u32,
         0,
         stream,
         crate::oracle::first_kernel_uses_pdl(&dev.caps),

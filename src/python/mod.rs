@@ -487,7 +487,8 @@ fn fused_moe(
                 &mut plan,
                 problem.m,
                 router.experts,
-                oracle::router_fusion_requested().py_err(py)?,
+                &router.cfg,
+                oracle::RouterRequest::from_env().py_err(py)?,
             );
             log_note(py, plan.log.take());
             let (ws_addr, ws_bytes) = workspace_buffer(py, &problem, workspace)?;
@@ -527,8 +528,11 @@ fn parse_quant(quant: Option<&str>) -> crate::error::Result<Option<QuantScheme>>
 }
 
 /// The plan the oracle makes for a call, as a dict (for `swapmoe explain` and tests).
+///
+/// With `fused_moe`, the plan also places the router; `scoring` and `num_expert_group`
+/// describe the routing (they pick the router kernel).
 #[pyfunction]
-#[pyo3(signature = (hidden_states, w1, w2, topk_weights, topk_ids, *, activation="silu", expert_map=None, fused_moe=false))]
+#[pyo3(signature = (hidden_states, w1, w2, topk_weights, topk_ids, *, activation="silu", expert_map=None, fused_moe=false, scoring="softmax", num_expert_group=None))]
 #[allow(clippy::too_many_arguments)]
 fn describe_plan<'py>(
     py: Python<'py>,
@@ -540,6 +544,8 @@ fn describe_plan<'py>(
     activation: &str,
     expert_map: Option<&Bound<'py, PyAny>>,
     fused_moe: bool,
+    scoring: &str,
+    num_expert_group: Option<usize>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let activation = Activation::parse(activation).py_err(py)?;
     let inputs = MoeInputs::import(hidden_states, w1, w2, topk_weights, topk_ids, expert_map)?;
@@ -554,8 +560,16 @@ fn describe_plan<'py>(
     let forced = oracle::forced_backend(None).py_err(py)?;
     let mut plan = oracle::plan_with(&problem, caps.as_ref(), forced).py_err(py)?;
     if fused_moe {
-        let fuse = oracle::router_fusion_requested().py_err(py)?;
-        oracle::place_router(&mut plan, problem.m, problem.global_experts, fuse);
+        let request = oracle::RouterRequest::from_env().py_err(py)?;
+        let cfg = crate::routing::RouterConfig {
+            topk: problem.topk,
+            renormalize: true,
+            scoring: crate::routing::Scoring::parse(scoring).py_err(py)?,
+            // Only the group count picks the router kernel; topk_group does not.
+            groups: num_expert_group.map(|g| (g, g)),
+            routed_scaling_factor: 1.0,
+        };
+        oracle::place_router(&mut plan, problem.m, problem.global_experts, &cfg, request);
     }
     log_note(py, plan.log.take());
     let mut kernels: Vec<String> = plan.kernels.iter().map(|k| k.symbol()).collect();
