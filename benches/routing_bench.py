@@ -74,8 +74,9 @@ def main():
     swapmoe.warmup(0)
     rows = []
     print(f"{'shape':16s} {'M':>4s} {'experts_us':>10s} {'fused_moe_us':>12s} {'delta_us':>8s} "
-          f"{'warp_router':>11s} {'delta':>8s} {'fusion_on':>10s} {'delta':>8s} {'torch_route+experts_us':>22s} "
-          f"{'router kernel':>26s} {'router (on)':>16s} {'launches moe/on/experts':>24s} {'max|diff|':>9s}")
+          f"{'warp_router':>11s} {'delta':>8s} {'cta_router':>10s} {'delta':>8s} {'fusion_on':>10s} {'delta':>8s} {'torch_route+experts_us':>22s} "
+          f"{'router kernel':>26s} {'alone/warp/cta':>17s} {'router (on)':>16s} {'launches moe/on/experts':>24s} "
+          f"{'max|diff|':>9s} {'experts+noop/noop':>17s}")
     for name, (E, topk, K, N, kw) in SHAPES.items():
         gen = torch.Generator(device="cuda").manual_seed(0)
         w1 = (torch.randn(E, 2 * N, K, device="cuda", generator=gen) / K**0.5).to(torch.bfloat16)
@@ -95,9 +96,22 @@ def main():
                 experts=capture(lambda i: swapmoe.fused_experts(x, w1s[i], w2s[i], tw, ids, out=out), a.layers),
                 moe=capture(moe, a.layers),
             )
+            # fused_experts with a one-element torch kernel (launched without PDL) after each
+            # layer: tells whether chaining one layer's GEMM2 to the next layer's GEMM1 by PDL
+            # changes fused_experts' time (fused_moe puts its router between them).
+            pad = torch.zeros(1, device="cuda")
+            graphs["experts_then_noop"] = capture(
+                lambda i: (swapmoe.fused_experts(x, w1s[i], w2s[i], tw, ids, out=out), pad.add_(1)), a.layers)
+            graphs["noop"] = capture(lambda i: pad.add_(1), a.layers)
+            route = lambda i: swapmoe.select_experts(logits, topk, **kwb)  # noqa: E731
+            graphs["router"] = capture(route, a.layers)
             os.environ["SWAPMOE_ROUTER_KERNEL"] = "warp"  # the warp router where the CTA router applies
             try:
                 graphs["warp"] = capture(moe, a.layers)
+                graphs["warp_router"] = capture(route, a.layers)
+                os.environ["SWAPMOE_ROUTER_KERNEL"] = "cta"  # the CTA router at any M, where it applies
+                graphs["cta"] = capture(moe, a.layers)
+                graphs["cta_router"] = capture(route, a.layers)
             finally:
                 del os.environ["SWAPMOE_ROUTER_KERNEL"]
             os.environ["SWAPMOE_ROUTER_FUSION"] = "on"  # the routing twins, where M allows
@@ -111,6 +125,8 @@ def main():
                 a.layers)
             t = time_graphs(graphs, a.layers, a.rounds)
             t_exp, t_moe, t_warp, t_twin, t_sep = (t[k] for k in ("experts", "moe", "warp", "twin", "torch_routing"))
+            t_router, t_warp_router, t_cta, t_cta_router = t["router"], t["warp_router"], t["cta"], t["cta_router"]
+            t_exp_noop, t_noop = t["experts_then_noop"], t["noop"]
             del graphs
             ref_out = swapmoe.fused_experts(x, w1s[0], w2s[0], *torch_router(logits, topk, kw, bias))
             moe_out = swapmoe.fused_moe(x, w1s[0], w2s[0], logits, topk, **kwb)
@@ -122,6 +138,10 @@ def main():
             rows.append(dict(shape=name, M=M, fused_experts_us=t_exp, fused_moe_us=t_moe,
                              fused_moe_fusion_on_us=t_twin, fused_moe_warp_router_us=t_warp,
                              delta_warp_router_us=t_warp - t_exp, router_kernel=plan_moe["kernels"][0],
+                             router_alone_us=t_router, warp_router_alone_us=t_warp_router,
+                             fused_moe_cta_router_us=t_cta, delta_cta_router_us=t_cta - t_exp,
+                             cta_router_alone_us=t_cta_router, fused_experts_then_noop_us=t_exp_noop,
+                             noop_alone_us=t_noop,
                              torch_routing_plus_experts_us=t_sep, delta_us=t_moe - t_exp,
                              delta_fusion_on_us=t_twin - t_exp,
                              router=plan_moe["router"], router_fusion_on=plan_twin["router"],
@@ -130,9 +150,10 @@ def main():
                              launches_fused_experts=len(plan["kernels"]),
                              backend=plan["backend"], max_abs_diff_vs_torch_routing=diff))
             print(f"{name:16s} {M:4d} {t_exp:10.1f} {t_moe:12.1f} {t_moe - t_exp:8.1f} {t_warp:11.1f} "
-                  f"{t_warp - t_exp:8.1f} {t_twin:10.1f} "
-                  f"{t_twin - t_exp:8.1f} {t_sep:22.1f} {plan_moe['kernels'][0]:>26s} {plan_twin['router']:>16s} "
-                  f"{len(plan_moe['kernels']):>3d}/{len(plan_twin['kernels'])}/{len(plan['kernels']):<3d} {diff:9.2e}")
+                  f"{t_warp - t_exp:8.1f} {t_cta:10.1f} {t_cta - t_exp:8.1f} {t_twin:10.1f} "
+                  f"{t_twin - t_exp:8.1f} {t_sep:22.1f} {plan_moe['kernels'][0]:>26s} {t_router:5.1f}/{t_warp_router:5.1f}/{t_cta_router:5.1f} {plan_twin['router']:>16s} "
+                  f"{len(plan_moe['kernels']):>3d}/{len(plan_twin['kernels'])}/{len(plan['kernels']):<3d} {diff:9.2e} "
+                  f"{t_exp_noop:10.1f}/{t_noop:5.1f}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), layers=a.layers, rounds=a.rounds, rows=rows), f,

@@ -188,9 +188,16 @@ pub const DECODE_GEMM2_WIDE_MAX_CTAS_PER_SM: usize = 2;
 /// `$SWAPMOE_ROUTER_FUSION=on`: fused_moe routes inside the experts' first kernel where it
 /// can (opt-in: measured slower than the router kernel, benches/NOTES.md "Router v3").
 pub const ROUTER_FUSION_ENV: &str = "SWAPMOE_ROUTER_FUSION";
-/// `$SWAPMOE_ROUTER_KERNEL=warp` keeps every call on the warp router, for comparisons with
-/// the grouped CTA router; unset or "auto" lets `router_kernel` choose.
+/// `$SWAPMOE_ROUTER_KERNEL`: "warp" keeps every call on the warp router, "cta" takes the
+/// grouped CTA router wherever it can route the call (any M); unset or "auto" lets
+/// `router_kernel` choose.
 pub const ROUTER_KERNEL_ENV: &str = "SWAPMOE_ROUTER_KERNEL";
+/// Largest M that takes the grouped CTA router unless asked otherwise. Alone (a graph of 8
+/// routers), it routes deepseek-v3-tp8 in 3.2-3.3 us against the warp router's 4.3-4.4 at
+/// every M from 1 to 64; but inside fused_moe it cost 1.4-3.6 us more than the warp router
+/// at M = 32 and 64 in each of three runs (deepseek-v3-tp8, wgmma experts), and 0.8-8.7 us
+/// less at M = 1 to 16 (benches/NOTES.md "Router v4").
+pub const ROUTER_CTA_MAX_TOKENS: usize = 16;
 
 /// What the driver tells us about a device, or what an offline question assumes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -1165,13 +1172,14 @@ pub fn first_kernel_uses_pdl(caps: &DeviceCaps) -> bool {
 /// change the weights' last bits between kernels. Otherwise the narrowest warp router that
 /// holds E (the fewer keys per lane, the fewer instructions per pick).
 pub fn router_kernel(
+    m: usize,
     experts: usize,
     cfg: &RouterConfig,
-    warp_router_only: bool,
+    asked: RouterKernelChoice,
 ) -> (KernelId, String) {
     if let Some((groups, _)) = cfg.groups.filter(|g| g.0 > 1) {
         let group = experts / groups;
-        let why_not = if warp_router_only {
+        let why_not = if asked == RouterKernelChoice::Warp {
             Some(format!("${ROUTER_KERNEL_ENV}=warp"))
         } else if cfg.scoring != Scoring::Sigmoid {
             Some("softmax scores are summed in the warp router's order".to_string())
@@ -1182,6 +1190,10 @@ pub fn router_kernel(
         } else if !group.is_power_of_two() || group > ROUTER_CTA_MAX_GROUP_EXPERTS {
             Some(format!(
                 "groups of {group} experts are not a power of two <= {ROUTER_CTA_MAX_GROUP_EXPERTS} (one warp's shuffles)"
+            ))
+        } else if asked == RouterKernelChoice::Auto && m > ROUTER_CTA_MAX_TOKENS {
+            Some(format!(
+                "M = {m} > {ROUTER_CTA_MAX_TOKENS}: inside fused_moe the warp router measured faster there (${ROUTER_KERNEL_ENV}=cta takes it anyway)"
             ))
         } else {
             None
@@ -1218,38 +1230,53 @@ fn warp_router_kernel(experts: usize) -> (KernelId, String) {
     )
 }
 
+/// Which router kernel `$SWAPMOE_ROUTER_KERNEL` asks for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RouterKernelChoice {
+    /// Unset or "auto": `router_kernel`'s rules.
+    #[default]
+    Auto,
+    /// "warp": the warp router even where the CTA router applies.
+    Warp,
+    /// "cta": the grouped CTA router wherever it can route the call, at any M.
+    Cta,
+}
+
 /// What the environment asks of the router's placement and kernel.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RouterRequest {
     /// `$SWAPMOE_ROUTER_FUSION=on`: route inside the experts' first kernel where one can.
     pub fusion: bool,
-    /// `$SWAPMOE_ROUTER_KERNEL=warp`: the warp router even where the CTA router applies.
-    pub warp_router_only: bool,
+    /// `$SWAPMOE_ROUTER_KERNEL`.
+    pub kernel: RouterKernelChoice,
 }
 
 impl RouterRequest {
     /// Reads `$SWAPMOE_ROUTER_FUSION` ("on"/"1" or "off"/"0"/unset) and
-    /// `$SWAPMOE_ROUTER_KERNEL` ("warp" or "auto"/unset); other values are an ArgumentError.
+    /// `$SWAPMOE_ROUTER_KERNEL` ("auto"/unset, "warp" or "cta"); other values are an
+    /// ArgumentError naming the variable.
     pub fn from_env() -> Result<Self> {
-        let read = |name: &str, on: &[&str], off: &[&str], expected: &str| -> Result<bool> {
-            match std::env::var(name) {
-                Err(_) => Ok(false),
-                Ok(v) if on.contains(&v.trim()) => Ok(true),
-                Ok(v) if v.trim().is_empty() || off.contains(&v.trim()) => Ok(false),
-                Ok(v) => Err(Error::Argument(format!(
-                    "${name}: expected {expected}, got {v:?}"
-                ))),
+        let read = |name: &str| std::env::var(name).ok().map(|v| v.trim().to_string());
+        let fusion = match read(ROUTER_FUSION_ENV).as_deref() {
+            None | Some("" | "off" | "0") => false,
+            Some("on" | "1") => true,
+            Some(other) => {
+                return Err(Error::Argument(format!(
+                    "${ROUTER_FUSION_ENV}: expected 'on' or 'off', got {other:?}"
+                )))
             }
         };
-        Ok(RouterRequest {
-            fusion: read(
-                ROUTER_FUSION_ENV,
-                &["on", "1"],
-                &["off", "0"],
-                "'on' or 'off'",
-            )?,
-            warp_router_only: read(ROUTER_KERNEL_ENV, &["warp"], &["auto"], "'warp' or 'auto'")?,
-        })
+        let kernel = match read(ROUTER_KERNEL_ENV).as_deref() {
+            None | Some("" | "auto") => RouterKernelChoice::Auto,
+            Some("warp") => RouterKernelChoice::Warp,
+            Some("cta") => RouterKernelChoice::Cta,
+            Some(other) => {
+                return Err(Error::Argument(format!(
+                    "${ROUTER_KERNEL_ENV}: expected 'auto', 'warp' or 'cta', got {other:?}"
+                )))
+            }
+        };
+        Ok(RouterRequest { fusion, kernel })
     }
 }
 
@@ -1269,7 +1296,7 @@ pub fn place_router(
     request: RouterRequest,
 ) {
     let separate = |plan: &mut Plan, why: String| {
-        let (id, kernel_why) = router_kernel(experts, cfg, request.warp_router_only);
+        let (id, kernel_why) = router_kernel(m, experts, cfg, request.kernel);
         plan.reasons
             .push(format!("router: its own kernel first, {why}"));
         plan.reasons
@@ -2215,7 +2242,7 @@ mod tests {
             let mut plan = plan_with(&p, Some(&h), Some(b)).unwrap();
             let request = RouterRequest {
                 fusion: allowed,
-                warp_router_only: false,
+                kernel: RouterKernelChoice::Auto,
             };
             place_router(&mut plan, p.m, p.global_experts, &softmax_top8(), request);
             plan
@@ -2288,7 +2315,7 @@ mod tests {
         cpu.kernels.clear();
         let fuse = RouterRequest {
             fusion: true,
-            warp_router_only: false,
+            kernel: RouterKernelChoice::Auto,
         };
         place_router(&mut cpu, 1, 128, &softmax_top8(), fuse);
         assert_eq!(cpu.router, RouterPlacement::NotRouting);
@@ -2297,7 +2324,7 @@ mod tests {
             plan(&problem(1, 128, 8, 2048, 768, DType::BF16), Some(&h)).router,
             RouterPlacement::NotRouting
         );
-        let kernel = |e: usize| router_kernel(e, &softmax_top8(), false).0;
+        let kernel = |e: usize| router_kernel(1, e, &softmax_top8(), RouterKernelChoice::Auto).0;
         assert_eq!(kernel(128), KernelId::RouteTopk(4));
         assert_eq!(kernel(129), KernelId::RouteTopk(8));
         assert_eq!(kernel(256), KernelId::RouteTopk(8));
@@ -2324,11 +2351,12 @@ mod tests {
             routed_scaling_factor: 2.5,
         };
         // DeepSeek-V3: 256 experts, 8 groups of 32, sigmoid.
-        let (id, why) = router_kernel(256, &grouped(Scoring::Sigmoid, 8), false);
+        let auto = RouterKernelChoice::Auto;
+        let (id, why) = router_kernel(1, 256, &grouped(Scoring::Sigmoid, 8), auto);
         assert_eq!(id, KernelId::RouteGroupedCta);
         assert!(why.contains("8 groups of 32"), "{why}");
         // Groups of 8 and of 2 (power-of-two groups inside a warp), E not a multiple of 32.
-        let kernel = |e: usize, cfg: RouterConfig| router_kernel(e, &cfg, false).0;
+        let kernel = |e: usize, cfg: RouterConfig| router_kernel(16, e, &cfg, auto).0;
         assert_eq!(
             kernel(64, grouped(Scoring::Sigmoid, 8)),
             KernelId::RouteGroupedCta
@@ -2339,7 +2367,7 @@ mod tests {
         );
         // Each rejection names its reason and falls back to the narrowest warp router.
         let refused = |e: usize, cfg: RouterConfig, id: KernelId, needle: &str| {
-            let (got, why) = router_kernel(e, &cfg, false);
+            let (got, why) = router_kernel(1, e, &cfg, auto);
             assert_eq!(got, id, "E = {e}: {why}");
             assert!(
                 why.contains("not the grouped CTA router") && why.contains(needle),
@@ -2376,9 +2404,23 @@ mod tests {
         top1.groups = None;
         assert_eq!(kernel(16, top1), KernelId::RouteTopk(4));
         // $SWAPMOE_ROUTER_KERNEL=warp keeps the warp router.
-        let (id, why) = router_kernel(256, &grouped(Scoring::Sigmoid, 8), true);
+        let deepseek = grouped(Scoring::Sigmoid, 8);
+        let (id, why) = router_kernel(1, 256, &deepseek, RouterKernelChoice::Warp);
         assert_eq!(id, KernelId::RouteTopk(8));
         assert!(why.contains("SWAPMOE_ROUTER_KERNEL=warp"), "{why}");
+        // Past ROUTER_CTA_MAX_TOKENS the warp router, unless $SWAPMOE_ROUTER_KERNEL=cta.
+        let (id, why) = router_kernel(17, 256, &deepseek, auto);
+        assert_eq!(id, KernelId::RouteTopk(8));
+        assert!(why.contains("M = 17 > 16"), "{why}");
+        let cta = RouterKernelChoice::Cta;
+        assert_eq!(
+            router_kernel(4096, 256, &deepseek, cta).0,
+            KernelId::RouteGroupedCta
+        );
+        // "cta" cannot route what the CTA router does not hold.
+        let (id, why) = router_kernel(1, 512, &grouped(Scoring::Sigmoid, 8), cta);
+        assert_eq!(id, KernelId::RouteTopk(32));
+        assert!(why.contains("E = 512 > 256"), "{why}");
         // The plan records the kernel and its reason.
         let mut plan = plan(&problem(1, 256, 8, 7168, 256, DType::BF16), Some(&h200()));
         place_router(

@@ -843,7 +843,7 @@ def test_fused_moe_errors_name_the_argument(lib, rng):
         moe_call(r, dict(inp, logits=i32))
 
 
-@pytest.mark.parametrize("name,value", [("SWAPMOE_ROUTER_KERNEL", "cta"), ("SWAPMOE_ROUTER_FUSION", "maybe")])
+@pytest.mark.parametrize("name,value", [("SWAPMOE_ROUTER_KERNEL", "fast"), ("SWAPMOE_ROUTER_FUSION", "maybe")])
 def test_router_env_knobs_reject_other_values(name, value, rng, monkeypatch):
     """The router's environment knobs are read where fused_moe's router is placed; a value
     they do not know is an ArgumentError naming the variable and the value, on any device."""

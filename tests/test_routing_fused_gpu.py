@@ -63,10 +63,10 @@ def placement(r: Router, inp: dict) -> dict:
                                        num_expert_group=None if r.groups is None else r.groups[0])
 
 
-def expected_router_kernel(r: Router) -> str:
+def expected_router_kernel(r: Router, M: int) -> str:
     """The separate router kernel: the grouped CTA router for grouped sigmoid routing with
-    power-of-two groups of <= 32 experts and E <= 256, else a warp router."""
-    if r.scoring == "sigmoid" and r.groups is not None and r.groups[0] > 1 and r.E <= 256:
+    power-of-two groups of <= 32 experts, E <= 256 and M <= 16, else a warp router."""
+    if r.scoring == "sigmoid" and r.groups is not None and r.groups[0] > 1 and r.E <= 256 and M <= 16:
         gs = r.E // r.groups[0]
         if gs & (gs - 1) == 0 and gs <= 32:
             return "swapmoe_route_grouped_cta"
@@ -92,7 +92,7 @@ def test_fused_moe_matches_separate_calls(r, backend, M, fusion, rng, monkeypatc
     assert plan["router"] == expected_placement(r, backend, M, fusion), plan["reasons"]
     assert any(s.startswith("router:") for s in plan["reasons"])
     if plan["router"] == "separate":
-        assert plan["kernels"][0].startswith(expected_router_kernel(r)), plan["kernels"]
+        assert plan["kernels"][0].startswith(expected_router_kernel(r, M)), plan["kernels"]
     else:
         assert "routed" in plan["kernels"][0]
     fused = moe_call(r, inp)
