@@ -193,9 +193,9 @@ pub const ROUTER_FUSION_ENV: &str = "SWAPMOE_ROUTER_FUSION";
 /// `router_kernel` choose.
 pub const ROUTER_KERNEL_ENV: &str = "SWAPMOE_ROUTER_KERNEL";
 /// Largest M that takes the grouped CTA router unless asked otherwise. Alone (a graph of 8
-/// routers), it routes deepseek-v3-tp8 in 3.2-3.3 us against the warp router's 4.3-4.4 at
+/// routers), it routes deepseek-v3-tp8 in 3.1-3.3 us against the warp router's 4.2-4.4 at
 /// every M from 1 to 64; but inside fused_moe it cost 1.4-3.6 us more than the warp router
-/// at M = 32 and 64 in each of three runs (deepseek-v3-tp8, wgmma experts), and 0.8-8.7 us
+/// at M = 32 and 64 in each of four runs (deepseek-v3-tp8, wgmma experts), and 0.7-8.7 us
 /// less at M = 1 to 16 (benches/NOTES.md "Router v4").
 pub const ROUTER_CTA_MAX_TOKENS: usize = 16;
 
