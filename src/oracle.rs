@@ -1198,21 +1198,18 @@ pub fn router_kernel(
         } else {
             None
         };
-        match why_not {
-            None => {
-                return (
-                    KernelId::RouteGroupedCta,
-                    format!("grouped sigmoid routing, {groups} groups of {group}: one CTA per token, one thread per expert, ranks instead of serial picks"),
-                )
-            }
+        return match why_not {
+            None => (
+                KernelId::RouteGroupedCta,
+                format!("grouped sigmoid routing, {groups} groups of {group}: one CTA per token, one thread per expert, ranks instead of serial picks"),
+            ),
             Some(why) => {
                 let (id, lanes) = warp_router_kernel(experts);
-                return (id, format!("{lanes}; not the grouped CTA router: {why}"));
+                (id, format!("{lanes}; not the grouped CTA router: {why}"))
             }
-        }
+        };
     }
-    let (id, lanes) = warp_router_kernel(experts);
-    (id, lanes)
+    warp_router_kernel(experts)
 }
 
 /// The narrowest warp router that holds E experts, and a description.
@@ -2366,38 +2363,19 @@ mod tests {
             KernelId::RouteGroupedCta
         );
         // Each rejection names its reason and falls back to the narrowest warp router.
-        let refused = |e: usize, cfg: RouterConfig, id: KernelId, needle: &str| {
-            let (got, why) = router_kernel(1, e, &cfg, auto);
-            assert_eq!(got, id, "E = {e}: {why}");
+        for (e, scoring, groups, lanes, needle) in [
+            (256, Scoring::Softmax, 8, 8, "softmax"),
+            (512, Scoring::Sigmoid, 8, 32, "E = 512 > 256"),
+            (160, Scoring::Sigmoid, 8, 8, "groups of 20"),
+            (128, Scoring::Sigmoid, 2, 4, "groups of 64"),
+        ] {
+            let (got, why) = router_kernel(1, e, &grouped(scoring, groups), auto);
+            assert_eq!(got, KernelId::RouteTopk(lanes), "E = {e}: {why}");
             assert!(
                 why.contains("not the grouped CTA router") && why.contains(needle),
                 "{why}"
             );
-        };
-        refused(
-            256,
-            grouped(Scoring::Softmax, 8),
-            KernelId::RouteTopk(8),
-            "softmax",
-        );
-        refused(
-            512,
-            grouped(Scoring::Sigmoid, 8),
-            KernelId::RouteTopk(32),
-            "E = 512 > 256",
-        );
-        refused(
-            160,
-            grouped(Scoring::Sigmoid, 8),
-            KernelId::RouteTopk(8),
-            "groups of 20",
-        );
-        refused(
-            128,
-            grouped(Scoring::Sigmoid, 2),
-            KernelId::RouteTopk(4),
-            "groups of 64",
-        );
+        }
         // Ungrouped sigmoid (Llama-4 top-1) and a single group stay on the warp router.
         let mut top1 = grouped(Scoring::Sigmoid, 1);
         assert_eq!(kernel(128, top1.clone()), KernelId::RouteTopk(4));
