@@ -56,6 +56,14 @@ for step in "$@"; do
         echo "ncu $c: exit $?"
       done
       tar czf "$OUT/ncu_swap.tgz" -C /tmp $(cd /tmp && ls ncu_swap_*.txt) ;;
+    ncu-fp8)
+      # the FP8 kernels of benches/profile_case.py, for $PROFILE_QUANT at each M of $NCU_FP8_M on $PROFILE_SHAPE
+      for m in ${NCU_FP8_M:-1 8}; do
+        PROFILE_QUANT=${PROFILE_QUANT:-fp8_tensor} PROFILE_BACKENDS=${PROFILE_BACKENDS:-cuda_wgmma_swap} PROFILE_ROUTER=0 \
+          ncu --clock-control none --section SpeedOfLight --section LaunchStats --section Occupancy \
+          -k regex:'fp8|swap' python3 benches/profile_case.py $m ${PROFILE_SHAPE:-qwen3} > "$OUT/ncu_fp8_m$m.txt" 2>&1
+        echo "ncu fp8 M=$m: exit $?"; grep -E "swap_moe|swapmoe_fp8|Duration|DRAM Throughput|Registers Per|Grid Size" "$OUT/ncu_fp8_m$m.txt" | head -40
+      done ;;
     routing) python3 benches/routing_bench.py --m ${ROUTING_M:-1,8,64} --json "$OUT/routing.json" 2>&1 | tee "$OUT/routing.txt" ;;
     pytest) python3 -m pytest -m gpu -q -p no:cacheprovider ${PYTEST_FILES:-tests} 2>&1 | tee "$OUT/pytest_gpu.txt" | tail -25 ;;
     pytest-all) python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest_all.txt" | tail -25 ;;

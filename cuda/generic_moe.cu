@@ -225,6 +225,8 @@ template <typename T>
 __device__ __forceinline__ void fp8_absmax(const T* __restrict__ x, long long x_row_stride, int M, int K,
                                            float* __restrict__ partials) {
   __shared__ unsigned red[kQuantThreads / 32];
+  pdl_wait();  // launched with PDL on sm_90: x may be the previous kernel's output
+  pdl_launch_dependents();
   const long long total = (long long)M * K;
   float m = 0.f;
   for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
@@ -245,6 +247,10 @@ __device__ __forceinline__ void fp8_quant_x(const T* __restrict__ x, long long x
                                             float* __restrict__ x_scale, int groups_k,
                                             float* __restrict__ inter_amax, long long amax_count) {
   __shared__ unsigned red[kQuantThreads / 32];
+  // Launched with PDL on sm_90: the previous kernel may still read inter_amax or write x.
+  // The next kernel (GEMM1) may start its set-up now; it waits for this grid before reading.
+  pdl_wait();
+  pdl_launch_dependents();
   for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < amax_count;
        i += (long long)gridDim.x * blockDim.x)
     inter_amax[i] = 0.f;

@@ -32,6 +32,7 @@
 // an SM.
 // Requirements (checked by the oracle and the launcher): sm_90a; bf16/fp16; K and N
 // multiples of 8 with 16-byte aligned tensors and rows (TMA); M <= 64, M*topk <= 512.
+#include "common/fp8_moe.cuh"
 #include "common/moe_common.cuh"
 #include "common/sm90.cuh"
 #include "common/wgmma_ops.cuh"
@@ -78,17 +79,18 @@ struct Routing {
 constexpr int kProducerWarp = 4;
 constexpr int kConsumerThreads = 128;
 
-// Every thread: the slots' local experts (and router weights when `topk_weights` is given)
-// and the bitmap of active experts, in shared memory.
+// Every thread (kCtaThreads of them): the slots' local experts (and router weights when
+// `topk_weights` is given) and the bitmap of active experts, in shared memory.
+template <int kCtaThreads = kThreads>
 __device__ __forceinline__ void mark_active(Routing& r, const void* __restrict__ topk_ids, int ids_is_i64,
                                             long long ids_row_stride, const int* __restrict__ expert_map,
                                             const void* __restrict__ topk_weights, int topk_weights_code,
                                             long long topk_weights_row_stride, int M, int topk, int global_E,
                                             int local_E) {
   const int S = M * topk, words = (local_E + 31) / 32;
-  for (int w = threadIdx.x; w < words; w += kThreads) r.bits[w] = 0u;
+  for (int w = threadIdx.x; w < words; w += kCtaThreads) r.bits[w] = 0u;
   __syncthreads();
-  for (int s = threadIdx.x; s < S; s += kThreads) {
+  for (int s = threadIdx.x; s < S; s += kCtaThreads) {
     const int e = slot_local_expert(topk_ids, ids_is_i64, ids_row_stride, expert_map, topk, global_E, local_E, s);
     r.slot_expert[s] = e;
     if (topk_weights)
@@ -143,13 +145,15 @@ __device__ __forceinline__ unsigned char* aligned_stages(unsigned char* smem) {
   return smem + (((base + 1023u) & ~1023u) - base);
 }
 
+// `empty_arrivals`: the consumer warps' lane 0 (16-bit kernels), or every consumer thread
+// (FP8: each thread's own reads of the stage are released by its arrival).
 template <int kCount>
 __device__ __forceinline__ void init_barriers(uint64_t* full, uint64_t* empty, const TensorMap* a,
-                                              const TensorMap* b) {
+                                              const TensorMap* b, int empty_arrivals = kConsumerThreads / 32) {
   if (threadIdx.x == 0) {
     for (int i = 0; i < kCount; ++i) {
       mbar_init(&full[i], 1);
-      mbar_init(&empty[i], kConsumerThreads / 32);
+      mbar_init(&empty[i], empty_arrivals);
     }
     mbar_init_fence();
     tma_prefetch_map(a);
@@ -394,6 +398,456 @@ __device__ __forceinline__ void gemm2_sum(const TensorMap* h_map, const TensorMa
 #endif
 }
 
+
+// ---------------------------------------------------------------------------------------
+// FP8 (e4m3) W8A8: the same swap-AB layout with wgmma m64nNTk32 e4m3 (QGMMA), after
+// swapmoe_fp8_quant_x has written x_q and its scales and zeroed the intermediate's absmax.
+// Quantization follows cuda/common/fp8_moe.cuh (the CPU path's rules):
+//
+//   swap_moe_fp8_gemm1   inter[s, j] = act(g) * u for every slot s of token t on expert e,
+//                        g = (x_q[t] . w1[e, j]) dequantized, u likewise with row N + j; the
+//                        absmax of inter folded into inter_amax (per tensor, slot or group)
+//   swap_moe_fp8_gemm2   out[t, r] = sum over the active experts a, in order, of
+//                        w(t, e_a) * (q(inter[s(t, e_a)]) . w2[e_a, r]) dequantized
+//
+// A stage is one 128-byte row of K per weight row (128 e4m3). Each stage's wgmmas go into
+// fresh accumulators that are then scaled and added to the running sums ("promotion"): per
+// 128 of K for 128x128 block scales, and so that no long K runs in the tensor core's
+// reduced-precision FP8 accumulation for the other schemes.
+// GEMM1's token rows are x_q by TMA. GEMM2's token rows are the intermediate quantized as
+// it is loaded: a producer warpgroup reads each stage's f32 rows, quantizes them with the
+// scale GEMM1's absmax gives, and writes them in the 128-byte swizzle wgmma reads; the
+// column's dequantizing factor (scale x router weight) rides in the stage.
+// ---------------------------------------------------------------------------------------
+constexpr int kFp8BK = 128;              // e4m3 of K per stage row: one 128-byte swizzle row
+constexpr int kFp8Gemm2Threads = 256;    // `SWAP_FP8_GEMM2_THREADS`: consumers + a producer warpgroup
+constexpr int kFp8ProducerThreads = 128;
+
+// A stage: kBoxes boxes of 64 weight rows x 128 e4m3, the NT token rows x 128 e4m3, and with
+// kColScale NT floats (1 KiB, keeping stages 1024-byte aligned) (`swap_fp8_smem_bytes`).
+template <int NT, int kBoxes, bool kColScale>
+struct Fp8Stages {
+  static constexpr int kBoxBytes = kRows * kFp8BK;
+  static constexpr int kTokenBytes = NT * kFp8BK;
+  static constexpr int kWeightBytes = kBoxes * kBoxBytes;
+  static constexpr int kStageBytes = kWeightBytes + kTokenBytes + (kColScale ? 1024 : 0);
+  static constexpr int kTwoPerSm = 102 * 1024 / kStageBytes;
+  static constexpr int kCount = kTwoPerSm >= 3 ? kTwoPerSm : 200 * 1024 / kStageBytes;
+  static constexpr int kSmemBytes = kCount * kStageBytes + 1024;
+  static_assert(kStageBytes % 1024 == 0, "stages keep the 1024-byte swizzle alignment");
+  static_assert(kSmemBytes + 6 * 1024 <= 227 * 1024, "stages and routing fit an SM");
+  __host__ __device__ static constexpr int weight(int b) { return b * kBoxBytes; }
+  __host__ __device__ static constexpr int tokens() { return kWeightBytes; }
+  __host__ __device__ static constexpr int colscale() { return kWeightBytes + kTokenBytes; }
+};
+
+#ifdef SWAPMOE_SM90A
+__device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, 128;" ::: "memory"); }
+
+// The FP8 consumer warpgroup: `items` stages; each stage's wgmmas (kFp8BK / 32 per weight
+// box) go into tmp, which is added to acc as acc += tmp * row(b, h) * col(c) with the
+// factors `scales(it, stage, row, col)` gives for the stage (h: the thread's two rows per
+// box; c = 2 j + (q & 1): its NT / 4 token columns). Every thread releases each stage once
+// it has read it (the empty barriers count kConsumerThreads arrivals).
+template <int NT, int kBoxes, int kStageBytes, int kCount, int kTokens, typename Scales>
+__device__ __forceinline__ void consume_fp8(int items, unsigned char* stages, uint64_t* full, uint64_t* empty,
+                                            float (&acc)[kBoxes][NT / 2], Scales scales) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int b = 0; b < kBoxes; ++b)
+#pragma unroll
+    for (int i = 0; i < NT / 2; ++i) acc[b][i] = 0.f;
+  for (int it = 0; it < items; ++it) {
+    const int st = it % kCount;
+    unsigned char* stage = stages + st * kStageBytes;
+    mbar_wait(&full[st], (it / kCount) & 1);
+    const uint32_t base = smem_u32(stage);
+    float tmp[kBoxes][NT / 2];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kFp8BK / 32; ++kk)
+#pragma unroll
+      for (int b = 0; b < kBoxes; ++b)
+        wgmma::Mma<NT, __nv_fp8_e4m3>::run(tmp[b], wgmma_desc_sw128(base + b * kRows * kFp8BK + kk * 32),
+                                           wgmma_desc_sw128(base + kTokens + kk * 32), kk > 0);
+    wgmma_commit();
+    float row[kBoxes][2], col[NT / 4];
+    scales(it, stage, row, col);  // under the wgmmas
+    wgmma_wait<0>();
+#pragma unroll
+    for (int b = 0; b < kBoxes; ++b) {
+      fence_accumulators(tmp[b]);
+#pragma unroll
+      for (int i = 0; i < NT / 2; ++i) {
+        const int j = i >> 2, q = i & 3;
+        acc[b][i] = fmaf(tmp[b][i], row[b][q >> 1] * col[2 * j + (q & 1)], acc[b][i]);
+      }
+    }
+    mbar_arrive(&empty[st]);
+  }
+}
+#endif
+
+// FP8 GEMM1: as gemm1_act, with e4m3 weights and x_q; writes the f32 intermediate per slot
+// (the layout of the other FP8 paths) and its absmax.
+template <int SCHEME, int NT>
+__device__ __forceinline__ void fp8_gemm1(const TensorMap* xq_map, const TensorMap* w1_map,
+                                          const float* __restrict__ x_scale, int groups_k,
+                                          const float* __restrict__ w1s, long long w1s_e, long long w1s_r,
+                                          long long w1s_c, const void* __restrict__ topk_weights,
+                                          int topk_weights_code, long long topk_weights_row_stride,
+                                          const void* __restrict__ topk_ids, int ids_is_i64,
+                                          long long ids_row_stride, const int* __restrict__ expert_map, int M,
+                                          int topk, int global_E, int local_E, int N, int K, int act,
+                                          int weight_on_input, float* __restrict__ inter,
+                                          float* __restrict__ inter_amax, int groups_n) {
+#ifdef SWAPMOE_SM90A
+  using L = Fp8Stages<NT, 2, false>;
+  extern __shared__ unsigned char smem_raw[];
+  __shared__ Routing r;
+  __shared__ __align__(8) uint64_t full[L::kCount], empty[L::kCount];
+  __shared__ unsigned token_amax[NT];
+  init_barriers<L::kCount>(full, empty, xq_map, w1_map, kConsumerThreads);  // visible after mark_active
+  for (int t = threadIdx.x; t < NT; t += kThreads) token_amax[t] = 0u;
+  pdl_wait();
+  pdl_launch_dependents();
+  mark_active(r, topk_ids, ids_is_i64, ids_row_stride, expert_map, topk_weights, topk_weights_code,
+              topk_weights_row_stride, M, topk, global_E, local_E);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (warp == 0) {
+    int count, picked;
+    count_and_pick(r.bits, (local_E + 31) / 32, blockIdx.y, count, picked);
+    if (lane == 0) r.expert = picked;
+  }
+  __syncthreads();
+  const int e = r.expert;
+  if (e < 0) return;  // fewer active experts than grid rows: the whole cluster leaves
+  const int ranks = cluster_nctarank(), rank = cluster_ctarank();
+  const int j0 = (blockIdx.x / ranks) * kRows;
+  const int ktiles = (K + kFp8BK - 1) / kFp8BK, per = (ktiles + ranks - 1) / ranks;
+  const int kt0 = min(ktiles, rank * per), items = min(ktiles, kt0 + per) - kt0;
+  unsigned char* stages = aligned_stages(smem_raw);
+  float acc[2][NT / 2];
+  // The thread's accumulator rows (per box, h = 0/1) and token columns (c = 2j + parity).
+  const int row_in = 16 * warp + (lane >> 2);
+  if (warp == kProducerWarp) {
+    if (lane == 0) {
+      for (int it = 0; it < items; ++it) {
+        const int st = it % L::kCount;
+        if (it >= L::kCount) mbar_wait(&empty[st], ((it / L::kCount) - 1) & 1);
+        unsigned char* s = stages + st * L::kStageBytes;
+        const int k0 = (kt0 + it) * kFp8BK;
+        mbar_arrive_expect(&full[st], L::kStageBytes);
+        tma_load_3d(s + L::weight(0), w1_map, k0, j0, e, &full[st]);
+        tma_load_3d(s + L::weight(1), w1_map, k0, N + j0, e, &full[st]);
+        tma_load_2d(s + L::tokens(), xq_map, k0, 0, &full[st]);
+      }
+    }
+  } else {
+    // 128x128 blocks: the weight block scale of each row, the token's group scale, per stage.
+    const int last_row = 2 * N - 1;
+    auto scales = [&](int it, const unsigned char*, float (&row)[2][2], float (&col)[NT / 4]) {
+      if constexpr (SCHEME == kQBlock) {
+        const int kb = kt0 + it;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int g = min(j0 + row_in + 8 * h, last_row) / kFp8Block;
+          const int u = min(N + j0 + row_in + 8 * h, last_row) / kFp8Block;
+          row[0][h] = w1s[scale_off(e, g, kb, w1s_e, w1s_r, w1s_c)];
+          row[1][h] = w1s[scale_off(e, u, kb, w1s_e, w1s_r, w1s_c)];
+        }
+#pragma unroll
+        for (int c = 0; c < NT / 4; ++c) {
+          const int t = 8 * (c >> 1) + 2 * (lane & 3) + (c & 1);
+          col[c] = t < M ? x_scale[(long long)t * groups_k + kb] : 0.f;
+        }
+      } else {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) row[0][h] = row[1][h] = 1.f;
+#pragma unroll
+        for (int c = 0; c < NT / 4; ++c) col[c] = 1.f;
+      }
+    };
+    consume_fp8<NT, 2, L::kStageBytes, L::kCount, L::tokens()>(items, stages, full, empty, acc, scales);
+  }
+  if (ranks > 1) cluster_sum<NT, 2>(acc, reinterpret_cast<float*>(stages), warp != kProducerWarp);
+  if (rank != 0 || warp == kProducerWarp) return;
+
+  // Accumulator layout as in gemm1_act: register 4j + q is inter column j0 + row_in + 8 (q >> 1)
+  // and token 8j + 2 (lane % 4) + (q & 1).
+  float tmax[NT / 4];
+#pragma unroll
+  for (int c = 0; c < NT / 4; ++c) tmax[c] = 0.f;
+#pragma unroll
+  for (int j = 0; j < NT / 8; ++j) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int t = 8 * j + 2 * (lane & 3) + (q & 1);
+      const int col = j0 + row_in + 8 * (q >> 1);
+      if (t >= M || col >= N) continue;
+      float g = acc[0][4 * j + q], u = acc[1][4 * j + q];
+      if constexpr (SCHEME != kQBlock) {
+        const float xs = x_scale[(long long)t * groups_k];
+        const int rg = SCHEME == kQChannel ? col : 0, ru = SCHEME == kQChannel ? N + col : 0;
+        g *= xs * w1s[scale_off(e, rg, 0, w1s_e, w1s_r, 0)];
+        u *= xs * w1s[scale_off(e, ru, 0, w1s_e, w1s_r, 0)];
+      }
+      for (int k = 0; k < topk; ++k) {
+        const int s = t * topk + k;
+        if (r.slot_expert[s] != e) continue;
+        float gi = g, ui = u;
+        if (weight_on_input) {
+          gi *= r.slot_weight[s];
+          ui *= r.slot_weight[s];
+        }
+        const float a = activate(act, gi) * ui;
+        inter[(long long)s * N + col] = a;
+        tmax[2 * j + (q & 1)] = fmaxf(tmax[2 * j + (q & 1)], finite_abs(a));
+      }
+    }
+  }
+  // Lanes with equal lane % 4 hold the same tokens: fold them, then one shared atomic each.
+#pragma unroll
+  for (int c = 0; c < NT / 4; ++c) {
+    float m = tmax[c];
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
+    const int t = 8 * (c >> 1) + 2 * (lane & 3) + (c & 1);
+    if (lane < 4 && t < M && m > 0.f) atomicMax(&token_amax[t], __float_as_uint(m));
+  }
+  consumer_sync();
+  if constexpr (SCHEME == kQTensor) {
+    if (warp == 0) {
+      unsigned m = 0u;
+      for (int t = lane; t < M; t += 32) m = max(m, token_amax[t]);
+      m = __reduce_max_sync(0xffffffffu, m);
+      if (lane == 0 && m) atomicMax(reinterpret_cast<unsigned*>(inter_amax), m);
+    }
+  } else {
+    const int g = SCHEME == kQBlock ? j0 / kFp8Block : 0;  // 64 columns lie in one 128-group
+    for (int t = threadIdx.x; t < M; t += kConsumerThreads) {
+      const unsigned m = token_amax[t];
+      if (!m) continue;
+      for (int k = 0; k < topk; ++k) {
+        const int s = t * topk + k;
+        if (r.slot_expert[s] == e)
+          atomicMax(reinterpret_cast<unsigned*>(inter_amax) + (long long)s * groups_n + g, m);
+      }
+    }
+  }
+#endif
+}
+
+#ifdef SWAPMOE_SM90A
+// A GEMM2 producer thread's token rows of one stage: warp pw of the producer warpgroup takes
+// rows pw, pw + 4, ... (NT / 4 of them), lane l the stage's columns 4l .. 4l + 3.
+template <int NT>
+struct Fp8Rows {
+  static constexpr int R = NT / 4;
+  int slot[R];     // the first slot of token t on the expert, or -1
+  float wsum[R];   // the router weights of t's slots on the expert (1 with the weight on the input)
+  float scale[R];  // the intermediate's scale of the slot (per tensor or per token)
+  float amax[R];   // 128x128 blocks: the slot's group absmax of the stage
+  float4 v[R];     // the four f32 values
+
+  // Which slot feeds each row for expert e, and (per tensor / per token) its scale.
+  template <int SCHEME>
+  __device__ __forceinline__ void source(const Routing& r, int e, int M, int topk, int weight_on_input,
+                                         const float* __restrict__ inter_amax, const float* __restrict__ a2_static,
+                                         int groups_n, int pw) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const int t = pw + 4 * i;
+      slot[i] = -1;
+      wsum[i] = 0.f;
+      if (t < M) {
+        for (int k = 0; k < topk; ++k) {
+          const int sl = t * topk + k;
+          if (r.slot_expert[sl] != e) continue;
+          if (slot[i] < 0) slot[i] = sl;  // a repeated expert's slots hold the same row
+          wsum[i] += weight_on_input ? 1.f : r.slot_weight[sl];
+        }
+      }
+      if constexpr (SCHEME != kQBlock)
+        scale[i] = slot[i] >= 0 ? inter_scale<SCHEME>(inter_amax, a2_static, slot[i], 0, groups_n) : 0.f;
+    }
+  }
+
+  // Issues the loads of stage kt (independent of each other).
+  template <int SCHEME>
+  __device__ __forceinline__ void fetch(const float* __restrict__ inter, const float* __restrict__ inter_amax,
+                                        int groups_n, int N, int kt, int lane) {
+    const int c0 = kt * kFp8BK + 4 * lane;
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      v[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (slot[i] >= 0 && c0 < N) v[i] = __ldg(reinterpret_cast<const float4*>(inter + (long long)slot[i] * N + c0));
+      if constexpr (SCHEME == kQBlock) amax[i] = slot[i] >= 0 ? __ldg(inter_amax + (long long)slot[i] * groups_n + kt) : 0.f;
+    }
+  }
+
+  // Quantizes the rows into the stage's 128-byte-swizzled token tile (16-byte chunk c of row
+  // t at chunk c ^ (t % 8)) and writes each row's dequantizing factor (scale x weight).
+  template <int SCHEME>
+  __device__ __forceinline__ void store(unsigned char* tile, float* colscale, int N, int kt, int lane, int pw) const {
+    const bool per_tensor = SCHEME == kQTensor;
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const int t = pw + 4 * i;
+      unsigned packed = 0u;
+      float sc = 0.f;
+      if (slot[i] >= 0) {
+        sc = SCHEME == kQBlock ? fp8_group_scale(amax[i]) : scale[i];
+        const float inv = per_tensor ? __frcp_rn(sc) : 0.f;
+        if (kt * kFp8BK + 4 * lane < N)
+          packed = (unsigned)fp8_quantize(v[i].x, sc, inv, per_tensor) |
+                   ((unsigned)fp8_quantize(v[i].y, sc, inv, per_tensor) << 8) |
+                   ((unsigned)fp8_quantize(v[i].z, sc, inv, per_tensor) << 16) |
+                   ((unsigned)fp8_quantize(v[i].w, sc, inv, per_tensor) << 24);
+      }
+      const int chunk = lane >> 2;
+      *reinterpret_cast<unsigned*>(tile + t * kFp8BK + ((chunk ^ (t & 7)) << 4) + 4 * (lane & 3)) = packed;
+      if (lane == 0) colscale[t] = sc * wsum[i];
+    }
+  }
+};
+#endif
+
+// FP8 GEMM2: as gemm2_sum; threads 0-127 consume, 128-255 produce (thread 128 issues the
+// weight copies, all 128 quantize the token rows).
+template <typename T, int SCHEME, int NT>
+__device__ __forceinline__ void fp8_gemm2(const TensorMap* w2_map, const float* __restrict__ inter,
+                                          const float* __restrict__ inter_amax, const float* __restrict__ a2_static,
+                                          int groups_n, const float* __restrict__ w2s, long long w2s_e,
+                                          long long w2s_r, long long w2s_c, const void* __restrict__ topk_weights,
+                                          int topk_weights_code, long long topk_weights_row_stride,
+                                          const void* __restrict__ topk_ids, int ids_is_i64,
+                                          long long ids_row_stride, const int* __restrict__ expert_map, int M,
+                                          int topk, int global_E, int local_E, int N, int K, int weight_on_input,
+                                          T* __restrict__ out, long long out_row_stride) {
+#ifdef SWAPMOE_SM90A
+  using L = Fp8Stages<NT, 1, true>;
+  extern __shared__ unsigned char smem_raw[];
+  __shared__ Routing r;
+  __shared__ __align__(8) uint64_t full[L::kCount], empty[L::kCount];
+  pdl_launch_dependents();
+  if (threadIdx.x == 0) {
+    // full: the weight copy's expected bytes (thread 128) + every producer thread's rows
+    for (int i = 0; i < L::kCount; ++i) {
+      mbar_init(&full[i], 1 + kFp8ProducerThreads);
+      mbar_init(&empty[i], kConsumerThreads);
+    }
+    mbar_init_fence();
+    tma_prefetch_map(w2_map);
+  }
+  // The router weights are read unless GEMM1 applied them to the input.
+  mark_active<kFp8Gemm2Threads>(r, topk_ids, ids_is_i64, ids_row_stride, expert_map,
+                                weight_on_input ? nullptr : topk_weights, topk_weights_code,
+                                topk_weights_row_stride, M, topk, global_E, local_E);
+  const int words = (local_E + 31) / 32;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (warp == 0) {
+    int count, picked;
+    count_and_pick(r.bits, words, -1, count, picked);
+    if (lane == 0) r.active = count;
+  }
+  __syncthreads();
+  const int ranks = cluster_nctarank(), rank = cluster_ctarank();
+  const int r0 = (blockIdx.x / ranks) * kRows;
+  const int A = r.active, per = (A + ranks - 1) / ranks;
+  const int a0 = min(A, rank * per), a1 = min(A, a0 + per);
+  const int ktiles = (N + kFp8BK - 1) / kFp8BK, items = (a1 - a0) * ktiles;
+  unsigned char* stages = aligned_stages(smem_raw);
+  float acc[1][NT / 2];
+  int first, count;
+  count_and_pick(r.bits, words, a0, count, first);
+  if (threadIdx.x >= kConsumerThreads) {
+    const int pt = threadIdx.x - kConsumerThreads, pw = pt >> 5;
+    const int pre = min(items, L::kCount);
+    if (pt == 0) {
+      // The first stages' weights, before waiting for GEMM1.
+      int e = first, kt = 0;
+      for (int it = 0; it < pre; ++it) {
+        mbar_arrive_expect(&full[it], L::kWeightBytes);
+        tma_load_3d(stages + it * L::kStageBytes + L::weight(0), w2_map, kt * kFp8BK, r0, e, &full[it]);
+        if (++kt == ktiles) {
+          kt = 0;
+          e = next_active(r.bits, words, e);
+        }
+      }
+    }
+    pdl_wait();  // GEMM1's intermediate and absmax are complete
+    // Each stage's rows are fetched one stage ahead, so their L2 latency overlaps the stores
+    // of the stage before (and the wait for a free stage).
+    Fp8Rows<NT> cur, next;
+    int e = first, kt = 0;
+    if (items > 0) {
+      cur.source<SCHEME>(r, e, M, topk, weight_on_input, inter_amax, a2_static, groups_n, pw);
+      cur.fetch<SCHEME>(inter, inter_amax, groups_n, N, kt, lane);
+    }
+    for (int it = 0; it < items; ++it) {
+      const int st = it % L::kCount;
+      unsigned char* s = stages + st * L::kStageBytes;
+      int e_next = e, kt_next = kt + 1;
+      if (kt_next == ktiles) {
+        kt_next = 0;
+        e_next = next_active(r.bits, words, e);
+      }
+      if (it + 1 < items) {
+        next = cur;
+        if (e_next != e)
+          next.source<SCHEME>(r, e_next, M, topk, weight_on_input, inter_amax, a2_static, groups_n, pw);
+        next.fetch<SCHEME>(inter, inter_amax, groups_n, N, kt_next, lane);
+      }
+      if (it >= L::kCount) mbar_wait(&empty[st], ((it / L::kCount) - 1) & 1);
+      if (pt == 0 && it >= pre) {
+        mbar_arrive_expect(&full[st], L::kWeightBytes);
+        tma_load_3d(s + L::weight(0), w2_map, kt * kFp8BK, r0, e, &full[st]);
+      }
+      cur.store<SCHEME>(s + L::tokens(), reinterpret_cast<float*>(s + L::colscale()), N, kt, lane, pw);
+      fence_proxy_async_shared();  // the rows, seen by the wgmmas
+      mbar_arrive(&full[st]);
+      cur = next;
+      e = e_next;
+      kt = kt_next;
+    }
+  } else {
+    pdl_wait();  // before this grid writes out
+    const int row_in = 16 * warp + (lane >> 2);
+    int e = first, kt = 0;
+    auto scales = [&](int, const unsigned char* stage, float (&row)[1][2], float (&col)[NT / 4]) {
+      const float* cs = reinterpret_cast<const float*>(stage + L::colscale());
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int rr = min(r0 + row_in + 8 * h, K - 1);
+        if constexpr (SCHEME == kQTensor) row[0][h] = w2s[scale_off(e, 0, 0, w2s_e, 0, 0)];
+        else if constexpr (SCHEME == kQChannel) row[0][h] = w2s[scale_off(e, rr, 0, w2s_e, w2s_r, 0)];
+        else row[0][h] = w2s[scale_off(e, rr / kFp8Block, kt, w2s_e, w2s_r, w2s_c)];
+      }
+#pragma unroll
+      for (int c = 0; c < NT / 4; ++c) col[c] = cs[8 * (c >> 1) + 2 * (lane & 3) + (c & 1)];
+      if (++kt == ktiles) {
+        kt = 0;
+        e = next_active(r.bits, words, e);
+      }
+    };
+    consume_fp8<NT, 1, L::kStageBytes, L::kCount, L::tokens()>(items, stages, full, empty, acc, scales);
+  }
+  if (ranks > 1) cluster_sum<NT, 1>(acc, reinterpret_cast<float*>(stages), threadIdx.x < kConsumerThreads);
+  if (rank != 0 || threadIdx.x >= kConsumerThreads) return;
+#pragma unroll
+  for (int j = 0; j < NT / 8; ++j) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int t = 8 * j + 2 * (lane & 3) + (q & 1);
+      const int row = r0 + 16 * warp + (lane >> 2) + 8 * (q >> 1);
+      if (t < M && row < K) out[(long long)t * out_row_stride + row] = from_f32<T>(acc[0][4 * j + q]);
+    }
+  }
+#endif
+}
+
 }  // namespace
 }  // namespace swapmoe
 
@@ -426,3 +880,42 @@ SWAPMOE_SWAP_TILES(bf16, __nv_bfloat16, 1)
 SWAPMOE_SWAP_TILES(bf16, __nv_bfloat16, 4)
 SWAPMOE_SWAP_TILES(f16, __half, 1)
 SWAPMOE_SWAP_TILES(f16, __half, 4)
+
+#define SWAPMOE_SWAP_FP8_GEMM1(SCHEME, NAME, NT)                                                                   \
+  extern "C" __global__ void __launch_bounds__(swapmoe::kThreads, 1) swap_moe_fp8_gemm1_##NAME##_n##NT(            \
+      const __grid_constant__ swapmoe::TensorMap xq_map, const __grid_constant__ swapmoe::TensorMap w1_map,        \
+      const float* x_scale, int groups_k, const float* w1s, long long w1s_e, long long w1s_r, long long w1s_c,     \
+      const void* topk_weights, int topk_weights_code, long long topk_weights_row_stride, const void* topk_ids,     \
+      int ids_is_i64, long long ids_row_stride, const int* expert_map, int M, int topk, int global_E, int local_E, \
+      int N, int K, int act, int weight_on_input, float* inter, float* inter_amax, int groups_n) {                 \
+    swapmoe::fp8_gemm1<SCHEME, NT>(&xq_map, &w1_map, x_scale, groups_k, w1s, w1s_e, w1s_r, w1s_c, topk_weights,   \
+                                   topk_weights_code, topk_weights_row_stride, topk_ids, ids_is_i64,              \
+                                   ids_row_stride, expert_map, M, topk, global_E, local_E, N, K, act,             \
+                                   weight_on_input, inter, inter_amax, groups_n);                                 \
+  }
+#define SWAPMOE_SWAP_FP8_GEMM2(SUFFIX, T, SCHEME, NAME, NT)                                                         \
+  extern "C" __global__ void __launch_bounds__(swapmoe::kFp8Gemm2Threads, 1)                                      \
+      swap_moe_fp8_gemm2_sum_##SUFFIX##_##NAME##_n##NT(                                                           \
+          const __grid_constant__ swapmoe::TensorMap w2_map, const float* inter, const float* inter_amax,         \
+          const float* a2_static, int groups_n, const float* w2s, long long w2s_e, long long w2s_r,               \
+          long long w2s_c, const void* topk_weights, int topk_weights_code, long long topk_weights_row_stride,    \
+          const void* topk_ids, int ids_is_i64, long long ids_row_stride, const int* expert_map, int M, int topk, \
+          int global_E, int local_E, int N, int K, int weight_on_input, T* out, long long out_row_stride) {       \
+    swapmoe::fp8_gemm2<T, SCHEME, NT>(&w2_map, inter, inter_amax, a2_static, groups_n, w2s, w2s_e, w2s_r, w2s_c,  \
+                                      topk_weights, topk_weights_code, topk_weights_row_stride, topk_ids,         \
+                                      ids_is_i64, ids_row_stride, expert_map, M, topk, global_E, local_E, N, K,   \
+                                      weight_on_input, out, out_row_stride);                                      \
+  }
+#define SWAPMOE_SWAP_FP8_SCHEME(SCHEME, NAME, NT)                      \
+  SWAPMOE_SWAP_FP8_GEMM1(SCHEME, NAME, NT)                             \
+  SWAPMOE_SWAP_FP8_GEMM2(bf16, __nv_bfloat16, SCHEME, NAME, NT)        \
+  SWAPMOE_SWAP_FP8_GEMM2(f16, __half, SCHEME, NAME, NT)
+#define SWAPMOE_SWAP_FP8_TILES(SCHEME, NAME)   \
+  SWAPMOE_SWAP_FP8_SCHEME(SCHEME, NAME, 8)     \
+  SWAPMOE_SWAP_FP8_SCHEME(SCHEME, NAME, 16)    \
+  SWAPMOE_SWAP_FP8_SCHEME(SCHEME, NAME, 32)    \
+  SWAPMOE_SWAP_FP8_SCHEME(SCHEME, NAME, 64)
+
+SWAPMOE_SWAP_FP8_TILES(swapmoe::kQTensor, tensor)
+SWAPMOE_SWAP_FP8_TILES(swapmoe::kQChannel, channel)
+SWAPMOE_SWAP_FP8_TILES(swapmoe::kQBlock, block)

@@ -143,6 +143,28 @@ pub fn swap_smem_bytes(tile: usize, weight_boxes: usize, slices: usize) -> usize
     };
     count * stage + 1024
 }
+/// The heuristic's range for the FP8 swap-AB kernels (measured, H200, `swapmoe bench --quant
+/// fp8_tensor`, benches/NOTES.md "FP8 swap v1"): against the FP8 SIMT kernels 1.1x at M = 1 and
+/// 1.9-3.3x at M = 8, on qwen3-30b-a3b and deepseek-v3-tp8; at M = 64 (token tile 64, one CTA
+/// per SM, the producer's rows spilling) 0.5-0.6x.
+pub const SWAP_FP8_HEURISTIC_MAX_TOKENS: usize = 16;
+/// Threads of the FP8 swap-AB GEMM2 (`kFp8Gemm2Threads`): the consumer warpgroup and a
+/// producer warpgroup that quantizes the intermediate into each stage.
+pub const SWAP_FP8_GEMM2_THREADS: usize = 256;
+/// Dynamic shared memory of an FP8 swap-AB kernel (`Fp8Stages<NT, kBoxes, kColScale>`):
+/// stages of `weight_boxes` 64 x 128 e4m3 boxes + NT x 128 e4m3 token rows (+ 1 KiB of
+/// column scales in GEMM2), as many as fit 102 KiB when that is at least 3, else 200 KiB;
+/// plus 1 KiB to align them.
+pub fn swap_fp8_smem_bytes(tile: usize, weight_boxes: usize, column_scales: bool) -> usize {
+    let stage = weight_boxes * SWAP_ROWS * 128 + tile * 128 + if column_scales { 1024 } else { 0 };
+    let two_per_sm = 102 * 1024 / stage;
+    let count = if two_per_sm >= 3 {
+        two_per_sm
+    } else {
+        200 * 1024 / stage
+    };
+    count * stage + 1024
+}
 /// The swap-AB token tile for M tokens.
 pub fn swap_token_tile(m: usize) -> usize {
     SWAP_TOKEN_TILES
@@ -314,6 +336,10 @@ pub enum KernelId {
     /// Grouped sigmoid router, one CTA per token and one thread per expert
     /// (cuda/route_topk.cu, `router_kernel` says when).
     RouteGroupedCta,
+    /// FP8 swap-AB decode kernels (cuda/sm90_swap_decode.cu): (scheme, token tile); GEMM2
+    /// also by output dtype (bf16 or fp16).
+    SwapFp8Gemm1(QuantScheme, usize),
+    SwapFp8Gemm2Sum(DType, QuantScheme, usize),
 }
 
 const FP8_SCHEMES: [QuantScheme; 3] = [
@@ -342,6 +368,14 @@ fn swap_slot(d: DType, tile: usize, slices: usize) -> usize {
         .unwrap_or(0);
     let k = SWAP_K_SLICES.iter().position(|x| *x == slices).unwrap_or(0);
     t + SWAP_TOKEN_TILES.len() * (k + SWAP_K_SLICES.len() * usize::from(d == DType::F16))
+}
+
+fn swap_fp8_slot(q: QuantScheme, tile: usize) -> usize {
+    let t = SWAP_TOKEN_TILES
+        .iter()
+        .position(|x| *x == tile)
+        .unwrap_or(0);
+    t + SWAP_TOKEN_TILES.len() * q.code() as usize
 }
 
 fn fp8_slot(q: QuantScheme, v: usize) -> usize {
@@ -379,7 +413,9 @@ impl KernelId {
         + 2
         + 1
         + 2 * 2 * 4 * 2
-        + 1;
+        + 1
+        + 3 * 4
+        + 2 * 3 * 4;
 
     pub fn module(&self) -> &'static str {
         match self {
@@ -397,7 +433,10 @@ impl KernelId {
             | KernelId::WgmmaGather
             | KernelId::WgmmaGemm2(..)
             | KernelId::WgmmaTopkReduce(..) => "sm90_wgmma_moe",
-            KernelId::SwapGemm1Act(..) | KernelId::SwapGemm2Sum(..) => "sm90_swap_decode",
+            KernelId::SwapGemm1Act(..)
+            | KernelId::SwapGemm2Sum(..)
+            | KernelId::SwapFp8Gemm1(..)
+            | KernelId::SwapFp8Gemm2Sum(..) => "sm90_swap_decode",
             _ => "generic_moe",
         }
     }
@@ -445,6 +484,10 @@ impl KernelId {
             KernelId::SwapGemm2Sum(d, t, k) => {
                 format!("swap_moe_gemm2_sum_{}_n{t}_s{k}", d.suffix())
             }
+            KernelId::SwapFp8Gemm1(q, t) => format!("swap_moe_fp8_gemm1_{}_n{t}", q.name()),
+            KernelId::SwapFp8Gemm2Sum(d, q, t) => {
+                format!("swap_moe_fp8_gemm2_sum_{}_{}_n{t}", d.suffix(), q.name())
+            }
         }
     }
 
@@ -479,6 +522,29 @@ impl KernelId {
             KernelId::SwapGemm1Act(d, t, k) => 117 + swap_slot(d, t, k),
             KernelId::SwapGemm2Sum(d, t, k) => 133 + swap_slot(d, t, k),
             KernelId::RouteGroupedCta => 149,
+            KernelId::SwapFp8Gemm1(q, t) => 150 + swap_fp8_slot(q, t),
+            KernelId::SwapFp8Gemm2Sum(d, q, t) => {
+                162 + swap_fp8_slot(q, t) + 12 * usize::from(d == DType::F16)
+            }
+        }
+    }
+
+    /// Dynamic shared memory of the kernels that take more than the default 48 KiB (the
+    /// launch asks for it, and the function is allowed it when it is loaded).
+    pub fn dynamic_smem_bytes(&self) -> Option<usize> {
+        match *self {
+            KernelId::MmaGemm1Act(_, tile) | KernelId::MmaGemm2(_, tile) => {
+                Some(mma_smem_bytes(tile))
+            }
+            KernelId::BulkGemm1Act(_) | KernelId::BulkGemm2Sum(_) => Some(BULK_SMEM_BYTES),
+            KernelId::WgmmaGemm1Act(_, tile, _) | KernelId::WgmmaGemm2(_, tile) => {
+                Some(wgmma_smem_bytes(tile))
+            }
+            KernelId::SwapGemm1Act(_, tile, k) => Some(swap_smem_bytes(tile, 2, k)),
+            KernelId::SwapGemm2Sum(_, tile, k) => Some(swap_smem_bytes(tile, 1, k)),
+            KernelId::SwapFp8Gemm1(_, tile) => Some(swap_fp8_smem_bytes(tile, 2, false)),
+            KernelId::SwapFp8Gemm2Sum(_, _, tile) => Some(swap_fp8_smem_bytes(tile, 1, true)),
+            _ => None,
         }
     }
 
@@ -536,6 +602,12 @@ impl KernelId {
                 v.push(KernelId::GenericFp8Gemm2(q, w));
                 for d in FLOAT_DTYPES {
                     v.push(KernelId::DecodeFp8Gemm2Sum(d, q, w));
+                }
+            }
+            for t in SWAP_TOKEN_TILES {
+                v.push(KernelId::SwapFp8Gemm1(q, t));
+                for d in [DType::BF16, DType::F16] {
+                    v.push(KernelId::SwapFp8Gemm2Sum(d, q, t));
                 }
             }
         }
@@ -819,7 +891,7 @@ pub fn decide(p: &MoeProblem, caps: Option<&DeviceCaps>, req: &Request) -> Resul
                 let b = heuristic(&mut c);
                 if p.quant.is_some() && req.external.contains(&ExternalBackend::VllmTriton) {
                     c.reasons.push(format!(
-                        "vllm_triton: no tuned entry for this FP8 call and the caller can run vLLM's Triton; swapmoe's FP8 kernels are SIMT (no tensor cores) and measured {FP8_SIMT_VS_TRITON} of vLLM's Triton on the H200 (benches/NOTES.md, FP8 v1), so vLLM's Triton runs it, {} if it cannot",
+                        "vllm_triton: no tuned entry for this FP8 call and the caller can run vLLM's Triton; swapmoe's FP8 kernels measured 0.46-0.74x of vLLM's Triton GEMMs (tensor-core swap-AB, M = 1-16, benches/NOTES.md \"FP8 swap v1\") and the SIMT ones {FP8_SIMT_VS_TRITON} the H200 (FP8 v1), so vLLM's Triton runs it, {} if it cannot",
                         b.name()
                     ));
                     external = Some(ExternalBackend::VllmTriton);
@@ -870,14 +942,28 @@ fn heuristic(c: &mut Candidates) -> Backend {
     // Where cuda_wgmma_swap measured fastest on the H200 (benches/NOTES.md, "swap v1"):
     // wide experts (N >= SWAP_WIDE_MIN_N) up to SWAP_WIDE_HEURISTIC_MAX_TOKENS tokens, and
     // beyond the decode kernels' range up to SWAP_HEURISTIC_MAX_TOKENS tokens.
-    let swap_wins = p.quant.is_none()
-        && if decode_range {
-            p.n >= SWAP_WIDE_MIN_N
-        } else {
-            p.m <= SWAP_HEURISTIC_MAX_TOKENS
-                || (p.n >= SWAP_WIDE_MIN_N && p.m <= SWAP_WIDE_HEURISTIC_MAX_TOKENS)
-        };
+    // FP8: the e4m3 wgmma kernels against the SIMT ones, where they measured faster.
+    let fp8 = p.quant.is_some();
+    let swap_wins = if fp8 {
+        p.m <= SWAP_FP8_HEURISTIC_MAX_TOKENS
+    } else if decode_range {
+        p.n >= SWAP_WIDE_MIN_N
+    } else {
+        p.m <= SWAP_HEURISTIC_MAX_TOKENS
+            || (p.n >= SWAP_WIDE_MIN_N && p.m <= SWAP_WIDE_HEURISTIC_MAX_TOKENS)
+    };
     match c.eligible(Backend::CudaWgmmaSwap) {
+        Ok(()) if fp8 && swap_wins => {
+            c.reasons.push(format!(
+                "cuda_wgmma_swap: M = {} <= {SWAP_FP8_HEURISTIC_MAX_TOKENS}, FP8: the e4m3 wgmma (QGMMA) swap-AB kernels measured 1.1-3.3x faster than the FP8 SIMT kernels here on the H200",
+                p.m
+            ));
+            return Backend::CudaWgmmaSwap;
+        }
+        Ok(()) if fp8 => c.reasons.push(format!(
+            "cuda_wgmma_swap: not picked, FP8 at M = {} > {SWAP_FP8_HEURISTIC_MAX_TOKENS}: its 64-token tile measured 0.5-0.6x the FP8 SIMT kernels (a tuned table or backend= can pick it)",
+            p.m
+        )),
         Ok(()) if swap_wins && c.slots_per_expert() < WGMMA_HEURISTIC_MIN_SLOTS_PER_EXPERT => {
             c.reasons.push(format!(
                 "cuda_wgmma_swap: M = {}, N = {}: the swap-AB wgmma kernels measured fastest here on the H200 (wide experts up to M = {SWAP_WIDE_HEURISTIC_MAX_TOKENS}, others from the end of cuda_decode's range up to M = {SWAP_HEURISTIC_MAX_TOKENS})",
@@ -1621,24 +1707,27 @@ impl<'a> Candidates<'a> {
             Backend::CudaWgmma => {
                 self.hopper_16bit("wgmma, TMA tensor maps and mbarriers", "its tensor maps")
             }
+            Backend::CudaWgmmaSwap if p.quant.is_some() => {
+                if self.hopper_sms.is_none() {
+                    return Err("its FP8 kernels need an sm_90 (Hopper) device: wgmma e4m3, TMA tensor maps, mbarriers and thread-block clusters".into());
+                }
+                if !matches!(p.dtype, DType::BF16 | DType::F16) {
+                    return Err(format!(
+                        "its FP8 kernels write bfloat16 or float16 outputs, got {}",
+                        p.dtype.name()
+                    ));
+                }
+                if self.gemm1_vec == 1 || self.gemm2_vec == 1 {
+                    return Err(format!("its tensor maps need K, N and every w1/w2 stride to be multiples of {FP8_VEC} e4m3, with 16-byte aligned weights"));
+                }
+                self.swap_limits()
+            }
             Backend::CudaWgmmaSwap => {
                 self.hopper_16bit(
                     "wgmma, TMA tensor maps, mbarriers and thread-block clusters",
                     "its tensor maps",
                 )?;
-                if p.m > SWAP_MAX_TOKENS {
-                    Err(format!(
-                        "it holds at most M = {SWAP_MAX_TOKENS} tokens (one wgmma column each), got {}",
-                        p.m
-                    ))
-                } else if p.slots() > SWAP_MAX_SLOTS {
-                    Err(format!(
-                        "it holds at most M*topk = {SWAP_MAX_SLOTS} slots, got {}",
-                        p.slots()
-                    ))
-                } else {
-                    Ok(())
-                }
+                self.swap_limits()
             }
             Backend::CudaMma => {
                 if p.quant.is_some() {
@@ -1654,6 +1743,24 @@ impl<'a> Candidates<'a> {
                     Ok(())
                 }
             }
+        }
+    }
+
+    /// cuda_wgmma_swap's limits on tokens and slots.
+    fn swap_limits(&self) -> std::result::Result<(), String> {
+        let p = self.p;
+        if p.m > SWAP_MAX_TOKENS {
+            Err(format!(
+                "it holds at most M = {SWAP_MAX_TOKENS} tokens (one wgmma column each), got {}",
+                p.m
+            ))
+        } else if p.slots() > SWAP_MAX_SLOTS {
+            Err(format!(
+                "it holds at most M*topk = {SWAP_MAX_SLOTS} slots, got {}",
+                p.slots()
+            ))
+        } else {
+            Ok(())
         }
     }
 
@@ -1729,7 +1836,8 @@ impl<'a> Candidates<'a> {
                 .unwrap_or(SWAP_MAX_SPLITS)
         };
         let g1_base = p.n.div_ceil(SWAP_ROWS) as f64 * active;
-        let g1 = pick(g1_base, (p.k.div_ceil(64) / 4).max(1));
+        let k_per_stage = if p.quant.is_some() { 128 } else { 64 };
+        let g1 = pick(g1_base, (p.k.div_ceil(k_per_stage) / 4).max(1));
         let g2_base = p.k.div_ceil(SWAP_ROWS) as f64;
         let g2 = pick(g2_base, active.ceil() as usize);
         (
@@ -1802,6 +1910,25 @@ impl<'a> Candidates<'a> {
                 v.push(KernelId::DecodeFp8Gemm1(q.scheme, g1));
                 v.push(KernelId::DecodeFp8Gemm2Sum(d, q.scheme, g2));
                 (v, DECODE_ROWS_PER_CTA, DECODE_TOKENS_PER_PASS, self.pdl_ok)
+            }
+            (Backend::CudaWgmmaSwap, Some(q)) => {
+                let tile = swap_token_tile(self.p.m);
+                let (s, why) = swap_split_choice.clone().unwrap_or_default();
+                splits = s;
+                reasons.push(format!(
+                    "cuda_wgmma_swap: e4m3 weights in wgmma's {SWAP_ROWS}-row slot streamed by TMA, 128 of K per stage, the M = {} tokens as {tile} columns (x quantized first, the intermediate quantized as GEMM2 loads it); clusters of {} (GEMM1, K split) and {} (GEMM2, expert split); {why}",
+                    self.p.m, s.0, s.1
+                ));
+                reasons.push(if self.pdl_ok {
+                    "pdl: GEMM1 starts under the quantization, GEMM2 streams its first weights while GEMM1 finishes".into()
+                } else {
+                    "pdl: off, programmatic dependent launch needs sm_90".into()
+                });
+                let mut v = vec![];
+                fp8_front(&mut v);
+                v.push(KernelId::SwapFp8Gemm1(q.scheme, tile));
+                v.push(KernelId::SwapFp8Gemm2Sum(d, q.scheme, tile));
+                (v, SWAP_ROWS, tile, self.pdl_ok)
             }
             (Backend::CudaGeneric, Some(q)) => {
                 let mut v = vec![KernelId::RouteAlign];
@@ -3112,26 +3239,64 @@ mod tests {
     }
 
     #[test]
-    fn fp8_plans_decode_then_generic_and_needs_sm89() {
+    fn fp8_plans_swap_decode_then_generic_and_needs_sm89() {
         let h200 = h200();
+        let l40s = offline_caps(Some("NVIDIA L40S"), None, None).unwrap();
         for q in FP8_SCHEMES {
-            let p = plan_for_shape(
-                1,
-                128,
-                8,
-                2048,
-                768,
-                DType::BF16,
-                Some(q),
-                &h200,
-                &Request::default(),
-            )
-            .unwrap();
-            assert_eq!(p.backend, Backend::CudaDecode);
-            assert!(p.kernels.contains(&KernelId::Fp8QuantX(DType::BF16)));
+            let shape = |m: i64, k: i64, n: i64, dtype: DType, caps: &DeviceCaps| {
+                plan_for_shape(m, 128, 8, k, n, dtype, Some(q), caps, &Request::default()).unwrap()
+            };
+            // Hopper, M <= 64: the e4m3 wgmma swap-AB kernels after the input quantization
+            for (m, tile) in [(1, 8), (9, 16), (16, 16)] {
+                let p = shape(m, 2048, 768, DType::BF16, &h200);
+                assert_eq!(p.backend, Backend::CudaWgmmaSwap, "{:?}", p.reasons);
+                assert_eq!(
+                    p.kernels[p.kernels.len() - 3..],
+                    [
+                        KernelId::Fp8QuantX(DType::BF16),
+                        KernelId::SwapFp8Gemm1(q, tile),
+                        KernelId::SwapFp8Gemm2Sum(DType::BF16, q, tile)
+                    ]
+                );
+                assert!(p.pdl && p.tokens_per_pass == tile);
+            }
+            // what rejects it, and the SIMT decode kernels that run instead
+            for (p, why) in [
+                (
+                    shape(1, 2048, 768, DType::BF16, &l40s),
+                    "its FP8 kernels need an sm_90 (Hopper) device",
+                ),
+                (
+                    shape(1, 2048, 768, DType::F32, &h200),
+                    "its FP8 kernels write bfloat16 or float16 outputs, got float32",
+                ),
+                (
+                    shape(1, 2040, 768, DType::BF16, &h200),
+                    "its tensor maps need K, N and every w1/w2 stride to be multiples of 16 e4m3",
+                ),
+            ] {
+                assert_eq!(p.backend, Backend::CudaDecode);
+                assert!(
+                    has(&p, &["cuda_wgmma_swap: rejected", why]),
+                    "{:?}",
+                    p.reasons
+                );
+                assert_eq!(
+                    p.kernels
+                        .last()
+                        .map(|k| matches!(k, KernelId::DecodeFp8Gemm2Sum(_, s, _) if *s == q)),
+                    Some(true)
+                );
+            }
+            let p = shape(64, 2048, 768, DType::BF16, &h200);
+            assert_ne!(p.backend, Backend::CudaWgmmaSwap);
+            assert!(has(
+                &p,
+                &["cuda_wgmma_swap: not picked, FP8 at M = 64 > 16"]
+            ));
             assert_eq!(
-                p.kernels.last(),
-                Some(&KernelId::DecodeFp8Gemm2Sum(DType::BF16, q, FP8_VEC))
+                shape(65, 2048, 768, DType::BF16, &h200).backend,
+                Backend::CudaGeneric
             );
             let p = plan_for_shape(
                 1024,

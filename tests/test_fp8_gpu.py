@@ -42,6 +42,8 @@ def _fp8_capable() -> bool:
 
 
 needs_sm89 = pytest.mark.skipif(not _fp8_capable(), reason="FP8 needs compute capability >= 8.9")
+needs_sm90 = pytest.mark.skipif(not (has_cuda() and torch.cuda.get_device_capability() == (9, 0)),
+                                reason="the FP8 swap-AB kernels need sm_90 (Hopper)")
 
 
 @pytest.fixture(autouse=True)
@@ -249,7 +251,10 @@ def test_plan_picks_fp8_kernels(rng):
     case = _case(1)
     inp = to_fp8_inputs(make_fp8_problem(rng, case, "tensor"), case, "torch", "bfloat16", DEV)
     p = swapmoe.select_backend(1, 128, 8, 256, 128, quant="fp8_tensor")
-    assert p.backend == "cuda_decode" and "decode_moe_fp8_gemm1_tensor_v16" in p.tile["kernels"]
+    if torch.cuda.get_device_capability() == (9, 0):
+        assert p.backend == "cuda_wgmma_swap" and "swap_moe_fp8_gemm1_tensor_n8" in p.tile["kernels"]
+    else:
+        assert p.backend == "cuda_decode" and "decode_moe_fp8_gemm1_tensor_v16" in p.tile["kernels"]
     ref, flips = fp8_reference(inp, case)
     check_fp8_close(fp8_call(inp, case), ref, flips, "bfloat16")
 
@@ -271,3 +276,64 @@ def test_kwargs_roundtrip(rng):
     kw["w1_scale"] = kw["w1_scale"].cpu()
     with pytest.raises(swapmoe.DeviceError, match="w1_scale"):
         swapmoe.fused_experts(inp["x"], inp["w1"], inp["w2"], inp["tw"], inp["ids"], **kw)
+
+
+# The FP8 swap-AB kernels (cuda_wgmma_swap with use_fp8_w8a8): every token tile (8/16/32/64),
+# N and K tails of the 128-wide stages (N = 80, K = 336), the expert map with -1, invalid and
+# duplicate ids, the router weight on the input, gelu, mostly idle experts.
+SWAP_CASES = [
+    _case(1),
+    _case(5, ids="concentrated"),
+    _case(16, (80, 336), E=16, topk=4, ids="invalid", ep=True),
+    _case(17, (80, 336), E=8, topk=2, ids="dup", act="gelu"),
+    _case(3, E=16, topk=1, on_input=True),
+    _case(40, E=256, topk=8, ids="concentrated", out="inplace"),
+    _case(64, E=64, topk=6),
+]
+SWAP_SPLITS = [None, "1,1", "2,4", "8,8"]  # None: the oracle's clusters
+
+
+@needs_sm90
+@pytest.mark.parametrize("splits", SWAP_SPLITS, ids=lambda s: f"splits{(s or 'oracle').replace(',', 'x')}")
+@pytest.mark.parametrize("case", SWAP_CASES, ids=lambda c: c.id)
+@pytest.mark.parametrize("scheme", FP8_SCHEMES)
+def test_swap_backend(scheme, case, splits, rng, monkeypatch):
+    if splits:
+        monkeypatch.setenv("SWAPMOE_SWAP_SPLITS", splits)
+    run_fp8_case(case, scheme, "torch", "bfloat16", rng, device=DEV, backend="cuda_wgmma_swap")
+
+
+@needs_sm90
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("M", [2, 24])
+@pytest.mark.parametrize("scheme", FP8_SCHEMES)
+def test_swap_dtypes_and_static_scales(scheme, M, dtype, static, rng):
+    if static and scheme != "tensor":
+        pytest.skip("static activation scales are per tensor")
+    run_fp8_case(_case(M, E=32, topk=4), scheme, "torch", dtype, rng, device=DEV, static=static,
+                 backend="cuda_wgmma_swap")
+
+
+@needs_sm90
+@pytest.mark.parametrize("splits", ["1,1", "4,4"])
+@pytest.mark.parametrize("scheme", FP8_SCHEMES)
+def test_swap_is_deterministic(scheme, splits, rng, monkeypatch):
+    """Cluster sums go in rank order and nothing is atomic but the absmax (order-free)."""
+    monkeypatch.setenv("SWAPMOE_SWAP_SPLITS", splits)
+    case = _case(12, E=16, topk=4, ids="concentrated")
+    inp = to_fp8_inputs(make_fp8_problem(rng, case, scheme), case, "torch", "bfloat16", DEV)
+    first = snapshot(fp8_call(inp, case, backend="cuda_wgmma_swap"))
+    for _ in range(10):
+        assert same_bits(snapshot(fp8_call(inp, case, backend="cuda_wgmma_swap")), first)
+
+
+@needs_sm90
+@pytest.mark.parametrize("what", ["float32", "K=200"])
+def test_swap_refuses_what_it_cannot_run(what, rng):
+    shape, dtype = (VEC_SHAPE, "float32") if what == "float32" else (ODD_SHAPE, "bfloat16")
+    case = _case(4, shape, E=8, topk=2)
+    inp = to_fp8_inputs(make_fp8_problem(rng, case, "tensor"), case, "torch", dtype, DEV)
+    why = "bfloat16 or float16 outputs" if what == "float32" else "multiples of 16 e4m3"
+    with pytest.raises(swapmoe.ArgumentError, match=why):
+        fp8_call(inp, case, backend="cuda_wgmma_swap")

@@ -122,5 +122,5 @@ def test_explain_fp8(capsys):
     assert cli.main(["explain", "--shape", "128,8,2048,768", "--device-name", "NVIDIA H200", "--quant",
                      "fp8_block128", "--m", "1,1024"]) == 0
     out = capsys.readouterr().out
-    assert "fp8_block128" in out and "decode_moe_fp8_gemm1_block_v16" in out
+    assert "fp8_block128" in out and "M=1: cuda_wgmma_swap" in out and "swap_moe_fp8_gemm1_block_n8" in out
     assert "M=1024: cuda_generic" in out and "generic_moe_fp8_gemm2_block_v16" in out

@@ -217,9 +217,9 @@ def test_table_names_and_fp8():
     assert _core.table_file_name(256, 256, H200, "bf16", "fp8_block128") == \
         "E=256,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json"
     assert _core.table_file_name(256, 256, H200, quant="fp8_tensor").endswith("dtype=fp8_w8a8.json")
-    # FP8 plans (SIMT kernels) name the FP8 table they would read
+    # FP8 plans name the FP8 table they would read
     p = plan(8, DEEPSEEK_TP8, quant="fp8_block128")
-    assert p.backend == "cuda_generic" and p.source == "heuristic"
+    assert p.backend == "cuda_wgmma_swap" and p.source == "heuristic"
     assert any("dtype=fp8_w8a8,block_shape=[128,128].json" in r for r in p.reasons)
     assert all("fp8" in k for k in p.tile["kernels"] if "gemm" in k)
 
@@ -276,8 +276,9 @@ def test_explain_fp8_shows_the_fp8_plan(quant, capsys):
     out = capsys.readouterr().out
     scheme = quant.split("_")[1].replace("128", "")
     assert f"bf16 {quant}" in out.splitlines()[0]
-    assert "M=1: cuda_decode" in out and f"decode_moe_fp8_gemm1_{scheme}" in out
+    assert "M=1: cuda_wgmma_swap" in out and f"swap_moe_fp8_gemm1_{scheme}_n8" in out
     assert "M=64: cuda_generic" in out and f"generic_moe_fp8_gemm1_{scheme}" in out
+    assert "cuda_wgmma_swap: not picked, FP8 at M = 64 > 16" in out
     assert "dtype=fp8_w8a8" in out
 
 

@@ -5,9 +5,9 @@ use super::{check, device, stream_is_capturing, DeviceState};
 use crate::error::{Error, Result};
 use crate::oracle::{
     Backend, KernelId, Plan, RouterPlacement, BULK_SMEM_BYTES, BULK_THREADS, REDUCE_THREADS,
-    ROUTE_ALIGN_ROUTED_THREADS, ROUTE_ALIGN_THREADS, SWAP_ROWS, SWAP_THREADS, WGMMA_GATHER_THREADS,
-    WGMMA_GEMM1_COLUMNS, WGMMA_GEMM2_COLUMNS, WGMMA_RASTER_GROUP, WGMMA_REDUCE_THREADS,
-    WGMMA_THREADS,
+    ROUTE_ALIGN_ROUTED_THREADS, ROUTE_ALIGN_THREADS, SWAP_FP8_GEMM2_THREADS, SWAP_ROWS,
+    SWAP_THREADS, WGMMA_GATHER_THREADS, WGMMA_GEMM1_COLUMNS, WGMMA_GEMM2_COLUMNS,
+    WGMMA_RASTER_GROUP, WGMMA_REDUCE_THREADS, WGMMA_THREADS,
 };
 
 /// Threads per CTA of the tensor-core kernels (`kThreads` in cuda/sm80_mma_moe.cu).
@@ -286,6 +286,9 @@ fn experts(
     let slots = p.slots();
 
     if plan.backend == Backend::CudaWgmmaSwap {
+        if p.quant.is_some() {
+            return swap_fp8(dev, p, plan, &layout, workspace, stream);
+        }
         return swap_decode(dev, p, plan, inter, stream);
     }
     if matches!(plan.backend, Backend::CudaDecode | Backend::CudaBulkDecode) {
@@ -616,9 +619,10 @@ fn tensor_map(
     let data_type = match dtype {
         DType::BF16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
         DType::F16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+        DType::F8E4M3 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
         other => {
             return Err(Error::Argument(format!(
-                "{what}: tensor maps are built for bfloat16 or float16, got {}",
+                "{what}: tensor maps are built for bfloat16, float16 or float8_e4m3fn, got {}",
                 other.name()
             )))
         }
@@ -986,13 +990,146 @@ fn swap_decode(
     )
 }
 
+/// The FP8 swap-AB path (cuda/sm90_swap_decode.cu): quantize x, then GEMM1 writes the f32
+/// intermediate per slot with its absmax, and GEMM2 quantizes it as it loads and sums the
+/// experts into `out`. Clusters as in `swap_decode`.
+fn swap_fp8(
+    dev: &DeviceState,
+    p: &MoeProblem,
+    plan: &Plan,
+    layout: &WorkspaceLayout,
+    workspace: usize,
+    stream: usize,
+) -> Result<()> {
+    fp8_quantize_input(dev, p, plan, layout, workspace, stream)?;
+    let f = Fp8Args::new(p, layout, workspace);
+    let o = p.operands;
+    let s = p.strides;
+    let r = RoutedArgs::new(p);
+    let tile = plan.tokens_per_pass as u32;
+    let rows = SWAP_ROWS as u32;
+    let (g1_split, g2_split) = (plan.splits.0 as u32, plan.splits.1 as u32);
+    let (e, kk, nn, mm) = (p.local_experts as u64, p.k as u64, p.n as u64, p.m as u64);
+    let (w1s_e, w1s_r, w1s_c) = f.w1s_strides;
+    let (w2s_e, w2s_r, w2s_c) = f.w2s_strides;
+    {
+        let xq_map = tensor_map(
+            DType::F8E4M3,
+            f.xq,
+            &[kk, mm],
+            &[f.xq_row as u64],
+            &[128, tile],
+            "the quantized hidden_states",
+        )?;
+        let w1_map = tensor_map(
+            DType::F8E4M3,
+            o.w1 as u64,
+            &[kk, 2 * nn, e],
+            &[s.w1_row as u64, s.w1_expert as u64],
+            &[128, rows, 1],
+            "w1",
+        )?;
+        let mut args = params!(
+            xq_map,
+            w1_map,
+            f.x_scale,
+            f.groups_k,
+            f.w1s,
+            w1s_e,
+            w1s_r,
+            w1s_c,
+            r.tw,
+            r.tw_code,
+            r.tw_row,
+            r.ids,
+            r.ids_i64,
+            r.ids_row,
+            r.map,
+            r.m,
+            r.topk,
+            r.global_e,
+            r.local_e,
+            r.n,
+            r.k,
+            r.act,
+            r.on_input,
+            f.inter,
+            f.inter_amax,
+            f.groups_n
+        );
+        let grid = (
+            p.n.div_ceil(SWAP_ROWS) as u32 * g1_split,
+            p.local_experts.min(p.slots()) as u32,
+            1,
+        );
+        let id = find(plan, |k| matches!(k, KernelId::SwapFp8Gemm1(..)))?;
+        launch_clustered(
+            dev,
+            id,
+            grid,
+            SWAP_THREADS as u32,
+            swap_smem(id),
+            stream,
+            plan.pdl,
+            g1_split,
+            &mut args,
+        )?;
+    }
+    let w2_map = tensor_map(
+        DType::F8E4M3,
+        o.w2 as u64,
+        &[nn, kk, e],
+        &[s.w2_row as u64, s.w2_expert as u64],
+        &[128, rows, 1],
+        "w2",
+    )?;
+    let out = o.out as u64;
+    let out_row = s.out_row;
+    let mut args = params!(
+        w2_map,
+        f.inter,
+        f.inter_amax,
+        f.a2,
+        f.groups_n,
+        f.w2s,
+        w2s_e,
+        w2s_r,
+        w2s_c,
+        r.tw,
+        r.tw_code,
+        r.tw_row,
+        r.ids,
+        r.ids_i64,
+        r.ids_row,
+        r.map,
+        r.m,
+        r.topk,
+        r.global_e,
+        r.local_e,
+        r.n,
+        r.k,
+        r.on_input,
+        out,
+        out_row
+    );
+    let grid = (p.k.div_ceil(SWAP_ROWS) as u32 * g2_split, 1, 1);
+    let id = find(plan, |k| matches!(k, KernelId::SwapFp8Gemm2Sum(..)))?;
+    launch_clustered(
+        dev,
+        id,
+        grid,
+        SWAP_FP8_GEMM2_THREADS as u32,
+        swap_smem(id),
+        stream,
+        plan.pdl,
+        g2_split,
+        &mut args,
+    )
+}
+
 /// Dynamic shared memory of a swap-AB kernel.
 fn swap_smem(id: KernelId) -> u32 {
-    match id {
-        KernelId::SwapGemm1Act(_, tile, k) => crate::oracle::swap_smem_bytes(tile, 2, k) as u32,
-        KernelId::SwapGemm2Sum(_, tile, k) => crate::oracle::swap_smem_bytes(tile, 1, k) as u32,
-        _ => 0,
-    }
+    id.dynamic_smem_bytes().unwrap_or(0) as u32
 }
 
 /// The two-launch decode path (cuda/decode_moe.cu): only the intermediate of the workspace
@@ -1227,6 +1364,10 @@ fn fp8_quantize_input(
     let (m, k) = (p.m as i32, p.k as i32);
     let partials = ws(layout.x_partials);
     let mut num_partials = 0i32;
+    // Both kernels wait for the previous kernel in the stream (griddepcontrol.wait) before
+    // touching memory, so on sm_90 they are launched with PDL: their launch overlaps the
+    // previous kernel's tail, and they let GEMM1 start its set-up early.
+    let pdl = crate::oracle::first_kernel_uses_pdl(&dev.caps);
     for &id in &plan.kernels {
         match id {
             KernelId::Fp8AbsmaxPartials(_) => {
@@ -1241,7 +1382,7 @@ fn fp8_quantize_input(
                     FP8_QUANT_THREADS as u32,
                     0,
                     stream,
-                    false,
+                    pdl,
                     &mut args,
                 )?;
             }
@@ -1276,7 +1417,7 @@ fn fp8_quantize_input(
                     FP8_QUANT_THREADS as u32,
                     0,
                     stream,
-                    false,
+                    pdl,
                     &mut args,
                 )?;
             }

@@ -245,20 +245,7 @@ impl DeviceState {
             unsafe { sys::cuModuleGetFunction(&mut f, module.1 .0 as sys::CUmodule, sym.as_ptr()) },
             &format!("looking up kernel {}", id.symbol()),
         )?;
-        let big_smem = match id {
-            KernelId::MmaGemm1Act(_, tile) | KernelId::MmaGemm2(_, tile) => {
-                Some(crate::oracle::mma_smem_bytes(tile))
-            }
-            KernelId::BulkGemm1Act(_) | KernelId::BulkGemm2Sum(_) => {
-                Some(crate::oracle::BULK_SMEM_BYTES)
-            }
-            KernelId::WgmmaGemm1Act(_, tile, _) | KernelId::WgmmaGemm2(_, tile) => {
-                Some(crate::oracle::wgmma_smem_bytes(tile))
-            }
-            KernelId::SwapGemm1Act(_, tile, k) => Some(crate::oracle::swap_smem_bytes(tile, 2, k)),
-            KernelId::SwapGemm2Sum(_, tile, k) => Some(crate::oracle::swap_smem_bytes(tile, 1, k)),
-            _ => None,
-        };
+        let big_smem = id.dynamic_smem_bytes();
         if let Some(bytes) = big_smem {
             // More than the default 48 KiB of dynamic shared memory must be asked for.
             let bytes = bytes as i32;
