@@ -303,7 +303,8 @@ def test_labels_and_candidates():
                                             "cuda_wgmma:t64", "cuda_wgmma:t128", "cuda_generic"]
     assert T.swapmoe_candidates("fp32") == ["cuda_decode", "cuda_generic"]
     for quant in ("fp8_tensor", "fp8_channel", "fp8_block128"):  # cuda_mma has no FP8 kernels
-        assert T.swapmoe_candidates("bf16", quant) == ["cuda_decode", "cuda_generic"]
+        assert T.swapmoe_candidates("bf16", quant) == ["cuda_decode", "cuda_wgmma_swap", "cuda_generic"]
+        assert T.swapmoe_candidates("fp32", quant) == ["cuda_decode", "cuda_generic"]
 
 
 def test_ineligible_candidates_ask_the_oracle():
@@ -613,7 +614,8 @@ FP8_QUANTS = ["fp8_tensor", "fp8_channel", "fp8_block128"]
 
 
 class FakeFp8Runner(FakeRunner):
-    """FP8 candidates: decode wins at M = 1, generic at M = 8, vLLM's Triton from M = 64."""
+    """FP8 candidates: decode wins at M = 1, generic at M = 8, vLLM's Triton from M = 64 (the
+    swap-AB kernels never)."""
 
     def __init__(self, vllm=True):
         super().__init__(vllm=False)
@@ -622,7 +624,7 @@ class FakeFp8Runner(FakeRunner):
     def time_us(self, label, M):
         self.timed.append((label, M))
         base = {"cuda_decode": 30.0 if M == 1 else 40.0 * M, "cuda_generic": 35.0 + 3.0 * M,
-                "vllm_triton": 60.0 + 2.0 * M}
+                "cuda_wgmma_swap": 100.0 + 50.0 * M, "vllm_triton": 60.0 + 2.0 * M}
         return base[label], "graph"
 
 
@@ -635,7 +637,7 @@ def test_fp8_sweep_writes_a_table_the_oracle_follows(quant, tmp_path, monkeypatc
         file_name=lambda sh: _core.table_file_name(sh.E, sh.N, H200, "bf16", quant))
     runner = FakeFp8Runner()
     [s] = T.sweep(plans, runner)
-    assert {lb for lb, _ in runner.timed} == {"cuda_decode", "cuda_generic", "vllm_triton"}
+    assert {lb for lb, _ in runner.timed} == {"cuda_decode", "cuda_wgmma_swap", "cuda_generic", "vllm_triton"}
     key = {"fp8_tensor": "dtype=fp8_w8a8.json", "fp8_channel": "dtype=fp8_w8a8;per_channel=true.json",
            "fp8_block128": "dtype=fp8_w8a8;block_shape=[128;128].json"}[quant]
     assert s["path"].endswith("E=16;N=512;device_name=NVIDIA_H200;" + key)
@@ -698,7 +700,7 @@ def test_fp8_gpu_runner_builds_bench_inputs_and_checks_on_the_cpu(quant, monkeyp
     shape = T.B.shard_shape("t", 8, 2, 256, 200, 1, 2)  # expert parallel, a partial 128-block
     runner = T.GpuRunner(torch, torch.device("cpu"), "bf16", 2, 0, H200, (9, 0), T.make_vllm_fp8_impl(fe, qc),
                          lambda s: None, quant)
-    assert runner.labels == ["cuda_decode", "cuda_generic", "vllm_triton"]
+    assert runner.labels == ["cuda_decode", "cuda_wgmma_swap", "cuda_generic", "vllm_triton"]
     runner.start_shape(shape)
     try:
         assert runner.weights[0][0].dtype == torch.float8_e4m3fn
@@ -717,7 +719,7 @@ def test_fp8_gpu_runner_builds_bench_inputs_and_checks_on_the_cpu(quant, monkeyp
         bad_fe, bad_qc = _fake_vllm_fp8([], wrong=True)
         runner.impls["vllm_triton"] = (T.make_vllm_fp8_impl(bad_fe, bad_qc), True)
         res = runner.check(runner.labels, inputs)
-        assert res["cuda_decode"] is None and res["cuda_generic"] is None
+        assert res["cuda_decode"] is None and res["cuda_wgmma_swap"] is None and res["cuda_generic"] is None
         assert res["vllm_triton"].startswith("check failed") and "> 0.05" in res["vllm_triton"]
     finally:
         runner.end_shape()
