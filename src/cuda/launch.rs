@@ -895,23 +895,7 @@ fn swap_decode(
     let o = p.operands;
     let s = p.strides;
     let esize = p.dtype.size() as u64;
-    let RoutedArgs {
-        m,
-        k,
-        n,
-        topk,
-        local_e,
-        global_e,
-        tw,
-        tw_code,
-        tw_row,
-        ids,
-        ids_i64,
-        ids_row,
-        map,
-        act,
-        on_input,
-    } = RoutedArgs::new(p);
+    let ra = RoutedArgs::new(p);
     let tile = plan.tokens_per_pass as u32;
     let rows = SWAP_ROWS as u32;
     let (g1_split, g2_split) = (plan.splits.0 as u32, plan.splits.1 as u32);
@@ -935,8 +919,24 @@ fn swap_decode(
             "w1",
         )?;
         let mut args = params!(
-            x_map, w1_map, tw, tw_code, tw_row, ids, ids_i64, ids_row, map, m, topk, global_e,
-            local_e, n, k, act, on_input, h
+            x_map,
+            w1_map,
+            ra.tw,
+            ra.tw_code,
+            ra.tw_row,
+            ra.ids,
+            ra.ids_i64,
+            ra.ids_row,
+            ra.map,
+            ra.m,
+            ra.topk,
+            ra.global_e,
+            ra.local_e,
+            ra.n,
+            ra.k,
+            ra.act,
+            ra.on_input,
+            h
         );
         let grid = (
             p.n.div_ceil(SWAP_ROWS) as u32 * g1_split,
@@ -974,7 +974,20 @@ fn swap_decode(
     let out = o.out as u64;
     let out_row = s.out_row;
     let mut args = params!(
-        h_map, w2_map, ids, ids_i64, ids_row, map, m, topk, global_e, local_e, n, k, out, out_row
+        h_map,
+        w2_map,
+        ra.ids,
+        ra.ids_i64,
+        ra.ids_row,
+        ra.map,
+        ra.m,
+        ra.topk,
+        ra.global_e,
+        ra.local_e,
+        ra.n,
+        ra.k,
+        out,
+        out_row
     );
     let grid = (p.k.div_ceil(SWAP_ROWS) as u32 * g2_split, 1, 1);
     launch_clustered(
@@ -1005,7 +1018,7 @@ fn swap_fp8(
     let f = Fp8Args::new(p, layout, workspace);
     let o = p.operands;
     let s = p.strides;
-    let r = RoutedArgs::new(p);
+    let ra = RoutedArgs::new(p);
     let tile = plan.tokens_per_pass as u32;
     let rows = SWAP_ROWS as u32;
     let (g1_split, g2_split) = (plan.splits.0 as u32, plan.splits.1 as u32);
@@ -1038,21 +1051,21 @@ fn swap_fp8(
             w1s_e,
             w1s_r,
             w1s_c,
-            r.tw,
-            r.tw_code,
-            r.tw_row,
-            r.ids,
-            r.ids_i64,
-            r.ids_row,
-            r.map,
-            r.m,
-            r.topk,
-            r.global_e,
-            r.local_e,
-            r.n,
-            r.k,
-            r.act,
-            r.on_input,
+            ra.tw,
+            ra.tw_code,
+            ra.tw_row,
+            ra.ids,
+            ra.ids_i64,
+            ra.ids_row,
+            ra.map,
+            ra.m,
+            ra.topk,
+            ra.global_e,
+            ra.local_e,
+            ra.n,
+            ra.k,
+            ra.act,
+            ra.on_input,
             f.inter,
             f.inter_amax,
             f.groups_n
@@ -1095,20 +1108,20 @@ fn swap_fp8(
         w2s_e,
         w2s_r,
         w2s_c,
-        r.tw,
-        r.tw_code,
-        r.tw_row,
-        r.ids,
-        r.ids_i64,
-        r.ids_row,
-        r.map,
-        r.m,
-        r.topk,
-        r.global_e,
-        r.local_e,
-        r.n,
-        r.k,
-        r.on_input,
+        ra.tw,
+        ra.tw_code,
+        ra.tw_row,
+        ra.ids,
+        ra.ids_i64,
+        ra.ids_row,
+        ra.map,
+        ra.m,
+        ra.topk,
+        ra.global_e,
+        ra.local_e,
+        ra.n,
+        ra.k,
+        ra.on_input,
         out,
         out_row
     );
@@ -1144,23 +1157,7 @@ fn decode(
 ) -> Result<()> {
     let o = p.operands;
     let s = p.strides;
-    let RoutedArgs {
-        m,
-        k,
-        n,
-        topk,
-        local_e,
-        global_e,
-        tw,
-        tw_code,
-        tw_row,
-        ids,
-        ids_i64,
-        ids_row,
-        map,
-        act,
-        on_input,
-    } = RoutedArgs::new(p);
+    let ra = RoutedArgs::new(p);
     let rows = plan.rows_per_cta;
     // The bulk-copy kernels run on a persistent grid with a producer warp and 96 KiB of
     // stages; the SIMT decode kernels take one CTA per row block (and per expert, GEMM1).
@@ -1176,8 +1173,27 @@ fn decode(
         let w1 = o.w1 as u64;
         let (w1_e, w1_r) = (s.w1_expert, s.w1_row);
         let mut args = params!(
-            x, x_row, w1, w1_e, w1_r, tw, tw_code, tw_row, ids, ids_i64, ids_row, map, m, topk,
-            global_e, local_e, n, k, act, on_input, inter
+            x,
+            x_row,
+            w1,
+            w1_e,
+            w1_r,
+            ra.tw,
+            ra.tw_code,
+            ra.tw_row,
+            ra.ids,
+            ra.ids_i64,
+            ra.ids_row,
+            ra.map,
+            ra.m,
+            ra.topk,
+            ra.global_e,
+            ra.local_e,
+            ra.n,
+            ra.k,
+            ra.act,
+            ra.on_input,
+            inter
         );
         let grid = if bulk {
             (plan.ctas.max(1) as u32, 1, 1)
@@ -1206,8 +1222,26 @@ fn decode(
         let out = o.out as u64;
         let out_row = s.out_row;
         let mut args = params!(
-            inter, w2, w2_e, w2_r, tw, tw_code, tw_row, ids, ids_i64, ids_row, map, m, topk,
-            global_e, local_e, n, k, on_input, out, out_row
+            inter,
+            w2,
+            w2_e,
+            w2_r,
+            ra.tw,
+            ra.tw_code,
+            ra.tw_row,
+            ra.ids,
+            ra.ids_i64,
+            ra.ids_row,
+            ra.map,
+            ra.m,
+            ra.topk,
+            ra.global_e,
+            ra.local_e,
+            ra.n,
+            ra.k,
+            ra.on_input,
+            out,
+            out_row
         );
         let row_blocks = p.k.div_ceil(rows);
         let grid = if bulk {
@@ -1485,23 +1519,7 @@ fn fp8_decode(
     let f = Fp8Args::new(p, layout, workspace);
     let o = p.operands;
     let s = p.strides;
-    let RoutedArgs {
-        m,
-        k,
-        n,
-        topk,
-        local_e,
-        global_e,
-        tw,
-        tw_code,
-        tw_row,
-        ids,
-        ids_i64,
-        ids_row,
-        map,
-        act,
-        on_input,
-    } = RoutedArgs::new(p);
+    let ra = RoutedArgs::new(p);
     let rows = plan.rows_per_cta;
     let block = (rows * 32) as u32;
     let Fp8Args {
@@ -1523,9 +1541,35 @@ fn fp8_decode(
         let w1 = o.w1 as u64;
         let (w1_e, w1_r) = (s.w1_expert, s.w1_row);
         let mut args = params!(
-            xq, xq_row, x_scale, groups_k, w1, w1_e, w1_r, w1s, w1s_e, w1s_r, w1s_c, tw, tw_code,
-            tw_row, ids, ids_i64, ids_row, map, m, topk, global_e, local_e, n, k, act, on_input,
-            inter, inter_amax, groups_n
+            xq,
+            xq_row,
+            x_scale,
+            groups_k,
+            w1,
+            w1_e,
+            w1_r,
+            w1s,
+            w1s_e,
+            w1s_r,
+            w1s_c,
+            ra.tw,
+            ra.tw_code,
+            ra.tw_row,
+            ra.ids,
+            ra.ids_i64,
+            ra.ids_row,
+            ra.map,
+            ra.m,
+            ra.topk,
+            ra.global_e,
+            ra.local_e,
+            ra.n,
+            ra.k,
+            ra.act,
+            ra.on_input,
+            inter,
+            inter_amax,
+            groups_n
         );
         let grid = (
             p.n.div_ceil(rows) as u32,
@@ -1541,8 +1585,32 @@ fn fp8_decode(
         let out = o.out as u64;
         let out_row = s.out_row;
         let mut args = params!(
-            inter, inter_amax, a2, groups_n, w2, w2_e, w2_r, w2s, w2s_e, w2s_r, w2s_c, tw, tw_code,
-            tw_row, ids, ids_i64, ids_row, map, m, topk, global_e, local_e, n, k, on_input, out,
+            inter,
+            inter_amax,
+            a2,
+            groups_n,
+            w2,
+            w2_e,
+            w2_r,
+            w2s,
+            w2s_e,
+            w2s_r,
+            w2s_c,
+            ra.tw,
+            ra.tw_code,
+            ra.tw_row,
+            ra.ids,
+            ra.ids_i64,
+            ra.ids_row,
+            ra.map,
+            ra.m,
+            ra.topk,
+            ra.global_e,
+            ra.local_e,
+            ra.n,
+            ra.k,
+            ra.on_input,
+            out,
             out_row
         );
         let grid = (p.k.div_ceil(rows) as u32, 1, 1);
