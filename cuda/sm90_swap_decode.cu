@@ -127,6 +127,28 @@ __device__ __forceinline__ void count_and_pick(const unsigned* bits, int words, 
   count = before;
 }
 
+// Every thread of a GEMM1 CTA, after mark_active: its expert, the blockIdx.y-th active local
+// expert in ascending id order, or -1 when there are fewer.
+__device__ __forceinline__ int pick_expert(Routing& r, int local_E, int warp, int lane) {
+  if (warp == 0) {
+    int count, picked;
+    count_and_pick(r.bits, (local_E + 31) / 32, blockIdx.y, count, picked);
+    if (lane == 0) r.expert = picked;
+  }
+  __syncthreads();
+  return r.expert;
+}
+
+// Every thread of a GEMM2 CTA, after mark_active: r.active = the number of active local experts.
+__device__ __forceinline__ void count_active(Routing& r, int words, int warp, int lane) {
+  if (warp == 0) {
+    int count, picked;
+    count_and_pick(r.bits, words, -1, count, picked);
+    if (lane == 0) r.active = count;
+  }
+  __syncthreads();
+}
+
 // The next active expert after `after`, or -1.
 __device__ __forceinline__ int next_active(const unsigned* bits, int words, int after) {
   const int e = after + 1;
@@ -246,13 +268,7 @@ __device__ __forceinline__ void gemm1_act(const TensorMap* x_map, const TensorMa
   mark_active(r, topk_ids, ids_is_i64, ids_row_stride, expert_map, topk_weights, topk_weights_code,
               topk_weights_row_stride, M, topk, global_E, local_E);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (warp == 0) {
-    int count, picked;
-    count_and_pick(r.bits, (local_E + 31) / 32, blockIdx.y, count, picked);
-    if (lane == 0) r.expert = picked;
-  }
-  __syncthreads();
-  const int e = r.expert;
+  const int e = pick_expert(r, local_E, warp, lane);
   if (e < 0) return;  // fewer active experts than grid rows: the whole cluster leaves
   const int ranks = cluster_nctarank(), rank = cluster_ctarank();
   const int j0 = (blockIdx.x / ranks) * kRows;
@@ -326,12 +342,7 @@ __device__ __forceinline__ void gemm2_sum(const TensorMap* h_map, const TensorMa
   mark_active(r, topk_ids, ids_is_i64, ids_row_stride, expert_map, nullptr, 0, 0, M, topk, global_E, local_E);
   const int words = (local_E + 31) / 32;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (warp == 0) {
-    int count, picked;
-    count_and_pick(r.bits, words, -1, count, picked);
-    if (lane == 0) r.active = count;
-  }
-  __syncthreads();
+  count_active(r, words, warp, lane);
   const int ranks = cluster_nctarank(), rank = cluster_ctarank();
   const int r0 = (blockIdx.x / ranks) * kRows;
   const int A = r.active, per = (A + ranks - 1) / ranks;
@@ -449,10 +460,10 @@ __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, 128;
 // factors `scales(it, stage, row, col)` gives for the stage (h: the thread's two rows per
 // box; c = 2 j + (q & 1): its NT / 4 token columns). Every thread releases each stage once
 // it has read it (the empty barriers count kConsumerThreads arrivals).
-template <int NT, int kBoxes, int kStageBytes, int kCount, int kTokens, typename Scales>
+template <typename L, int NT, int kBoxes, typename Scales>
 __device__ __forceinline__ void consume_fp8(int items, unsigned char* stages, uint64_t* full, uint64_t* empty,
                                             float (&acc)[kBoxes][NT / 2], Scales scales) {
-  const int lane = threadIdx.x & 31;
+  constexpr int kStageBytes = L::kStageBytes, kCount = L::kCount, kTokens = L::tokens();
 #pragma unroll
   for (int b = 0; b < kBoxes; ++b)
 #pragma unroll
@@ -514,13 +525,7 @@ __device__ __forceinline__ void fp8_gemm1(const TensorMap* xq_map, const TensorM
   mark_active(r, topk_ids, ids_is_i64, ids_row_stride, expert_map, topk_weights, topk_weights_code,
               topk_weights_row_stride, M, topk, global_E, local_E);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (warp == 0) {
-    int count, picked;
-    count_and_pick(r.bits, (local_E + 31) / 32, blockIdx.y, count, picked);
-    if (lane == 0) r.expert = picked;
-  }
-  __syncthreads();
-  const int e = r.expert;
+  const int e = pick_expert(r, local_E, warp, lane);
   if (e < 0) return;  // fewer active experts than grid rows: the whole cluster leaves
   const int ranks = cluster_nctarank(), rank = cluster_ctarank();
   const int j0 = (blockIdx.x / ranks) * kRows;
@@ -568,7 +573,7 @@ __device__ __forceinline__ void fp8_gemm1(const TensorMap* xq_map, const TensorM
         for (int c = 0; c < NT / 4; ++c) col[c] = 1.f;
       }
     };
-    consume_fp8<NT, 2, L::kStageBytes, L::kCount, L::tokens()>(items, stages, full, empty, acc, scales);
+    consume_fp8<L, NT, 2>(items, stages, full, empty, acc, scales);
   }
   if (ranks > 1) cluster_sum<NT, 2>(acc, reinterpret_cast<float*>(stages), warp != kProducerWarp);
   if (rank != 0 || warp == kProducerWarp) return;
@@ -747,12 +752,7 @@ __device__ __forceinline__ void fp8_gemm2(const TensorMap* w2_map, const float* 
                                 topk_weights_row_stride, M, topk, global_E, local_E);
   const int words = (local_E + 31) / 32;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (warp == 0) {
-    int count, picked;
-    count_and_pick(r.bits, words, -1, count, picked);
-    if (lane == 0) r.active = count;
-  }
-  __syncthreads();
+  count_active(r, words, warp, lane);
   const int ranks = cluster_nctarank(), rank = cluster_ctarank();
   const int r0 = (blockIdx.x / ranks) * kRows;
   const int A = r.active, per = (A + ranks - 1) / ranks;
@@ -783,8 +783,8 @@ __device__ __forceinline__ void fp8_gemm2(const TensorMap* w2_map, const float* 
     Fp8Rows<NT> cur, next;
     int e = first, kt = 0;
     if (items > 0) {
-      cur.source<SCHEME>(r, e, M, topk, weight_on_input, inter_amax, a2_static, groups_n, pw);
-      cur.fetch<SCHEME>(inter, inter_amax, groups_n, N, kt, lane);
+      cur.template source<SCHEME>(r, e, M, topk, weight_on_input, inter_amax, a2_static, groups_n, pw);
+      cur.template fetch<SCHEME>(inter, inter_amax, groups_n, N, kt, lane);
     }
     for (int it = 0; it < items; ++it) {
       const int st = it % L::kCount;
@@ -797,15 +797,15 @@ __device__ __forceinline__ void fp8_gemm2(const TensorMap* w2_map, const float* 
       if (it + 1 < items) {
         next = cur;
         if (e_next != e)
-          next.source<SCHEME>(r, e_next, M, topk, weight_on_input, inter_amax, a2_static, groups_n, pw);
-        next.fetch<SCHEME>(inter, inter_amax, groups_n, N, kt_next, lane);
+          next.template source<SCHEME>(r, e_next, M, topk, weight_on_input, inter_amax, a2_static, groups_n, pw);
+        next.template fetch<SCHEME>(inter, inter_amax, groups_n, N, kt_next, lane);
       }
       if (it >= L::kCount) mbar_wait(&empty[st], ((it / L::kCount) - 1) & 1);
       if (pt == 0 && it >= pre) {
         mbar_arrive_expect(&full[st], L::kWeightBytes);
         tma_load_3d(s + L::weight(0), w2_map, kt * kFp8BK, r0, e, &full[st]);
       }
-      cur.store<SCHEME>(s + L::tokens(), reinterpret_cast<float*>(s + L::colscale()), N, kt, lane, pw);
+      cur.template store<SCHEME>(s + L::tokens(), reinterpret_cast<float*>(s + L::colscale()), N, kt, lane, pw);
       fence_proxy_async_shared();  // the rows, seen by the wgmmas
       mbar_arrive(&full[st]);
       cur = next;
@@ -832,7 +832,7 @@ __device__ __forceinline__ void fp8_gemm2(const TensorMap* w2_map, const float* 
         e = next_active(r.bits, words, e);
       }
     };
-    consume_fp8<NT, 1, L::kStageBytes, L::kCount, L::tokens()>(items, stages, full, empty, acc, scales);
+    consume_fp8<L, NT, 1>(items, stages, full, empty, acc, scales);
   }
   if (ranks > 1) cluster_sum<NT, 1>(acc, reinterpret_cast<float*>(stages), threadIdx.x < kConsumerThreads);
   if (rank != 0 || threadIdx.x >= kConsumerThreads) return;
