@@ -1890,6 +1890,15 @@ impl<'a> Candidates<'a> {
         let mut reasons = self.reasons;
         let mut ctas = 0;
         let mut splits = (1, 1);
+        // What programmatic dependent launch buys the plan's kernels, or why it is off.
+        let pdl_ok = self.pdl_ok;
+        let pdl_reason = |gain: &str| -> String {
+            if pdl_ok {
+                format!("pdl: {gain}")
+            } else {
+                "pdl: off, programmatic dependent launch needs sm_90".into()
+            }
+        };
         let fp8_front = |v: &mut Vec<KernelId>| {
             if let Some(q) = self.p.quant {
                 if q.scheme == QuantScheme::Tensor && q.a1_scale == 0 {
@@ -1900,11 +1909,7 @@ impl<'a> Candidates<'a> {
         };
         let (kernels, rows_per_cta, tokens_per_pass, pdl) = match (b, self.p.quant) {
             (Backend::CudaDecode, Some(q)) => {
-                reasons.push(if self.pdl_ok {
-                    "pdl: sm_90+, the two FP8 GEMMs overlap their start-up with programmatic dependent launch".into()
-                } else {
-                    "pdl: off, programmatic dependent launch needs sm_90".into()
-                });
+                reasons.push(pdl_reason("sm_90+, the two FP8 GEMMs overlap their start-up with programmatic dependent launch"));
                 let mut v = vec![];
                 fp8_front(&mut v);
                 v.push(KernelId::DecodeFp8Gemm1(q.scheme, g1));
@@ -1919,11 +1924,7 @@ impl<'a> Candidates<'a> {
                     "cuda_wgmma_swap: e4m3 weights in wgmma's {SWAP_ROWS}-row slot streamed by TMA, 128 of K per stage, the M = {} tokens as {tile} columns (x quantized first, the intermediate quantized as GEMM2 loads it); clusters of {} (GEMM1, K split) and {} (GEMM2, expert split); {why}",
                     self.p.m, s.0, s.1
                 ));
-                reasons.push(if self.pdl_ok {
-                    "pdl: GEMM1 starts under the quantization, GEMM2 streams its first weights while GEMM1 finishes".into()
-                } else {
-                    "pdl: off, programmatic dependent launch needs sm_90".into()
-                });
+                reasons.push(pdl_reason("GEMM1 starts under the quantization, GEMM2 streams its first weights while GEMM1 finishes"));
                 let mut v = vec![];
                 fp8_front(&mut v);
                 v.push(KernelId::SwapFp8Gemm1(q.scheme, tile));
@@ -1953,11 +1954,7 @@ impl<'a> Candidates<'a> {
                     )
                 }
                 Backend::CudaDecode => {
-                    reasons.push(if self.pdl_ok {
-                    "pdl: sm_90+, the two launches overlap their start-up with programmatic dependent launch".into()
-                } else {
-                    "pdl: off, programmatic dependent launch needs sm_90".into()
-                });
+                    reasons.push(pdl_reason("sm_90+, the two launches overlap their start-up with programmatic dependent launch"));
                     let gemm2_ctas = self.p.k.div_ceil(DECODE_ROWS_PER_CTA);
                     let wide = gemm2_ctas <= DECODE_GEMM2_WIDE_MAX_CTAS_PER_SM * self.sms;
                     reasons.push(if wide {
@@ -2010,11 +2007,9 @@ impl<'a> Candidates<'a> {
                         "cuda_wgmma_swap: weights in wgmma's {SWAP_ROWS}-row slot streamed by TMA, {k1} (GEMM1) and {k2} (GEMM2) 64-wide K slices per stage, the M = {} tokens as {tile} columns; 2 launches, no align or top-k sum kernel; clusters of {} (GEMM1, K split) and {} (GEMM2, expert split) summed through distributed shared memory; {why}{slice_why}",
                         self.p.m, s.0, s.1
                     ));
-                    reasons.push(if self.pdl_ok {
-                        "pdl: GEMM2 streams its first weights while GEMM1 finishes".into()
-                    } else {
-                        "pdl: off, programmatic dependent launch needs sm_90".into()
-                    });
+                    reasons.push(pdl_reason(
+                        "GEMM2 streams its first weights while GEMM1 finishes",
+                    ));
                     (
                         vec![
                             KernelId::SwapGemm1Act(d, tile, k1),
