@@ -27,29 +27,14 @@ flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
 QUANT = os.environ.get("PROFILE_QUANT")
 fp8 = {}
 if QUANT:
-    def e4m3(w, scheme):
-        if scheme == "fp8_tensor":
-            s = w.abs().amax(dim=(1, 2), keepdim=True) / 448
-        elif scheme == "fp8_channel":
-            s = w.abs().amax(dim=2, keepdim=True) / 448
-        else:
-            e, r, c = w.shape
-            b = torch.nn.functional.pad(w, (0, -c % 128, 0, -r % 128)).reshape(e, -(-r // 128), 128, -(-c // 128), 128)
-            s = b.abs().amax(dim=(2, 4)) / 448
-            full = s.repeat_interleave(128, 1).repeat_interleave(128, 2)[:, :r, :c]
-            return (w.float() / full).to(torch.float8_e4m3fn), s.float()
-        return (w.float() / s).to(torch.float8_e4m3fn), s.reshape(s.shape[0], -1).squeeze(-1).float()
+    # quantized and passed as `swapmoe bench --quant` does
+    from swapmoe import bench as B
 
-    w1, s1 = e4m3(w1, QUANT)
-    w2, s2 = e4m3(w2, QUANT)
-    fp8 = dict(use_fp8_w8a8=True, w1_scale=s1, w2_scale=s2)
-    if QUANT == "fp8_tensor":
-        one = torch.tensor(0.02, device="cuda")
-        fp8.update(a1_scale=one, a2_scale=one)
-    elif QUANT == "fp8_channel":
-        fp8.update(per_channel_quant=True)
-    else:
-        fp8.update(block_shape=[128, 128])
+    scheme = B.FP8_SCHEMES[B.check_quant(QUANT)]
+    w1, s1 = B.quantize_fp8_weight(torch, w1, scheme)
+    w2, s2 = B.quantize_fp8_weight(torch, w2, scheme)
+    static = torch.tensor(0.02, device="cuda") if scheme == "tensor" else None
+    fp8 = B.fp8_kwargs(QUANT, s1, s2, static, static)
 
 for backend in os.environ.get("PROFILE_BACKENDS", "cuda_decode,cuda_bulk_decode").split(","):
     if M * TOPK > (64 if backend == "cuda_bulk_decode" else 512):
