@@ -127,6 +127,16 @@ pub const SWAP_HEURISTIC_MAX_TOKENS: usize = 16;
 /// 6-12% faster; qwen3 (N = 768) 5-6% slower, deepseek-v3-tp8 (N = 256) 20% slower at M = 1
 /// and within 1% at M = 4-16 (fewer stages in flight).
 pub const SWAP_GEMM2_WIDE_SLICE_MIN_N: usize = 4096;
+/// Shared memory of one Hopper SM (228 KiB), of which each resident CTA also reserves 1 KiB.
+pub const SM_SHARED_MEMORY_BYTES: usize = 228 * 1024;
+/// CTAs with `smem` bytes of dynamic shared memory that fit one SM's shared memory.
+pub fn resident_ctas_per_sm(smem: usize) -> usize {
+    (SM_SHARED_MEMORY_BYTES / (smem + 1024)).max(1)
+}
+/// What launching the swap-AB GEMM1 without PDL measured where its grid fits one wave
+/// (H200, fused_experts back to back in a graph of 8 layers, benches/NOTES.md "First-kernel
+/// PDL"); where it takes more waves, PDL measured 0.2-0.9 us faster (qwen3-30b-a3b M = 4, 8).
+const SWAP_ONE_WAVE_FIRST_PDL_MEASURED: &str = "deepseek-v3-tp8 M = 8 took 124.0 us per layer against 141.6 with PDL (routing bench) and 162.3 against 166.2 (swapmoe bench), M = 1 31.7-32.0 against 32.0-32.1";
 /// `$SWAPMOE_SWAP_SLICES` = "g1,g2": force the K slices per stage of GEMM1 and GEMM2; for tuning.
 pub const SWAP_SLICES_ENV: &str = "SWAPMOE_SWAP_SLICES";
 /// Dynamic shared memory of a swap-AB kernel (`Stages<NT, kBoxes, kSub>::kSmemBytes`): stages
@@ -628,6 +638,10 @@ pub struct Plan {
     pub tokens_per_pass: usize,
     /// Launch with programmatic dependent launch (sm_90+).
     pub pdl: bool,
+    /// Launch the op's first kernel (the router's, for fused_moe) with PDL, so that its
+    /// start overlaps whatever kernel ran before it in the stream (sm_90+; its kernels wait
+    /// with `griddepcontrol.wait` before they read).
+    pub first_kernel_pdl: bool,
     /// CTAs of a persistent grid (the device's SM count; 0 for other backends).
     pub ctas: usize,
     /// cuda_wgmma_swap: thread-block cluster sizes, (GEMM1's split of K, GEMM2's split of
@@ -792,6 +806,23 @@ pub fn forced_mma_tile() -> Result<Option<usize>> {
     }
 }
 
+/// `$SWAPMOE_FIRST_KERNEL_PDL` ("on"/"1", "off"/"0", "auto"/unset): whether the op's first
+/// kernel is launched with programmatic dependent launch (`Plan::first_kernel_pdl`).
+pub const FIRST_KERNEL_PDL_ENV: &str = "SWAPMOE_FIRST_KERNEL_PDL";
+
+/// The first-kernel PDL choice forced by `$SWAPMOE_FIRST_KERNEL_PDL`; None: the oracle's.
+pub fn forced_first_kernel_pdl() -> Result<Option<bool>> {
+    let v = std::env::var(FIRST_KERNEL_PDL_ENV).unwrap_or_default();
+    match v.trim() {
+        "" | "auto" => Ok(None),
+        "on" | "1" => Ok(Some(true)),
+        "off" | "0" => Ok(Some(false)),
+        other => Err(Error::Argument(format!(
+            "${FIRST_KERNEL_PDL_ENV}: expected 'on', 'off' or 'auto', got {other:?}"
+        ))),
+    }
+}
+
 /// What a caller asks of the oracle besides the problem and the device.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Request<'a> {
@@ -805,6 +836,9 @@ pub struct Request<'a> {
     pub external: &'a [ExternalBackend],
     /// Tuned tables to consult; None: heuristics only.
     pub tables: Option<&'a TableSet>,
+    /// `$SWAPMOE_FIRST_KERNEL_PDL`: launch the first kernel with PDL (or not) where the
+    /// device has it; None: the oracle's choice.
+    pub first_kernel_pdl: Option<bool>,
 }
 
 /// The plan for a call of the op: forced backend, `$SWAPMOE_MMA_TOKEN_TILE`, the shipped and
@@ -822,6 +856,7 @@ pub fn plan_with(
             backend: forced,
             mma_token_tile: forced_mma_tile()?,
             tables: Some(&tables),
+            first_kernel_pdl: forced_first_kernel_pdl()?,
             ..Request::default()
         },
     )
@@ -918,7 +953,17 @@ pub fn decide(p: &MoeProblem, caps: Option<&DeviceCaps>, req: &Request) -> Resul
             ));
         }
     }
+    let can_pdl = c.pdl_ok;
     let mut plan = c.build(backend);
+    if let (Some(want), true) = (req.first_kernel_pdl, !plan.kernels.is_empty()) {
+        let can = can_pdl;
+        plan.first_kernel_pdl = want && can;
+        plan.reasons.push(match (want, can) {
+            (true, true) => format!("override: ${FIRST_KERNEL_PDL_ENV}=on, the first kernel is launched with PDL"),
+            (true, false) => format!("override: ${FIRST_KERNEL_PDL_ENV}=on ignored, PDL needs sm_90"),
+            (false, _) => format!("override: ${FIRST_KERNEL_PDL_ENV}=off, the first kernel starts after the previous kernel in the stream has finished"),
+        });
+    }
     plan.source = source;
     plan.table = table;
     plan.external = external;
@@ -1802,6 +1847,16 @@ impl<'a> Candidates<'a> {
     /// `$SWAPMOE_SWAP_SPLITS`, or the smallest power of two that gives each GEMM at least
     /// 90% of an SM's worth of CTAs (GEMM1 keeping >= 4 k-tiles per CTA; GEMM2 no more
     /// ranks than expected active experts).
+    /// The active experts expected when the ids fall uniformly (at least min(topk, E): each
+    /// token's top-k experts are distinct).
+    fn expected_active_experts(&self) -> f64 {
+        let p = self.p;
+        let slots = p.slots();
+        (slots as f64 / expected_slots_per_expert(slots, p.local_experts).max(1.0))
+            .max(p.topk.min(p.local_experts) as f64)
+            .max(1.0)
+    }
+
     fn swap_splits(&self) -> ((usize, usize), String) {
         let allowed = [1usize, 2, 4, 8];
         let mut note = String::new();
@@ -1823,11 +1878,7 @@ impl<'a> Candidates<'a> {
             );
         }
         let p = self.p;
-        let slots = p.slots();
-        // each token's top-k experts are distinct, so at least min(topk, E) are active
-        let active = (slots as f64 / expected_slots_per_expert(slots, p.local_experts).max(1.0))
-            .max(p.topk.min(p.local_experts) as f64)
-            .max(1.0);
+        let active = self.expected_active_experts();
         let want = 0.9 * self.sms as f64;
         let pick = |base: f64, cap: usize| {
             allowed
@@ -1887,9 +1938,12 @@ impl<'a> Candidates<'a> {
         let wgmma_tile = self.tile.unwrap_or_else(|| self.wgmma_token_tile());
         let swap_split_choice = (b == Backend::CudaWgmmaSwap).then(|| self.swap_splits());
         let swap_slice_choice = (b == Backend::CudaWgmmaSwap).then(|| self.swap_slices());
+        let active_experts = self.expected_active_experts();
         let mut reasons = self.reasons;
         let mut ctas = 0;
         let mut splits = (1, 1);
+        // Set (with the reason) where the first kernel is launched without PDL.
+        let mut first_kernel_pdl_off: Option<String> = None;
         // What programmatic dependent launch buys the plan's kernels, or why it is off.
         let pdl_ok = self.pdl_ok;
         let pdl_reason = |gain: &str| -> String {
@@ -2010,11 +2064,18 @@ impl<'a> Candidates<'a> {
                     reasons.push(pdl_reason(
                         "GEMM2 streams its first weights while GEMM1 finishes",
                     ));
+                    let gemm1 = KernelId::SwapGemm1Act(d, tile, k1);
+                    let per_sm = resident_ctas_per_sm(gemm1.dynamic_smem_bytes().unwrap_or(0));
+                    let gemm1_ctas = (self.p.n.div_ceil(SWAP_ROWS) as f64 * active_experts).ceil()
+                        as usize
+                        * s.0;
+                    if pdl_ok && gemm1_ctas <= per_sm * self.sms {
+                        first_kernel_pdl_off = Some(format!(
+                            "first kernel: GEMM1's ~{gemm1_ctas} CTAs fit one wave ({per_sm} per SM), so it is launched without PDL: launched early, its CTAs take the SMs the previous kernel frees first and stay unevenly placed (hypothesis); {SWAP_ONE_WAVE_FIRST_PDL_MEASURED}"
+                        ));
+                    }
                     (
-                        vec![
-                            KernelId::SwapGemm1Act(d, tile, k1),
-                            KernelId::SwapGemm2Sum(d, tile, k2),
-                        ],
+                        vec![gemm1, KernelId::SwapGemm2Sum(d, tile, k2)],
                         SWAP_ROWS,
                         tile,
                         self.pdl_ok,
@@ -2044,6 +2105,10 @@ impl<'a> Candidates<'a> {
                 }
             },
         };
+        let first_kernel_pdl = pdl_ok && !kernels.is_empty() && first_kernel_pdl_off.is_none();
+        if let Some(why) = first_kernel_pdl_off {
+            reasons.push(why);
+        }
         Plan {
             backend: b,
             kernels,
@@ -2052,6 +2117,7 @@ impl<'a> Candidates<'a> {
             rows_per_cta,
             tokens_per_pass,
             pdl,
+            first_kernel_pdl,
             ctas,
             splits,
             reasons,
@@ -2306,6 +2372,66 @@ mod tests {
             .iter()
             .any(|r| r.contains("SWAPMOE_SWAP_SPLITS=\"3,1\" ignored")
                 && r.contains("SWAPMOE_SWAP_SLICES=\"2\" ignored")));
+    }
+
+    #[test]
+    fn first_kernel_pdl_follows_the_device_and_the_override() {
+        let p = problem(8, 256, 8, 7168, 256, DType::BF16);
+        let a100 = DeviceCaps {
+            name: "A100".into(),
+            capability: (8, 0),
+            sm_count: 108,
+        };
+        let swap = |m: i64, e: i64, k: i64, n: i64| {
+            plan_with(
+                &problem(m, e, 8, k, n, DType::BF16),
+                Some(&h200()),
+                Some(Backend::CudaWgmmaSwap),
+            )
+            .unwrap()
+        };
+        // The swap-AB GEMM1 that fits one wave starts without PDL, with the reason; one of
+        // several waves keeps it (deepseek-v3-tp8 M = 16, qwen3-30b-a3b M = 8).
+        for (plan, one_wave) in [
+            (swap(1, 256, 7168, 256), true),
+            (swap(8, 256, 7168, 256), true),
+            (swap(16, 256, 7168, 256), false),
+            (swap(8, 128, 2048, 768), false),
+        ] {
+            assert_eq!(plan.first_kernel_pdl, !one_wave, "{:?}", plan.reasons);
+            assert!(plan.pdl, "GEMM2 keeps PDL");
+            assert_eq!(
+                plan.reasons
+                    .iter()
+                    .any(|r| r.starts_with("first kernel: GEMM1's") && r.contains("one wave")),
+                one_wave
+            );
+        }
+        let decode = plan_with(&p, Some(&h200()), Some(Backend::CudaDecode)).unwrap();
+        assert!(decode.first_kernel_pdl);
+        assert!(!plan(&p, Some(&a100)).first_kernel_pdl);
+        let ask = |caps: &DeviceCaps, want: bool| {
+            let req = Request {
+                first_kernel_pdl: Some(want),
+                ..Request::default()
+            };
+            decide(&p, Some(caps), &req).unwrap()
+        };
+        let off = ask(&h200(), false);
+        assert!(
+            !off.first_kernel_pdl && off.pdl,
+            "only the first kernel loses PDL"
+        );
+        assert!(off
+            .reasons
+            .iter()
+            .any(|r| r.starts_with(&format!("override: ${FIRST_KERNEL_PDL_ENV}=off"))));
+        let on_a100 = ask(&a100, true);
+        assert!(!on_a100.first_kernel_pdl);
+        assert!(on_a100
+            .reasons
+            .iter()
+            .any(|r| r.ends_with("ignored, PDL needs sm_90")));
     }
 
     #[test]

@@ -337,3 +337,17 @@ def test_swap_refuses_what_it_cannot_run(what, rng):
     why = "bfloat16 or float16 outputs" if what == "float32" else "multiples of 16 e4m3"
     with pytest.raises(swapmoe.ArgumentError, match=why):
         fp8_call(inp, case, backend="cuda_wgmma_swap")
+
+
+@needs_sm90
+@pytest.mark.parametrize("backend", ["cuda_wgmma_swap", "cuda_decode", "cuda_generic"])
+@pytest.mark.parametrize("scheme", FP8_SCHEMES)
+def test_first_kernel_without_pdl_gives_the_same_bits(scheme, backend, rng, monkeypatch):
+    """$SWAPMOE_FIRST_KERNEL_PDL=off launches the first FP8 kernel (the absmax pre-pass or the
+    input quantization, or the align kernel before them) without PDL: the same bits."""
+    case = _case(5, E=16, topk=4, ids="concentrated")
+    inp = to_fp8_inputs(make_fp8_problem(rng, case, scheme), case, "torch", "bfloat16", DEV)
+    monkeypatch.setenv("SWAPMOE_FIRST_KERNEL_PDL", "on")
+    on = snapshot(fp8_call(inp, case, backend=backend))
+    monkeypatch.setenv("SWAPMOE_FIRST_KERNEL_PDL", "off")
+    assert same_bits(snapshot(fp8_call(inp, case, backend=backend)), on)

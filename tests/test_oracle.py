@@ -14,6 +14,7 @@ def _heuristics_only(monkeypatch):
     monkeypatch.setenv("SWAPMOE_TABLES", "off")
     monkeypatch.delenv("SWAPMOE_BACKEND", raising=False)
     monkeypatch.delenv("SWAPMOE_MMA_TOKEN_TILE", raising=False)
+    monkeypatch.delenv("SWAPMOE_FIRST_KERNEL_PDL", raising=False)
 QWEN3 = (128, 8, 2048, 768)  # E, topk, K, N
 
 
@@ -62,6 +63,23 @@ def test_fp32_falls_back_to_generic_with_reason():
     p = plan(1024, dtype="fp32")
     assert p.backend == "cuda_generic" and not p.swap_ab
     assert any("cuda_mma: rejected" in r and "float32" in r for r in p.reasons)
+
+
+def test_first_kernel_pdl_on_hopper_and_its_override(monkeypatch):
+    assert plan(8).tile["first_kernel_pdl"] is True
+    a100 = swapmoe.select_backend(8, *QWEN3, device_capability=(8, 0), device_name="my A100")
+    assert a100.tile["first_kernel_pdl"] is False
+    monkeypatch.setenv("SWAPMOE_FIRST_KERNEL_PDL", "off")
+    p = plan(8)
+    assert p.tile["first_kernel_pdl"] is False and p.tile["pdl"] is True
+    assert any(r.startswith("override: $SWAPMOE_FIRST_KERNEL_PDL=off") for r in p.reasons)
+    monkeypatch.setenv("SWAPMOE_FIRST_KERNEL_PDL", "on")
+    a100 = swapmoe.select_backend(8, *QWEN3, device_capability=(8, 0), device_name="my A100")
+    assert a100.tile["first_kernel_pdl"] is False
+    assert any(r.endswith("ignored, PDL needs sm_90") for r in a100.reasons)
+    monkeypatch.setenv("SWAPMOE_FIRST_KERNEL_PDL", "sometimes")
+    with pytest.raises(swapmoe.ArgumentError, match='SWAPMOE_FIRST_KERNEL_PDL.*"sometimes"'):
+        plan(8)
 
 
 def test_ampere_gets_no_pdl():

@@ -33,7 +33,7 @@ FUSED_MAX_E = 256
 # (backend, token counts): the routing twins cover decode M <= 8 and align M <= 16.
 CASES = [("cuda_decode", m) for m in (1, 3, 8, 9)] + [
     (b, m) for b in ("cuda_generic", "cuda_mma") for m in (1, 16, 17, 33, 130)
-]
+] + [("cuda_wgmma", m) for m in (40, 128)]
 
 
 @pytest.fixture(autouse=True)
@@ -117,11 +117,12 @@ def test_router_fusion_on_and_off_give_the_same_output(backend, M, rng, monkeypa
     assert torch.equal(fused, sep)
 
 
-def test_router_fusion_env_rejects_other_values(rng, monkeypatch):
+@pytest.mark.parametrize("variable,value", [("SWAPMOE_ROUTER_FUSION", "maybe"), ("SWAPMOE_FIRST_KERNEL_PDL", "sometimes")])
+def test_launch_env_rejects_other_values(variable, value, rng, monkeypatch):
     r = VARIANTS[0]
     inp = moe_inputs(moe_problem(rng, r, 2, ep=False), "torch", "bfloat16", device=DEV)
-    monkeypatch.setenv("SWAPMOE_ROUTER_FUSION", "maybe")
-    with pytest.raises(swapmoe.ArgumentError, match="SWAPMOE_ROUTER_FUSION"):
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(swapmoe.ArgumentError, match=f'{variable}.*"{value}"'):
         moe_call(r, inp)
 
 
@@ -142,7 +143,7 @@ def test_fused_moe_writes_every_output(backend, M, fusion, rng, monkeypatch):
 
 
 @pytest.mark.parametrize("fusion", ["off", "on"])
-@pytest.mark.parametrize("backend,M", [("cuda_decode", 1), ("cuda_decode", 8), ("cuda_mma", 16)])
+@pytest.mark.parametrize("backend,M", [("cuda_decode", 1), ("cuda_decode", 8), ("cuda_mma", 16), ("cuda_wgmma", 64)])
 def test_cuda_graph_fused_moe_placements(backend, M, fusion, rng, monkeypatch):
     """fused_moe captured in a CUDA graph, router kernel or routing twin; replays route
     fresh logits."""
@@ -151,7 +152,8 @@ def test_cuda_graph_fused_moe_placements(backend, M, fusion, rng, monkeypatch):
     monkeypatch.setenv("SWAPMOE_ROUTER_FUSION", fusion)
     prob = moe_problem(rng, r, M, ep=True)
     inp = moe_inputs(prob, "torch", "bfloat16", "float32", device=DEV)
-    assert (placement(r, inp)["router"] == "separate") == (fusion == "off")
+    # fusion on: the twins route up to M = 16 (the align kernel) or M = 8 (decode GEMM1)
+    assert (placement(r, inp)["router"] == "separate") == (fusion == "off" or M > 16)
     swapmoe.warmup(0)
     moe_call(r, inp)
     torch.cuda.synchronize()
@@ -165,3 +167,35 @@ def test_cuda_graph_fused_moe_placements(backend, M, fusion, rng, monkeypatch):
         graph.replay()
         torch.cuda.synchronize()
         check_close(captured, moe_ref(r, inp), "bfloat16", what="graph replay")
+
+
+BACKENDS_FIRST_PDL = [("cuda_decode", 3), ("cuda_wgmma_swap", 5), ("cuda_wgmma", 40), ("cuda_mma", 17),
+                      ("cuda_generic", 2), ("cuda_bulk_decode", 2)]
+
+
+@pytest.mark.parametrize("backend,M", BACKENDS_FIRST_PDL, ids=[f"{b}-{m}" for b, m in BACKENDS_FIRST_PDL])
+def test_first_kernel_without_pdl_gives_the_same_output(backend, M, rng, monkeypatch):
+    """$SWAPMOE_FIRST_KERNEL_PDL=off launches the op's first kernel (fused_experts' first, or
+    fused_moe's router) without programmatic dependent launch: bitwise the same results, on
+    every backend, in eager calls and in a CUDA graph."""
+    r = next(v for v in VARIANTS if v.name == "deepseek_v3")
+    monkeypatch.setenv("SWAPMOE_BACKEND", backend)
+    inp = moe_inputs(moe_problem(rng, r, M, ep=True), "torch", "bfloat16", "float32", device=DEV)
+    w, ids = route(r, inp["logits"], inp["bias"])
+    runs = {}
+    for mode in ("on", "off"):
+        monkeypatch.setenv("SWAPMOE_FIRST_KERNEL_PDL", mode)
+        plan = swapmoe._core.describe_plan(inp["x"], inp["w1"], inp["w2"], w, ids, expert_map=inp["emap"])
+        assert plan["backend"] == backend
+        assert any(s.startswith(f"override: $SWAPMOE_FIRST_KERNEL_PDL={mode}") for s in plan["reasons"])
+        experts = separate_call(r, inp)
+        moe = moe_call(r, inp)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = moe_call(r, inp)
+        graph.replay()
+        torch.cuda.synchronize()
+        runs[mode] = (experts, moe, captured.clone())
+    for a, b in zip(runs["on"], runs["off"]):
+        assert torch.equal(a, b), f"{backend} M={M}: the first kernel's launch mode changed the result"
+    check_close(runs["off"][1], moe_ref(r, inp), "bfloat16", what=f"{backend} M={M}")

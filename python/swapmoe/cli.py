@@ -432,7 +432,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
         splits = t.get("splits", (1, 1))
         clusters = f" clusters: gemm1 {splits[0]}, gemm2 {splits[1]}" if tuple(splits) != (1, 1) else ""
         print(f"  rows_per_cta={t['rows_per_cta']} tokens_per_pass={t['tokens_per_pass']} "
-              f"gemm1_vec={t['gemm1_vec']} gemm2_vec={t['gemm2_vec']} pdl={t['pdl']}{clusters}")
+              f"gemm1_vec={t['gemm1_vec']} gemm2_vec={t['gemm2_vec']} pdl={t['pdl']} "
+              f"first_kernel_pdl={t['first_kernel_pdl']}{clusters}")
         for r in plan.reasons:
             print(f"  - {r}")
     return 0

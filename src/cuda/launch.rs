@@ -199,7 +199,15 @@ pub fn fused_experts(
     workspace_bytes: usize,
     stream: usize,
 ) -> Result<()> {
-    experts(p, plan, None, workspace, workspace_bytes, stream)
+    experts(
+        p,
+        plan,
+        None,
+        plan.first_kernel_pdl,
+        workspace,
+        workspace_bytes,
+        stream,
+    )
 }
 
 /// fused_moe: routes `r` into the problem's topk_weights / topk_ids (which must be `r`'s
@@ -220,12 +228,30 @@ pub fn fused_moe(
     }
     match plan.router {
         RouterPlacement::Separate(id) => {
-            route(r, id, stream)?;
-            experts(p, plan, None, workspace, workspace_bytes, stream)
+            route(r, id, plan.first_kernel_pdl, stream)?;
+            // The experts' first kernel follows the router: PDL wherever the device has it.
+            let after_router = crate::oracle::first_kernel_uses_pdl(&device(ordinal(p)?)?.caps);
+            experts(
+                p,
+                plan,
+                None,
+                after_router,
+                workspace,
+                workspace_bytes,
+                stream,
+            )
         }
         RouterPlacement::InAlign | RouterPlacement::InDecodeGemm1 => {
             let args = RouterArgs::new(r);
-            experts(p, plan, Some(&args), workspace, workspace_bytes, stream)
+            experts(
+                p,
+                plan,
+                Some(&args),
+                plan.first_kernel_pdl,
+                workspace,
+                workspace_bytes,
+                stream,
+            )
         }
         RouterPlacement::NotRouting => Err(Error::Argument(
             "backend: the plan has no router placement (oracle::place_router was not asked)".into(),
@@ -233,11 +259,13 @@ pub fn fused_moe(
     }
 }
 
-/// The experts of `plan`; `router` is given when the plan's first kernel routes.
+/// The experts of `plan`; `router` is given when the plan's first kernel routes;
+/// `first_pdl`: launch the first kernel with programmatic dependent launch.
 fn experts(
     p: &MoeProblem,
     plan: &Plan,
     router: Option<&RouterArgs>,
+    first_pdl: bool,
     workspace: usize,
     workspace_bytes: usize,
     stream: usize,
@@ -287,15 +315,15 @@ fn experts(
 
     if plan.backend == Backend::CudaWgmmaSwap {
         if p.quant.is_some() {
-            return swap_fp8(dev, p, plan, &layout, workspace, stream);
+            return swap_fp8(dev, p, plan, &layout, workspace, first_pdl, stream);
         }
-        return swap_decode(dev, p, plan, inter, stream);
+        return swap_decode(dev, p, plan, inter, first_pdl, stream);
     }
     if matches!(plan.backend, Backend::CudaDecode | Backend::CudaBulkDecode) {
         if p.quant.is_some() {
-            return fp8_decode(dev, p, plan, &layout, workspace, stream);
+            return fp8_decode(dev, p, plan, &layout, workspace, first_pdl, stream);
         }
-        return decode(dev, p, plan, router, inter, stream);
+        return decode(dev, p, plan, router, inter, first_pdl, stream);
     }
 
     // 1. Routing metadata (and the token tiles of the tensor-core GEMMs).
@@ -345,7 +373,7 @@ fn experts(
             threads as u32,
             smem,
             stream,
-            crate::oracle::first_kernel_uses_pdl(&dev.caps),
+            first_pdl,
             router,
             &mut args[skip..],
         )?;
@@ -890,6 +918,7 @@ fn swap_decode(
     p: &MoeProblem,
     plan: &Plan,
     h: u64,
+    first_pdl: bool,
     stream: usize,
 ) -> Result<()> {
     let o = p.operands;
@@ -950,7 +979,7 @@ fn swap_decode(
             SWAP_THREADS as u32,
             swap_smem(plan.kernels[0]),
             stream,
-            plan.pdl,
+            plan.pdl && first_pdl,
             g1_split,
             &mut args,
         )?;
@@ -1012,9 +1041,10 @@ fn swap_fp8(
     plan: &Plan,
     layout: &WorkspaceLayout,
     workspace: usize,
+    first_pdl: bool,
     stream: usize,
 ) -> Result<()> {
-    fp8_quantize_input(dev, p, plan, layout, workspace, stream)?;
+    fp8_quantize_input(dev, p, plan, layout, workspace, first_pdl, stream)?;
     let f = Fp8Args::new(p, layout, workspace);
     let o = p.operands;
     let s = p.strides;
@@ -1153,6 +1183,7 @@ fn decode(
     plan: &Plan,
     router: Option<&RouterArgs>,
     inter: u64,
+    first_pdl: bool,
     stream: usize,
 ) -> Result<()> {
     let o = p.operands;
@@ -1211,7 +1242,7 @@ fn decode(
             block,
             smem,
             stream,
-            plan.pdl,
+            plan.pdl && first_pdl,
             router,
             &mut args,
         )?;
@@ -1337,19 +1368,27 @@ const ROUTER_TOKENS_PER_CTA: usize = 4;
 pub fn select_experts(p: &RouterProblem, stream: usize) -> Result<()> {
     let request = crate::oracle::RouterRequest::from_env()?;
     let (id, _) = crate::oracle::router_kernel(p.m, p.experts, &p.cfg, request.kernel);
-    route(p, id, stream)
+    let dev = device(router_ordinal(p)?)?;
+    route(
+        p,
+        id,
+        crate::oracle::first_kernel_uses_pdl(&dev.caps),
+        stream,
+    )
 }
 
-fn route(p: &RouterProblem, id: KernelId, stream: usize) -> Result<()> {
-    let ordinal = match p.device {
-        Device::Cuda(i) => i,
-        other => {
-            return Err(Error::Device(format!(
-                "gating_output: expected a CUDA tensor, got device {other}"
-            )))
-        }
-    };
-    let dev = device(ordinal)?;
+fn router_ordinal(p: &RouterProblem) -> Result<i32> {
+    match p.device {
+        Device::Cuda(i) => Ok(i),
+        other => Err(Error::Device(format!(
+            "gating_output: expected a CUDA tensor, got device {other}"
+        ))),
+    }
+}
+
+/// The router kernel `id`; `pdl`: launched with programmatic dependent launch.
+fn route(p: &RouterProblem, id: KernelId, pdl: bool, stream: usize) -> Result<()> {
+    let dev = device(router_ordinal(p)?)?;
     dev.make_current()?;
     if p.m == 0 {
         return Ok(());
@@ -1365,16 +1404,7 @@ fn route(p: &RouterProblem, id: KernelId, stream: usize) -> Result<()> {
             ROUTER_TOKENS_PER_CTA * 32,
         ),
     };
-    launch(
-        dev,
-        id,
-        grid,
-        threads as u32,
-        0,
-        stream,
-        crate::oracle::first_kernel_uses_pdl(&dev.caps),
-        &mut args,
-    )
+    launch(dev, id, grid, threads as u32, 0, stream, pdl, &mut args)
 }
 
 /// Threads per CTA of the FP8 quantize-x and absmax kernels (`kQuantThreads`).
@@ -1382,13 +1412,15 @@ const FP8_QUANT_THREADS: usize = 256;
 
 /// Launches the FP8 input quantization (cuda/generic_moe.cu): the absmax partials when the
 /// plan holds them (dynamic per-tensor input scale), then one CTA per token writing x_q and
-/// its scales and zeroing the intermediate's absmax accumulators.
+/// its scales and zeroing the intermediate's absmax accumulators. `first_pdl`: launch the
+/// first of them with programmatic dependent launch.
 fn fp8_quantize_input(
     dev: &DeviceState,
     p: &MoeProblem,
     plan: &Plan,
     layout: &WorkspaceLayout,
     workspace: usize,
+    first_pdl: bool,
     stream: usize,
 ) -> Result<()> {
     let q = p.quant.expect("an FP8 problem");
@@ -1400,8 +1432,9 @@ fn fp8_quantize_input(
     let mut num_partials = 0i32;
     // Both kernels wait for the previous kernel in the stream (griddepcontrol.wait) before
     // touching memory, so on sm_90 they are launched with PDL: their launch overlaps the
-    // previous kernel's tail, and they let GEMM1 start its set-up early.
-    let pdl = crate::oracle::first_kernel_uses_pdl(&dev.caps);
+    // previous kernel's tail, and they let GEMM1 start its set-up early (the first of them
+    // as `first_pdl` says).
+    let mut pdl = first_pdl;
     for &id in &plan.kernels {
         match id {
             KernelId::Fp8AbsmaxPartials(_) => {
@@ -1419,6 +1452,7 @@ fn fp8_quantize_input(
                     pdl,
                     &mut args,
                 )?;
+                pdl = crate::oracle::first_kernel_uses_pdl(&dev.caps);
             }
             KernelId::Fp8QuantX(_) => {
                 let scheme = q.scheme.code();
@@ -1513,9 +1547,10 @@ fn fp8_decode(
     plan: &Plan,
     layout: &WorkspaceLayout,
     workspace: usize,
+    first_pdl: bool,
     stream: usize,
 ) -> Result<()> {
-    fp8_quantize_input(dev, p, plan, layout, workspace, stream)?;
+    fp8_quantize_input(dev, p, plan, layout, workspace, first_pdl, stream)?;
     let f = Fp8Args::new(p, layout, workspace);
     let o = p.operands;
     let s = p.strides;
@@ -1630,7 +1665,9 @@ fn fp8_generic(
     workspace: usize,
     stream: usize,
 ) -> Result<()> {
-    fp8_quantize_input(dev, p, plan, layout, workspace, stream)?;
+    // The align kernel ran first: PDL wherever the device has it.
+    let after_align = crate::oracle::first_kernel_uses_pdl(&dev.caps);
+    fp8_quantize_input(dev, p, plan, layout, workspace, after_align, stream)?;
     let f = Fp8Args::new(p, layout, workspace);
     let ws = |off: usize| (workspace + off) as u64;
     let expert_offsets = ws(layout.expert_offsets);

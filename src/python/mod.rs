@@ -667,6 +667,7 @@ fn select_backend<'py>(
         quant: None,
         external: &external,
         tables: Some(&tables),
+        first_kernel_pdl: oracle::forced_first_kernel_pdl().py_err(py)?,
     };
     let mut plan = oracle::plan_for_shape(
         num_tokens,
@@ -714,6 +715,7 @@ fn select_backend<'py>(
     tile.set_item("gemm1_vec", plan.gemm1_vec)?;
     tile.set_item("gemm2_vec", plan.gemm2_vec)?;
     tile.set_item("pdl", plan.pdl)?;
+    tile.set_item("first_kernel_pdl", plan.first_kernel_pdl)?;
     tile.set_item("splits", plan.splits)?;
     d.set_item("tile", tile)?;
     d.set_item("source", plan.source.name())?;
