@@ -220,16 +220,16 @@ pub const DECODE_GEMM2_WIDE_MAX_CTAS_PER_SM: usize = 2;
 /// `$SWAPMOE_ROUTER_FUSION=on`: fused_moe routes inside the experts' first kernel where it
 /// can (opt-in: measured slower than the router kernel, benches/NOTES.md "Router v3").
 pub const ROUTER_FUSION_ENV: &str = "SWAPMOE_ROUTER_FUSION";
-/// `$SWAPMOE_ROUTER_KERNEL`: "warp" keeps every call on the warp router, "cta" takes the
-/// grouped CTA router wherever it can route the call (any M); unset or "auto" lets
-/// `router_kernel` choose.
+/// `$SWAPMOE_ROUTER_KERNEL`: "warp" keeps every call on the warp router; "cta", unset or
+/// "auto" take the grouped CTA router wherever it can route the call (`router_kernel`).
 pub const ROUTER_KERNEL_ENV: &str = "SWAPMOE_ROUTER_KERNEL";
-/// Largest M that takes the grouped CTA router unless asked otherwise. Alone (a graph of 8
-/// routers), it routes deepseek-v3-tp8 in 3.1-3.3 us against the warp router's 4.2-4.4 at
-/// every M from 1 to 64; but inside fused_moe it cost 1.4-3.6 us more than the warp router
-/// at M = 32 and 64 in each of four runs (deepseek-v3-tp8, wgmma experts), and 0.7-8.7 us
-/// less at M = 1 to 16 (benches/NOTES.md "Router v4").
-pub const ROUTER_CTA_MAX_TOKENS: usize = 16;
+/// Largest M at which fused_moe launches the grouped CTA router with programmatic dependent
+/// launch. Inside fused_moe at deepseek-v3-tp8 M = 32 and 64 (wgmma experts after it) the CTA
+/// router with PDL cost 5.7-6.6 us over fused_experts, without PDL 2.7-3.7, and the warp
+/// router (with PDL) 3.5-4.5 (two runs, benches/NOTES.md "Router v4b"); at M = 1-16 (swap-AB
+/// or decode experts) it measured 1.9-3.4 with PDL. Alone it routes in 3.1-3.3 us at every M
+/// against the warp router's 4.2-4.4.
+pub const ROUTER_CTA_PDL_MAX_TOKENS: usize = 16;
 
 /// What the driver tells us about a device, or what an offline question assumes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -1303,7 +1303,6 @@ pub fn first_kernel_uses_pdl(caps: &DeviceCaps) -> bool {
 /// change the weights' last bits between kernels. Otherwise the narrowest warp router that
 /// holds E (the fewer keys per lane, the fewer instructions per pick).
 pub fn router_kernel(
-    m: usize,
     experts: usize,
     cfg: &RouterConfig,
     asked: RouterKernelChoice,
@@ -1321,10 +1320,6 @@ pub fn router_kernel(
         } else if !group.is_power_of_two() || group > ROUTER_CTA_MAX_GROUP_EXPERTS {
             Some(format!(
                 "groups of {group} experts are not a power of two <= {ROUTER_CTA_MAX_GROUP_EXPERTS} (one warp's shuffles)"
-            ))
-        } else if asked == RouterKernelChoice::Auto && m > ROUTER_CTA_MAX_TOKENS {
-            Some(format!(
-                "M = {m} > {ROUTER_CTA_MAX_TOKENS}: inside fused_moe the warp router measured faster there (${ROUTER_KERNEL_ENV}=cta takes it anyway)"
             ))
         } else {
             None
@@ -1366,7 +1361,7 @@ pub enum RouterKernelChoice {
     Auto,
     /// "warp": the warp router even where the CTA router applies.
     Warp,
-    /// "cta": the grouped CTA router wherever it can route the call, at any M.
+    /// "cta": the grouped CTA router wherever it can route the call (what "auto" picks).
     Cta,
 }
 
@@ -1377,12 +1372,14 @@ pub struct RouterRequest {
     pub fusion: bool,
     /// `$SWAPMOE_ROUTER_KERNEL`.
     pub kernel: RouterKernelChoice,
+    /// `$SWAPMOE_FIRST_KERNEL_PDL` when set: the router kernel's launch follows it.
+    pub first_kernel_pdl: Option<bool>,
 }
 
 impl RouterRequest {
-    /// Reads `$SWAPMOE_ROUTER_FUSION` ("on"/"1" or "off"/"0"/unset) and
-    /// `$SWAPMOE_ROUTER_KERNEL` ("auto"/unset, "warp" or "cta"); other values are an
-    /// ArgumentError naming the variable.
+    /// Reads `$SWAPMOE_ROUTER_FUSION` ("on"/"1" or "off"/"0"/unset),
+    /// `$SWAPMOE_ROUTER_KERNEL` ("auto"/unset, "warp" or "cta") and
+    /// `$SWAPMOE_FIRST_KERNEL_PDL`; other values are an ArgumentError naming the variable.
     pub fn from_env() -> Result<Self> {
         let read = |name: &str| std::env::var(name).ok().map(|v| v.trim().to_string());
         let fusion = match read(ROUTER_FUSION_ENV).as_deref() {
@@ -1404,7 +1401,11 @@ impl RouterRequest {
                 )))
             }
         };
-        Ok(RouterRequest { fusion, kernel })
+        Ok(RouterRequest {
+            fusion,
+            kernel,
+            first_kernel_pdl: forced_first_kernel_pdl()?,
+        })
     }
 }
 
@@ -1424,12 +1425,22 @@ pub fn place_router(
     request: RouterRequest,
 ) {
     let separate = |plan: &mut Plan, why: String| {
-        let (id, kernel_why) = router_kernel(m, experts, cfg, request.kernel);
+        let (id, kernel_why) = router_kernel(experts, cfg, request.kernel);
         plan.reasons
             .push(format!("router: its own kernel first, {why}"));
         plan.reasons
             .push(format!("router: {}: {kernel_why}", id.symbol()));
         plan.router = RouterPlacement::Separate(id);
+        if id == KernelId::RouteGroupedCta
+            && m > ROUTER_CTA_PDL_MAX_TOKENS
+            && request.first_kernel_pdl.is_none()
+            && plan.first_kernel_pdl
+        {
+            plan.first_kernel_pdl = false;
+            plan.reasons.push(format!(
+                "router: launched without PDL (M = {m} > {ROUTER_CTA_PDL_MAX_TOKENS}): launched early, the CTA router's M CTAs measured 2-3 us slower inside fused_moe"
+            ));
+        }
     };
     if plan.backend == Backend::Cpu {
         plan.reasons
@@ -2487,7 +2498,7 @@ mod tests {
             let mut plan = plan_with(&p, Some(&h), Some(b)).unwrap();
             let request = RouterRequest {
                 fusion: allowed,
-                kernel: RouterKernelChoice::Auto,
+                ..RouterRequest::default()
             };
             place_router(&mut plan, p.m, p.global_experts, &softmax_top8(), request);
             plan
@@ -2560,7 +2571,7 @@ mod tests {
         cpu.kernels.clear();
         let fuse = RouterRequest {
             fusion: true,
-            kernel: RouterKernelChoice::Auto,
+            ..RouterRequest::default()
         };
         place_router(&mut cpu, 1, 128, &softmax_top8(), fuse);
         assert_eq!(cpu.router, RouterPlacement::NotRouting);
@@ -2569,7 +2580,7 @@ mod tests {
             plan(&problem(1, 128, 8, 2048, 768, DType::BF16), Some(&h)).router,
             RouterPlacement::NotRouting
         );
-        let kernel = |e: usize| router_kernel(1, e, &softmax_top8(), RouterKernelChoice::Auto).0;
+        let kernel = |e: usize| router_kernel(e, &softmax_top8(), RouterKernelChoice::Auto).0;
         assert_eq!(kernel(128), KernelId::RouteTopk(4));
         assert_eq!(kernel(129), KernelId::RouteTopk(8));
         assert_eq!(kernel(256), KernelId::RouteTopk(8));
@@ -2597,11 +2608,11 @@ mod tests {
         };
         // DeepSeek-V3: 256 experts, 8 groups of 32, sigmoid.
         let auto = RouterKernelChoice::Auto;
-        let (id, why) = router_kernel(1, 256, &grouped(Scoring::Sigmoid, 8), auto);
+        let (id, why) = router_kernel(256, &grouped(Scoring::Sigmoid, 8), auto);
         assert_eq!(id, KernelId::RouteGroupedCta);
         assert!(why.contains("8 groups of 32"), "{why}");
         // Groups of 8 and of 2 (power-of-two groups inside a warp), E not a multiple of 32.
-        let kernel = |e: usize, cfg: RouterConfig| router_kernel(16, e, &cfg, auto).0;
+        let kernel = |e: usize, cfg: RouterConfig| router_kernel(e, &cfg, auto).0;
         assert_eq!(
             kernel(64, grouped(Scoring::Sigmoid, 8)),
             KernelId::RouteGroupedCta
@@ -2617,7 +2628,7 @@ mod tests {
             (160, Scoring::Sigmoid, 8, 8, "groups of 20"),
             (128, Scoring::Sigmoid, 2, 4, "groups of 64"),
         ] {
-            let (got, why) = router_kernel(1, e, &grouped(scoring, groups), auto);
+            let (got, why) = router_kernel(e, &grouped(scoring, groups), auto);
             assert_eq!(got, KernelId::RouteTopk(lanes), "E = {e}: {why}");
             assert!(
                 why.contains("not the grouped CTA router") && why.contains(needle),
@@ -2631,22 +2642,57 @@ mod tests {
         assert_eq!(kernel(16, top1), KernelId::RouteTopk(4));
         // $SWAPMOE_ROUTER_KERNEL=warp keeps the warp router.
         let deepseek = grouped(Scoring::Sigmoid, 8);
-        let (id, why) = router_kernel(1, 256, &deepseek, RouterKernelChoice::Warp);
+        let (id, why) = router_kernel(256, &deepseek, RouterKernelChoice::Warp);
         assert_eq!(id, KernelId::RouteTopk(8));
         assert!(why.contains("SWAPMOE_ROUTER_KERNEL=warp"), "{why}");
-        // Past ROUTER_CTA_MAX_TOKENS the warp router, unless $SWAPMOE_ROUTER_KERNEL=cta.
-        let (id, why) = router_kernel(17, 256, &deepseek, auto);
-        assert_eq!(id, KernelId::RouteTopk(8));
-        assert!(why.contains("M = 17 > 16"), "{why}");
+        // "cta" asks for what "auto" picks.
         let cta = RouterKernelChoice::Cta;
         assert_eq!(
-            router_kernel(4096, 256, &deepseek, cta).0,
+            router_kernel(256, &deepseek, cta).0,
             KernelId::RouteGroupedCta
         );
         // "cta" cannot route what the CTA router does not hold.
-        let (id, why) = router_kernel(1, 512, &grouped(Scoring::Sigmoid, 8), cta);
+        let (id, why) = router_kernel(512, &grouped(Scoring::Sigmoid, 8), cta);
         assert_eq!(id, KernelId::RouteTopk(32));
         assert!(why.contains("E = 512 > 256"), "{why}");
+        // Inside fused_moe past M = 16 the CTA router starts without PDL (measured), unless
+        // $SWAPMOE_FIRST_KERNEL_PDL says otherwise; the warp router keeps it.
+        let placed_at = |m: i64, request: RouterRequest| {
+            let p = problem(m, 256, 8, 7168, 256, DType::BF16);
+            let mut plan = plan_with(&p, Some(&h200()), Some(Backend::CudaWgmma)).unwrap();
+            place_router(&mut plan, p.m, 256, &deepseek, request);
+            plan
+        };
+        for (m, request, pdl) in [
+            (16, RouterRequest::default(), true),
+            (17, RouterRequest::default(), false),
+            (64, RouterRequest::default(), false),
+            (
+                64,
+                RouterRequest {
+                    first_kernel_pdl: Some(true),
+                    ..RouterRequest::default()
+                },
+                true,
+            ),
+            (
+                64,
+                RouterRequest {
+                    kernel: RouterKernelChoice::Warp,
+                    ..RouterRequest::default()
+                },
+                true,
+            ),
+        ] {
+            let plan = placed_at(m, request);
+            assert_eq!(plan.first_kernel_pdl, pdl, "M = {m} {request:?}");
+            assert_eq!(
+                plan.reasons
+                    .iter()
+                    .any(|r| r.starts_with("router: launched without PDL")),
+                !pdl
+            );
+        }
         // The plan records the kernel and its reason.
         let mut plan = plan(&problem(1, 256, 8, 7168, 256, DType::BF16), Some(&h200()));
         place_router(

@@ -65,8 +65,8 @@ def placement(r: Router, inp: dict) -> dict:
 
 def expected_router_kernel(r: Router, M: int) -> str:
     """The separate router kernel: the grouped CTA router for grouped sigmoid routing with
-    power-of-two groups of <= 32 experts, E <= 256 and M <= 16, else a warp router."""
-    if r.scoring == "sigmoid" and r.groups is not None and r.groups[0] > 1 and r.E <= 256 and M <= 16:
+    power-of-two groups of <= 32 experts and E <= 256 (at any M), else a warp router."""
+    if r.scoring == "sigmoid" and r.groups is not None and r.groups[0] > 1 and r.E <= 256:
         gs = r.E // r.groups[0]
         if gs & (gs - 1) == 0 and gs <= 32:
             return "swapmoe_route_grouped_cta"

@@ -163,14 +163,14 @@ def router_kernel_of(r: Router, g, b) -> str:
 @pytest.mark.parametrize("M", [1, 7, 64, 300])
 @pytest.mark.parametrize("r", CTA_ROUTERS, ids=lambda r: r.name)
 def test_cta_router_matches_reference_and_warp_router(r, M, rng, monkeypatch):
-    """The grouped CTA router (one thread per expert; by default up to M = 16, at any M with
+    """The grouped CTA router (one thread per expert; the default, also with
     $SWAPMOE_ROUTER_KERNEL=cta) against the float64 reference, and bitwise against the warp
     router ($SWAPMOE_ROUTER_KERNEL=warp): the same scores, picks and renormalizing sum.
     Outputs are poisoned first, so a slot it misses shows."""
     bias = draw_bias(rng, r)
     g, b = cuda_routing(r, draw_logits(rng, r, M, bias), bias, "bfloat16")
     default = router_kernel_of(r, g, b)
-    assert default.startswith("swapmoe_route_grouped_cta" if M <= 16 else "swapmoe_route_topk_p"), default
+    assert default == "swapmoe_route_grouped_cta", default
     monkeypatch.setenv("SWAPMOE_ROUTER_KERNEL", "cta")
     assert router_kernel_of(r, g, b) == "swapmoe_route_grouped_cta"
     w = torch.full((M, r.topk), float("nan"), device=DEV)

@@ -269,11 +269,11 @@ def fused_moe(
     :func:`fused_experts`, with the same results, on the GPU for CUDA tensors with no host
     sync. ``gating_output`` is ``[M, global_E]``; the other arguments are those of the two.
 
-    On CUDA the router kernel runs first, launched with programmatic dependent launch
-    (``_core.describe_plan(..., fused_moe=True, scoring=..., num_expert_group=...)`` names it
-    and says why): the warp router, or for grouped sigmoid routing (DeepSeek-V3) up to M = 16
-    the grouped CTA router; ``$SWAPMOE_ROUTER_KERNEL`` (``auto``, ``warp``, ``cta``) overrides
-    that choice. ``$SWAPMOE_ROUTER_FUSION=on`` routes inside the experts' first kernel
+    On CUDA the router kernel runs first (``_core.describe_plan(..., fused_moe=True,
+    scoring=..., num_expert_group=...)`` names it and says why): the warp router, or for
+    grouped sigmoid routing (DeepSeek-V3) the grouped CTA router, launched with programmatic
+    dependent launch up to M = 16; ``$SWAPMOE_ROUTER_KERNEL`` (``auto``, ``warp``, ``cta``)
+    overrides that choice. ``$SWAPMOE_ROUTER_FUSION=on`` routes inside the experts' first kernel
     instead where it can (E <= 256: the decode GEMM1 at M <= 8, the align kernel at
     M <= 16), which measured slower."""
     shape = _shape(hidden_states)

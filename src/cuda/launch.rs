@@ -1367,7 +1367,7 @@ const ROUTER_TOKENS_PER_CTA: usize = 4;
 /// Routes every token of `p` on `stream` (cuda/route_topk.cu).
 pub fn select_experts(p: &RouterProblem, stream: usize) -> Result<()> {
     let request = crate::oracle::RouterRequest::from_env()?;
-    let (id, _) = crate::oracle::router_kernel(p.m, p.experts, &p.cfg, request.kernel);
+    let (id, _) = crate::oracle::router_kernel(p.experts, &p.cfg, request.kernel);
     let dev = device(router_ordinal(p)?)?;
     route(
         p,
