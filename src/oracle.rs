@@ -144,7 +144,12 @@ pub const SWAP_SLICES_ENV: &str = "SWAPMOE_SWAP_SLICES";
 /// 102 KiB (two CTAs per SM) when that is at least 3, else as many as fit 200 KiB; plus 1 KiB
 /// to align them. GEMM1 has 2 boxes (gate, up), GEMM2 one.
 pub fn swap_smem_bytes(tile: usize, weight_boxes: usize, slices: usize) -> usize {
-    let stage = slices * (weight_boxes * SWAP_ROWS * 64 * 2 + tile * 64 * 2);
+    swap_stages_smem_bytes(slices * (weight_boxes * SWAP_ROWS * 64 * 2 + tile * 64 * 2))
+}
+/// The stage ring of both swap-AB kernel families for stages of `stage` bytes: as many as
+/// fit 102 KiB (two CTAs per SM) when that is at least 3, else as many as fit 200 KiB; plus
+/// 1 KiB to align them.
+fn swap_stages_smem_bytes(stage: usize) -> usize {
     let two_per_sm = 102 * 1024 / stage;
     let count = if two_per_sm >= 3 {
         two_per_sm
@@ -166,14 +171,9 @@ pub const SWAP_FP8_GEMM2_THREADS: usize = 256;
 /// column scales in GEMM2), as many as fit 102 KiB when that is at least 3, else 200 KiB;
 /// plus 1 KiB to align them.
 pub fn swap_fp8_smem_bytes(tile: usize, weight_boxes: usize, column_scales: bool) -> usize {
-    let stage = weight_boxes * SWAP_ROWS * 128 + tile * 128 + if column_scales { 1024 } else { 0 };
-    let two_per_sm = 102 * 1024 / stage;
-    let count = if two_per_sm >= 3 {
-        two_per_sm
-    } else {
-        200 * 1024 / stage
-    };
-    count * stage + 1024
+    swap_stages_smem_bytes(
+        weight_boxes * SWAP_ROWS * 128 + tile * 128 + if column_scales { 1024 } else { 0 },
+    )
 }
 /// The swap-AB token tile for M tokens.
 pub fn swap_token_tile(m: usize) -> usize {
