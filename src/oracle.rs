@@ -953,10 +953,9 @@ pub fn decide(p: &MoeProblem, caps: Option<&DeviceCaps>, req: &Request) -> Resul
             ));
         }
     }
-    let can_pdl = c.pdl_ok;
+    let can = c.pdl_ok;
     let mut plan = c.build(backend);
     if let (Some(want), true) = (req.first_kernel_pdl, !plan.kernels.is_empty()) {
-        let can = can_pdl;
         plan.first_kernel_pdl = want && can;
         plan.reasons.push(match (want, can) {
             (true, true) => format!("override: ${FIRST_KERNEL_PDL_ENV}=on, the first kernel is launched with PDL"),
