@@ -20,6 +20,7 @@ fn main() {
     println!("cargo:rerun-if-env-changed=NVCC");
     println!("cargo:rerun-if-env-changed=CUDA_HOME");
     println!("cargo:rerun-if-env-changed=PYO3_PYTHON");
+    println!("cargo:rerun-if-env-changed=SWAPMOE_CUDA_STAMPS");
     println!("cargo:rerun-if-changed={}", cuda_dir.display());
     println!("cargo:rerun-if-changed=build.rs");
 
@@ -31,6 +32,12 @@ fn main() {
         )
     });
     let nvcc_version = nvcc_version(&nvcc);
+    let stamps = env::var("SWAPMOE_CUDA_STAMPS").is_ok_and(|v| v == "1");
+    // `swapmoe.build_info()["cuda_stamps"]`: whether this is a profiling build.
+    println!(
+        "cargo:rustc-env=SWAPMOE_CUDA_STAMPS_BUILD={}",
+        u8::from(stamps)
+    );
 
     let mut sources: Vec<PathBuf> = std::fs::read_dir(&cuda_dir)
         .expect("swapmoe build: cannot read cuda/")
@@ -114,6 +121,11 @@ fn compile(nvcc: &Path, src: &Path, include: &Path, out_dir: &Path) -> (String, 
         .arg("-Xptxas=-v")
         .arg("-I")
         .arg(include);
+    // Profiling builds only: SWAPMOE_CUDA_STAMPS=1 compiles the swap-AB kernels with
+    // per-CTA %globaltimer stamps recorded in a device buffer (benches/stamps.py reads it).
+    if env::var("SWAPMOE_CUDA_STAMPS").is_ok_and(|v| v == "1") {
+        cmd.arg("-DSWAPMOE_STAMPS=1");
+    }
     for (virt, real) in TARGETS {
         cmd.arg(format!("-gencode=arch={virt},code={real}"));
     }

@@ -45,6 +45,17 @@ for step in "$@"; do
         --section LaunchStats --section Occupancy -k regex:'decode|bulk|route' \
         python3 benches/profile_case.py ${PROFILE_M:-1} ${PROFILE_SHAPE:-qwen3} > "$OUT/ncu_decode_${PROFILE_SHAPE:-qwen3}.txt" 2>&1
       echo "ncu: exit $? ; $(grep -c 'decode_moe\|bulk_moe' "$OUT/ncu_decode_${PROFILE_SHAPE:-qwen3}.txt") kernel sections" ;;
+    stamps)
+      # per-CTA timeline of the swap kernels: needs a profiling wheel in dist/stamps/
+      # (SWAPMOE_CUDA_STAMPS=1 maturin build --release -o dist/stamps); cases "shape:M[:splits]"
+      rm -rf /tmp/site_stamps && python3 -m pip install -q --no-index --no-deps --target /tmp/site_stamps dist/stamps/*.whl || exit 1
+      for c in ${STAMPS_CASES:-qwen3:1 deepseek:1 deepseek:8 qwen3:8}; do
+        IFS=: read -r shape m splits <<< "$c"
+        echo "=== $c" >> "$OUT/stamps.txt"
+        PYTHONPATH=/tmp/site_stamps python3 benches/stamps.py --shape $shape --m $m ${splits:+--splits $splits} \
+          --json "$OUT/stamps_raw.json.gz" >> "$OUT/stamps.txt" 2>&1
+        echo "stamps $c: exit $?"
+      done ;;
     swap-sweep) python3 benches/swap_sweep.py --m ${SWEEP_M:-1,4,16,64} 2>&1 | tee "$OUT/swap_sweep.txt" ;;
     ncu-swap)
       # the swap-AB kernels per ($PROFILE_SHAPE, M, splits) in $NCU_SWAP_CASES, e.g. "qwen3:1:1,4 deepseek:1:4,2"

@@ -75,6 +75,67 @@ struct Routing {
   int expert;                       // GEMM1: this CTA's expert, or -1
 };
 
+// Profiling builds only (SWAPMOE_CUDA_STAMPS=1 at build time, see build.rs): thread 0 of
+// every CTA of the 16-bit swap kernels records %globaltimer at fixed points and appends a
+// record to `swapmoe_stamps` (no printf: a call would serialize the wgmma pipeline);
+// benches/stamps.py reads it through `_core._module_global`. Release builds compile none
+// of it. Record: kernel (1 = GEMM1, 2 = GEMM2), blockIdx.x, blockIdx.y, cluster rank, SM,
+// expert (GEMM1) or first active index (GEMM2), items, then t0..t5 in ns (see
+// benches/stamps.py for the points; t3 is the first full stage).
+#if defined(SWAPMOE_STAMPS) && defined(SWAPMOE_SM90A)
+}  // namespace
+constexpr unsigned kStampRecords = 1u << 16, kStampWords = 16;
+}  // namespace swapmoe
+__device__ unsigned long long swapmoe_stamps[swapmoe::kStampRecords * swapmoe::kStampWords];
+__device__ unsigned swapmoe_stamp_count;  // global scope: unmangled for cuModuleGetGlobal
+namespace swapmoe {
+namespace {
+struct Stamps {
+  unsigned long long t[6];
+};
+__shared__ unsigned long long stamp_first_full;  // thread 0's first full-barrier return
+__device__ __forceinline__ void stamp_record(const Stamps& st, int kernel, int expert, int items) {
+  const unsigned i = atomicAdd(&swapmoe_stamp_count, 1u);
+  if (i >= kStampRecords) return;
+  unsigned long long* r = swapmoe_stamps + (unsigned long long)i * kStampWords;
+  r[0] = kernel;
+  r[1] = blockIdx.x;
+  r[2] = blockIdx.y;
+  r[3] = cluster_ctarank();
+  r[4] = sm_id();
+  r[5] = (unsigned long long)(long long)expert;
+  r[6] = items;
+  for (int k = 0; k < 6; ++k) r[7 + k] = st.t[k];
+  r[10] = items > 0 ? stamp_first_full : 0ull;
+}
+#define SWAPMOE_STAMP(st, i)                            \
+  do {                                                  \
+    if (threadIdx.x == 0) (st).t[i] = globaltimer_ns(); \
+  } while (0)
+#define SWAPMOE_STAMP_FIRST_FULL(it)                                        \
+  do {                                                                      \
+    if ((it) == 0 && threadIdx.x == 0) stamp_first_full = globaltimer_ns(); \
+  } while (0)
+#define SWAPMOE_STAMP_RECORD(st, kernel, expert, items)            \
+  do {                                                             \
+    if (threadIdx.x == 0) stamp_record(st, kernel, expert, items); \
+  } while (0)
+#define SWAPMOE_STAMPS_DECLARE(st) Stamps st = {{0, 0, 0, 0, 0, 0}}
+#else
+#define SWAPMOE_STAMP(st, i) \
+  do {                       \
+  } while (0)
+#define SWAPMOE_STAMP_FIRST_FULL(it) \
+  do {                               \
+  } while (0)
+#define SWAPMOE_STAMP_RECORD(st, kernel, expert, items) \
+  do {                                                  \
+  } while (0)
+#define SWAPMOE_STAMPS_DECLARE(st) \
+  do {                             \
+  } while (0)
+#endif
+
 #ifdef SWAPMOE_SM90A
 constexpr int kProducerWarp = 4;
 constexpr int kConsumerThreads = 128;
@@ -198,6 +259,7 @@ __device__ __forceinline__ void consume(int items, unsigned char* stages, uint64
   for (int it = 0; it < items; ++it) {
     const int st = it % L::kCount;
     mbar_wait(&full[st], (it / L::kCount) & 1);
+    SWAPMOE_STAMP_FIRST_FULL(it);
     const uint32_t base = smem_u32(stages + st * L::kStageBytes);
 #pragma unroll
     for (int b = 0; b < kBoxes; ++b) fence_accumulators(acc[b]);
@@ -262,14 +324,21 @@ __device__ __forceinline__ void gemm1_act(const TensorMap* x_map, const TensorMa
   extern __shared__ unsigned char smem_raw[];
   __shared__ Routing r;
   __shared__ __align__(8) uint64_t full[L::kCount], empty[L::kCount];
+  SWAPMOE_STAMPS_DECLARE(stamps);
+  SWAPMOE_STAMP(stamps, 0);
   init_barriers<L::kCount>(full, empty, x_map, w1_map);  // made visible by mark_active's barriers
   pdl_wait();
+  SWAPMOE_STAMP(stamps, 1);
   pdl_launch_dependents();
   mark_active(r, topk_ids, ids_is_i64, ids_row_stride, expert_map, topk_weights, topk_weights_code,
               topk_weights_row_stride, M, topk, global_E, local_E);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int e = pick_expert(r, local_E, warp, lane);
-  if (e < 0) return;  // fewer active experts than grid rows: the whole cluster leaves
+  SWAPMOE_STAMP(stamps, 2);
+  if (e < 0) {  // fewer active experts than grid rows: the whole cluster leaves
+    SWAPMOE_STAMP_RECORD(stamps, 1, -1, 0);
+    return;
+  }
   const int ranks = cluster_nctarank(), rank = cluster_ctarank();
   const int j0 = (blockIdx.x / ranks) * kRows;
   const int ktiles = (K + kBK * kSub - 1) / (kBK * kSub), per = (ktiles + ranks - 1) / ranks;
@@ -294,8 +363,13 @@ __device__ __forceinline__ void gemm1_act(const TensorMap* x_map, const TensorMa
     }
   } else {
     consume<T, NT, 2, kSub>(items, stages, full, empty, acc);
+    SWAPMOE_STAMP(stamps, 4);
   }
   if (ranks > 1) cluster_sum<NT, 2>(acc, reinterpret_cast<float*>(stages), warp != kProducerWarp);
+  if (rank != 0) {
+    SWAPMOE_STAMP(stamps, 5);
+    SWAPMOE_STAMP_RECORD(stamps, 1, e, items);
+  }
   if (rank != 0 || warp == kProducerWarp) return;
 
   // Accumulator layout of m64nNk16: n8 block j, register 4j + q holds A row
@@ -321,6 +395,8 @@ __device__ __forceinline__ void gemm1_act(const TensorMap* x_map, const TensorMa
       out[(long long)t * N + col] = from_f32<T>(v);
     }
   }
+  SWAPMOE_STAMP(stamps, 5);
+  SWAPMOE_STAMP_RECORD(stamps, 1, e, items);
 #endif
 }
 
@@ -337,12 +413,15 @@ __device__ __forceinline__ void gemm2_sum(const TensorMap* h_map, const TensorMa
   __shared__ __align__(8) uint64_t full[L::kCount], empty[L::kCount];
   // topk_ids were complete before GEMM1 passed its griddepcontrol.wait, which it did before
   // letting this grid launch; so they are read before this grid's wait.
+  SWAPMOE_STAMPS_DECLARE(stamps);
+  SWAPMOE_STAMP(stamps, 0);
   pdl_launch_dependents();
   init_barriers<L::kCount>(full, empty, h_map, w2_map);  // made visible by mark_active's barriers
   mark_active(r, topk_ids, ids_is_i64, ids_row_stride, expert_map, nullptr, 0, 0, M, topk, global_E, local_E);
   const int words = (local_E + 31) / 32;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   count_active(r, words, warp, lane);
+  SWAPMOE_STAMP(stamps, 1);
   const int ranks = cluster_nctarank(), rank = cluster_ctarank();
   const int r0 = (blockIdx.x / ranks) * kRows;
   const int A = r.active, per = (A + ranks - 1) / ranks;
@@ -393,9 +472,15 @@ __device__ __forceinline__ void gemm2_sum(const TensorMap* h_map, const TensorMa
     }
   } else {
     pdl_wait();  // before this grid writes out
+    SWAPMOE_STAMP(stamps, 2);
     consume<T, NT, 1, kSub>(items, stages, full, empty, acc);
+    SWAPMOE_STAMP(stamps, 4);
   }
   if (ranks > 1) cluster_sum<NT, 1>(acc, reinterpret_cast<float*>(stages), warp != kProducerWarp);
+  if (rank != 0) {
+    SWAPMOE_STAMP(stamps, 5);
+    SWAPMOE_STAMP_RECORD(stamps, 2, a0, items);
+  }
   if (rank != 0 || warp == kProducerWarp) return;
 #pragma unroll
   for (int j = 0; j < NT / 8; ++j) {
@@ -406,6 +491,8 @@ __device__ __forceinline__ void gemm2_sum(const TensorMap* h_map, const TensorMa
       if (t < M && row < K) out[(long long)t * out_row_stride + row] = from_f32<T>(acc[0][4 * j + q]);
     }
   }
+  SWAPMOE_STAMP(stamps, 5);
+  SWAPMOE_STAMP_RECORD(stamps, 2, a0, items);
 #endif
 }
 

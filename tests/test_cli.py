@@ -43,6 +43,16 @@ def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 # ---------------------------------------------------------------------------------------
 
 
+def test_build_is_not_a_profiling_build():
+    """Wheels that tests and users run are release builds: the per-CTA stamps of
+    `SWAPMOE_CUDA_STAMPS=1` (benches/stamps.py) stay out of them. Set
+    SWAPMOE_EXPECT_STAMPS_BUILD=1 to run the suite on a profiling build on purpose."""
+    import swapmoe
+
+    info = swapmoe.build_info()
+    assert info["cuda_stamps"] is (os.environ.get("SWAPMOE_EXPECT_STAMPS_BUILD") == "1")
+
+
 def test_parser_defaults():
     a = cli.build_parser().parse_args(["bench"])
     assert a.command == "bench"

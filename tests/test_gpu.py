@@ -619,3 +619,20 @@ def test_cpu_hidden_with_cuda_weights(rng):
     inp = to_inputs(make_problem(rng, case), case, "torch", "float32")
     with pytest.raises(swapmoe.DeviceError, match=r"w1: expected device cpu.*got cuda:0"):
         swapmoe.fused_experts(inp["x"], inp["w1"].to(DEV), inp["w2"], inp["tw"], inp["ids"])
+
+
+def test_module_global_lookup():
+    """The profiling hook behind benches/stamps.py: typed errors naming the argument for an
+    unknown module or symbol; the stamp buffer exists exactly in profiling builds."""
+    from swapmoe import _core
+
+    with pytest.raises(swapmoe.ArgumentError, match="module: expected one of"):
+        _core._module_global(0, "no_such_module", "swapmoe_stamps")
+    with pytest.raises(swapmoe.ArgumentError, match="symbol: expected a __device__ variable"):
+        _core._module_global(0, "sm90_swap_decode", "no_such_symbol")
+    if swapmoe.build_info()["cuda_stamps"]:
+        ptr, size = _core._module_global(0, "sm90_swap_decode", "swapmoe_stamps")
+        assert ptr != 0 and size == (1 << 16) * 16 * 8
+    else:
+        with pytest.raises(swapmoe.ArgumentError, match="SWAPMOE_CUDA_STAMPS=1"):
+            _core._module_global(0, "sm90_swap_decode", "swapmoe_stamps")

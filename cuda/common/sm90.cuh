@@ -27,6 +27,21 @@ struct alignas(64) TensorMap {
 };
 
 #ifdef SWAPMOE_SM90
+// `uint32_t fn()` reading the 32-bit special register %reg.
+#define SWAPMOE_SPECIAL_REGISTER_U32(fn, reg)          \
+  __device__ __forceinline__ uint32_t fn() {           \
+    uint32_t r;                                        \
+    asm volatile("mov.u32 %0, %%" #reg ";" : "=r"(r)); \
+    return r;                                          \
+  }
+// Nanoseconds of the GPU's global timer (same clock on every SM), and this CTA's SM.
+__device__ __forceinline__ unsigned long long globaltimer_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+SWAPMOE_SPECIAL_REGISTER_U32(sm_id, smid)
+
 __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
 }
@@ -106,16 +121,8 @@ __device__ __forceinline__ void tma_prefetch_map(const TensorMap* map) {
 // barrier over every thread of the cluster (release/acquire: shared-memory writes before it
 // are visible to the cluster's loads after it), and a 4-byte load from the shared memory of
 // CTA `rank` of the cluster at the address `addr` has in this CTA (distributed shared memory).
-__device__ __forceinline__ uint32_t cluster_ctarank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ uint32_t cluster_nctarank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
-  return r;
-}
+SWAPMOE_SPECIAL_REGISTER_U32(cluster_ctarank, cluster_ctarank)
+SWAPMOE_SPECIAL_REGISTER_U32(cluster_nctarank, cluster_nctarank)
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
 }

@@ -20,7 +20,8 @@ __version__: str = _core.__version__
 
 
 def build_info() -> dict:
-    """What this build holds: version, nvcc version, embedded targets, modules and kernels."""
+    """What this build holds: version, nvcc version, embedded targets, modules and kernels, and
+    `cuda_stamps` (True for a profiling build, `SWAPMOE_CUDA_STAMPS=1`; see benches/stamps.py)."""
     return dict(_core.build_info())
 
 

@@ -267,6 +267,45 @@ impl DeviceState {
         Ok(f)
     }
 
+    /// Device address and size in bytes of the `__device__` variable `symbol` of the embedded
+    /// module `module` (e.g. the stamp buffer of a `SWAPMOE_CUDA_STAMPS=1` profiling build).
+    pub fn module_global(&self, module: &str, symbol: &str) -> Result<(u64, usize)> {
+        self.make_current()?;
+        let handle = self
+            .modules
+            .iter()
+            .find(|(n, _)| *n == module)
+            .ok_or_else(|| {
+                let names: Vec<&str> = self.modules.iter().map(|(n, _)| *n).collect();
+                Error::Argument(format!(
+                    "module: expected one of the embedded modules {names:?}, got {module:?}"
+                ))
+            })?;
+        let sym = CString::new(symbol).map_err(|_| {
+            Error::Argument(format!(
+                "symbol: expected a name without NUL bytes, got {symbol:?}"
+            ))
+        })?;
+        let mut ptr: sys::CUdeviceptr = 0;
+        let mut bytes: usize = 0;
+        let r = unsafe {
+            sys::cuModuleGetGlobal_v2(
+                &mut ptr,
+                &mut bytes,
+                handle.1 .0 as sys::CUmodule,
+                sym.as_ptr(),
+            )
+        };
+        if r == CUresult::CUDA_ERROR_NOT_FOUND {
+            return Err(Error::Argument(format!(
+                "symbol: expected a __device__ variable of module {module:?}, got {symbol:?}, \
+                 which this build does not have (profiling symbols need SWAPMOE_CUDA_STAMPS=1 at build time)"
+            )));
+        }
+        check(r, &format!("looking up {symbol} in module {module}"))?;
+        Ok((ptr as u64, bytes))
+    }
+
     /// Resolves every kernel, so that a later CUDA-graph capture does no module work.
     pub fn warmup(&self) -> Result<usize> {
         self.make_current()?;

@@ -856,6 +856,8 @@ fn build_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
             .map(|k| k.symbol())
             .collect::<Vec<_>>(),
     )?;
+    // A profiling build (SWAPMOE_CUDA_STAMPS=1): the swap kernels record per-CTA timestamps.
+    d.set_item("cuda_stamps", env!("SWAPMOE_CUDA_STAMPS_BUILD") == "1")?;
     d.set_item(
         "profile",
         if cfg!(debug_assertions) {
@@ -892,6 +894,21 @@ fn warmup(py: Python<'_>, ordinal: i32) -> PyResult<usize> {
     cuda::device(ordinal).and_then(|d| d.warmup()).py_err(py)
 }
 
+/// (device address, bytes) of the `__device__` variable `symbol` in the embedded kernel
+/// module `module` on device `ordinal`. For profiling builds (`SWAPMOE_CUDA_STAMPS=1`):
+/// benches/stamps.py reads the swap kernels' stamp buffer through it.
+#[pyfunction]
+fn _module_global(
+    py: Python<'_>,
+    ordinal: i32,
+    module: &str,
+    symbol: &str,
+) -> PyResult<(u64, usize)> {
+    cuda::device(ordinal)
+        .and_then(|d| d.module_global(module, symbol))
+        .py_err(py)
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(fused_experts, m)?)?;
@@ -908,6 +925,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(driver_version, m)?)?;
     m.add_function(wrap_pyfunction!(device_info, m)?)?;
     m.add_function(wrap_pyfunction!(warmup, m)?)?;
+    m.add_function(wrap_pyfunction!(_module_global, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -1,0 +1,179 @@
+"""Per-CTA timeline of the swap-AB kernels (issue 5: where the fixed ~10-12 µs per layer go).
+
+Needs a profiling build: `SWAPMOE_CUDA_STAMPS=1 maturin build --release`. Thread 0 of each
+CTA of swap_moe_gemm1_act / swap_moe_gemm2_sum records %globaltimer at: entry (t0), GEMM1:
+after griddepcontrol.wait / GEMM2: routing done (t1), GEMM1: expert picked / GEMM2: after
+griddepcontrol.wait (t2), first stage full (t3), last stage consumed (t4), exit (t5).
+This runs one replay of a CUDA graph of 8 layers (distinct weight copies, L2 flushed first,
+as the benchmark) and summarizes each kernel per layer, in µs from the layer's first GEMM1
+CTA entry.
+
+    python benches/stamps.py --shape qwen3 --m 1 [--splits 1,4] [--json out.json.gz]
+
+It also times the graph (do_bench median, per layer; the stamps cost an atomic and a few
+stores per CTA).
+--json adds this case (summaries and the raw records of one replay) to a gzipped JSON file.
+"""
+
+import argparse
+import ctypes
+import gzip
+import json
+import os
+import statistics
+
+import torch
+import triton.testing
+
+import swapmoe
+from swapmoe import _core
+
+SHAPES = {"qwen3": (128, 8, 2048, 768), "deepseek": (256, 8, 7168, 256), "mixtral": (8, 2, 4096, 14336)}
+WORDS = 16
+FIELDS = ("kernel", "bx", "by", "rank", "sm", "expert", "items", "t0", "t1", "t2", "t3", "t4", "t5")
+
+
+class Stamps:
+    def __init__(self):
+        self.cuda = ctypes.CDLL("libcuda.so.1")
+        self.buf, self.buf_bytes = _core._module_global(0, "sm90_swap_decode", "swapmoe_stamps")
+        self.count, _ = _core._module_global(0, "sm90_swap_decode", "swapmoe_stamp_count")
+
+    def reset(self):
+        torch.cuda.synchronize()
+        zero = ctypes.c_uint32(0)
+        assert self.cuda.cuMemcpyHtoD_v2(ctypes.c_uint64(self.count), ctypes.byref(zero), ctypes.c_size_t(4)) == 0
+
+    def read(self):
+        torch.cuda.synchronize()
+        n = ctypes.c_uint32(0)
+        assert self.cuda.cuMemcpyDtoH_v2(ctypes.byref(n), ctypes.c_uint64(self.count), ctypes.c_size_t(4)) == 0
+        n = min(n.value, self.buf_bytes // (8 * WORDS))
+        host = (ctypes.c_uint64 * (n * WORDS))()
+        if n:
+            assert self.cuda.cuMemcpyDtoH_v2(host, ctypes.c_uint64(self.buf), ctypes.c_size_t(n * WORDS * 8)) == 0
+        recs = []
+        for i in range(n):
+            r = dict(zip(FIELDS, host[i * WORDS : i * WORDS + len(FIELDS)]))
+            r["expert"] = ctypes.c_int64(r["expert"]).value
+            recs.append(r)
+        return recs
+
+
+def instances(recs, kernel):
+    """The records of `kernel`, split into launches: sorted by entry, chunked by grid size
+    (every launch of a kernel in the graph has the same grid, and a launch's CTAs all enter
+    before the next launch of the same kernel can start)."""
+    rs = sorted((r for r in recs if r["kernel"] == kernel), key=lambda r: r["t0"])
+    grid = len({(r["bx"], r["by"]) for r in rs})
+    return [rs[i : i + grid] for i in range(0, len(rs), grid)]
+
+
+def summarize(recs):
+    g1s, g2s = instances(recs, 1), instances(recs, 2)
+    rows = []
+    for layer, (g1, g2) in enumerate(zip(g1s, g2s)):
+        base = min(r["t0"] for r in g1)
+        us = lambda t: (t - base) / 1000.0  # noqa: E731
+        work1 = [r for r in g1 if r["items"] > 0]
+        work2 = [r for r in g2 if r["items"] > 0]
+        row = {
+            "layer": layer,
+            "g1_ctas": len(g1),
+            "g1_working": len(work1),
+            "g1_entry_last": us(max(r["t0"] for r in g1)),
+            "g1_wait_done_med": us(statistics.median(r["t1"] for r in g1)),
+            "g1_routed_med": us(statistics.median(r["t2"] for r in g1)),
+            "g1_first_full_min": us(min(r["t3"] for r in work1)),
+            "g1_first_full_med": us(statistics.median(r["t3"] for r in work1)),
+            "g1_consumed_min": us(min(r["t4"] for r in work1)),
+            "g1_consumed_med": us(statistics.median(r["t4"] for r in work1)),
+            "g1_exit_max": us(max(r["t5"] for r in g1)),
+            "g2_ctas": len(g2),
+            "g2_entry_min": us(min(r["t0"] for r in g2)),
+            "g2_entry_max": us(max(r["t0"] for r in g2)),
+            "g2_routed_med": us(statistics.median(r["t1"] for r in g2)),
+            "g2_wait_done_min": us(min(r["t2"] for r in g2 if r["t2"])),
+            "g2_wait_done_max": us(max(r["t2"] for r in g2 if r["t2"])),
+            "g2_first_full_med": us(statistics.median(r["t3"] for r in work2)),
+            "g2_consumed_med": us(statistics.median(r["t4"] for r in work2)),
+            "g2_consumed_max": us(max(r["t4"] for r in work2)),
+            "g2_exit_max": us(max(r["t5"] for r in g2)),
+            "g1_sms": len({r["sm"] for r in g1}),
+            "g2_sms": len({r["sm"] for r in g2}),
+        }
+        if layer + 1 < len(g1s):
+            row["next_g1_entry_min"] = us(min(r["t0"] for r in g1s[layer + 1]))
+        rows.append(row)
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="qwen3", choices=sorted(SHAPES))
+    ap.add_argument("--m", type=int, default=1)
+    ap.add_argument("--splits", default=None, help="$SWAPMOE_SWAP_SPLITS (GEMM1 K split, GEMM2 expert split)")
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    if a.splits:
+        os.environ["SWAPMOE_SWAP_SPLITS"] = a.splits
+    E, topk, K, N = SHAPES[a.shape]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    w1s = [(torch.randn(E, 2 * N, K, device="cuda", generator=g) / K**0.5).to(torch.bfloat16) for _ in range(a.layers)]
+    w2s = [(torch.randn(E, K, N, device="cuda", generator=g) / N**0.5).to(torch.bfloat16) for _ in range(a.layers)]
+    x = torch.randn(a.m, K, device="cuda", generator=g).to(torch.bfloat16)
+    tw, ids = swapmoe.select_experts(torch.randn(a.m, E, device="cuda", generator=g), topk)
+    out = [torch.empty(a.m, K, device="cuda", dtype=torch.bfloat16) for _ in range(a.layers)]
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+
+    def layer(i):
+        swapmoe.fused_experts(x, w1s[i], w2s[i], tw, ids, backend="cuda_wgmma_swap", out=out[i])
+
+    st = Stamps()
+    layer(0)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s), torch.cuda.graph(graph, stream=s):
+        for i in range(a.layers):
+            layer(i)
+    plan = swapmoe.select_backend(a.m, E, topk, K, N, device_name=torch.cuda.get_device_name())
+    print(f"{a.shape} M={a.m} splits={a.splits or 'oracle'} (default plan {plan.backend}; forced cuda_wgmma_swap)")
+    case = {"shape": a.shape, "m": a.m, "splits": a.splits}
+
+    def replay():
+        flush.zero_()
+        graph.replay()
+
+    for _ in range(3):
+        replay()
+    results, raw = [], None
+    for _ in range(3):
+        st.reset()
+        replay()
+        raw = st.read()
+        results.append(summarize(raw))
+    us = triton.testing.do_bench(graph.replay, return_mode="median") * 1000 / a.layers
+    print(f"{us:.2f} µs per layer (do_bench median, L2 flushed)")
+    keys = [k for k in results[0][0] if k != "layer"]
+    # layers 1..n-2 of every replay (the first and last layer have no neighbour on one side)
+    body = [row for rows in results for row in rows[1:-1]]
+    print(f"{'event (µs from the layer first GEMM1 entry)':44s} {'median':>8s} {'min':>8s} {'max':>8s}")
+    for k in keys:
+        vals = [row[k] for row in body if k in row]
+        if vals:
+            print(f"{k:44s} {statistics.median(vals):8.2f} {min(vals):8.2f} {max(vals):8.2f}")
+    case.update(us_per_layer=us, summaries=results, raw_fields=FIELDS, raw=[[r[f] for f in FIELDS] for r in raw])
+    if a.json:
+        # gzip: the raw records of a multi-wave case run to megabytes
+        data = {}
+        if os.path.exists(a.json):
+            with gzip.open(a.json, "rt") as f:
+                data = json.load(f)
+        data[f"{a.shape}_m{a.m}_s{a.splits or 'oracle'}"] = case
+        with gzip.open(a.json, "wt") as f:
+            json.dump(data, f)
+
+if __name__ == "__main__":
+    main()
