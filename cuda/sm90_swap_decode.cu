@@ -400,6 +400,25 @@ __device__ __forceinline__ void gemm1_act(const TensorMap* x_map, const TensorMa
 #endif
 }
 
+#ifdef SWAPMOE_SM90A
+// A GEMM2 consumer thread's accumulators (64 output rows from r0, NT token columns; layout
+// as in gemm1_act's epilogue) into out[t, row], for the rows < K and tokens < M it holds.
+template <typename T, int NT>
+__device__ __forceinline__ void store_gemm2_out(const float (&acc)[NT / 2], T* __restrict__ out,
+                                                long long out_row_stride, int r0, int M, int K, int warp,
+                                                int lane) {
+#pragma unroll
+  for (int j = 0; j < NT / 8; ++j) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int t = 8 * j + 2 * (lane & 3) + (q & 1);
+      const int row = r0 + 16 * warp + (lane >> 2) + 8 * (q >> 1);
+      if (t < M && row < K) out[(long long)t * out_row_stride + row] = from_f32<T>(acc[4 * j + q]);
+    }
+  }
+}
+#endif
+
 template <typename T, int NT, int kSub>
 __device__ __forceinline__ void gemm2_sum(const TensorMap* h_map, const TensorMap* w2_map,
                                           const void* __restrict__ topk_ids, int ids_is_i64,
@@ -482,15 +501,7 @@ __device__ __forceinline__ void gemm2_sum(const TensorMap* h_map, const TensorMa
     SWAPMOE_STAMP_RECORD(stamps, 2, a0, items);
   }
   if (rank != 0 || warp == kProducerWarp) return;
-#pragma unroll
-  for (int j = 0; j < NT / 8; ++j) {
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int t = 8 * j + 2 * (lane & 3) + (q & 1);
-      const int row = r0 + 16 * warp + (lane >> 2) + 8 * (q >> 1);
-      if (t < M && row < K) out[(long long)t * out_row_stride + row] = from_f32<T>(acc[0][4 * j + q]);
-    }
-  }
+  store_gemm2_out<T, NT>(acc[0], out, out_row_stride, r0, M, K, warp, lane);
   SWAPMOE_STAMP(stamps, 5);
   SWAPMOE_STAMP_RECORD(stamps, 2, a0, items);
 #endif
@@ -923,15 +934,7 @@ __device__ __forceinline__ void fp8_gemm2(const TensorMap* w2_map, const float* 
   }
   if (ranks > 1) cluster_sum<NT, 1>(acc, reinterpret_cast<float*>(stages), threadIdx.x < kConsumerThreads);
   if (rank != 0 || threadIdx.x >= kConsumerThreads) return;
-#pragma unroll
-  for (int j = 0; j < NT / 8; ++j) {
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int t = 8 * j + 2 * (lane & 3) + (q & 1);
-      const int row = r0 + 16 * warp + (lane >> 2) + 8 * (q >> 1);
-      if (t < M && row < K) out[(long long)t * out_row_stride + row] = from_f32<T>(acc[0][4 * j + q]);
-    }
-  }
+  store_gemm2_out<T, NT>(acc[0], out, out_row_stride, r0, M, K, warp, lane);
 #endif
 }
 

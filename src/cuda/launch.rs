@@ -1054,7 +1054,6 @@ fn swap_fp8(
     let (g1_split, g2_split) = (plan.splits.0 as u32, plan.splits.1 as u32);
     let (e, kk, nn, mm) = (p.local_experts as u64, p.k as u64, p.n as u64, p.m as u64);
     let (w1s_e, w1s_r, w1s_c) = f.w1s_strides;
-    let (w2s_e, w2s_r, w2s_c) = f.w2s_strides;
     {
         let xq_map = tensor_map(
             DType::F8E4M3,
@@ -1126,35 +1125,9 @@ fn swap_fp8(
         &[128, rows, 1],
         "w2",
     )?;
-    let out = o.out as u64;
-    let out_row = s.out_row;
-    let mut args = params!(
-        w2_map,
-        f.inter,
-        f.inter_amax,
-        f.a2,
-        f.groups_n,
-        f.w2s,
-        w2s_e,
-        w2s_r,
-        w2s_c,
-        ra.tw,
-        ra.tw_code,
-        ra.tw_row,
-        ra.ids,
-        ra.ids_i64,
-        ra.ids_row,
-        ra.map,
-        ra.m,
-        ra.topk,
-        ra.global_e,
-        ra.local_e,
-        ra.n,
-        ra.k,
-        ra.on_input,
-        out,
-        out_row
-    );
+    let tail = Fp8Gemm2Tail::new(p, &f);
+    let head = params!(w2_map, f.inter, f.inter_amax, f.a2, f.groups_n);
+    let mut args: Vec<*mut c_void> = head.into_iter().chain(tail.params()).collect();
     let grid = (p.k.div_ceil(SWAP_ROWS) as u32 * g2_split, 1, 1);
     let id = find(plan, |k| matches!(k, KernelId::SwapFp8Gemm2Sum(..)))?;
     launch_clustered(
@@ -1511,6 +1484,55 @@ struct Fp8Args {
     w2s_strides: (i64, i64, i64),
 }
 
+/// The arguments every FP8 GEMM2 kernel (swap-AB and decode) takes after its own head, in
+/// order: w2's scales and their strides, the routing, the shape and the output.
+struct Fp8Gemm2Tail {
+    w2s: u64,
+    w2s_strides: (i64, i64, i64),
+    ra: RoutedArgs,
+    out: u64,
+    out_row: i64,
+}
+
+impl Fp8Gemm2Tail {
+    fn new(p: &MoeProblem, f: &Fp8Args) -> Self {
+        Fp8Gemm2Tail {
+            w2s: f.w2s,
+            w2s_strides: f.w2s_strides,
+            ra: RoutedArgs::new(p),
+            out: p.operands.out as u64,
+            out_row: p.strides.out_row,
+        }
+    }
+
+    /// Pointers into `self`: it must outlive the launch they are passed to.
+    fn params(&self) -> [*mut c_void; 20] {
+        let (ra, (w2s_e, w2s_r, w2s_c)) = (&self.ra, &self.w2s_strides);
+        params!(
+            self.w2s,
+            *w2s_e,
+            *w2s_r,
+            *w2s_c,
+            ra.tw,
+            ra.tw_code,
+            ra.tw_row,
+            ra.ids,
+            ra.ids_i64,
+            ra.ids_row,
+            ra.map,
+            ra.m,
+            ra.topk,
+            ra.global_e,
+            ra.local_e,
+            ra.n,
+            ra.k,
+            ra.on_input,
+            self.out,
+            self.out_row
+        )
+    }
+}
+
 impl Fp8Args {
     fn new(p: &MoeProblem, layout: &WorkspaceLayout, workspace: usize) -> Self {
         let q = p.quant.expect("an FP8 problem");
@@ -1567,11 +1589,9 @@ fn fp8_decode(
         inter_amax,
         a2,
         w1s,
-        w2s,
         ..
     } = f;
     let (w1s_e, w1s_r, w1s_c) = f.w1s_strides;
-    let (w2s_e, w2s_r, w2s_c) = f.w2s_strides;
     {
         let w1 = o.w1 as u64;
         let (w1_e, w1_r) = (s.w1_expert, s.w1_row);
@@ -1617,37 +1637,9 @@ fn fp8_decode(
     {
         let w2 = o.w2 as u64;
         let (w2_e, w2_r) = (s.w2_expert, s.w2_row);
-        let out = o.out as u64;
-        let out_row = s.out_row;
-        let mut args = params!(
-            inter,
-            inter_amax,
-            a2,
-            groups_n,
-            w2,
-            w2_e,
-            w2_r,
-            w2s,
-            w2s_e,
-            w2s_r,
-            w2s_c,
-            ra.tw,
-            ra.tw_code,
-            ra.tw_row,
-            ra.ids,
-            ra.ids_i64,
-            ra.ids_row,
-            ra.map,
-            ra.m,
-            ra.topk,
-            ra.global_e,
-            ra.local_e,
-            ra.n,
-            ra.k,
-            ra.on_input,
-            out,
-            out_row
-        );
+        let tail = Fp8Gemm2Tail::new(p, &f);
+        let head = params!(inter, inter_amax, a2, groups_n, w2, w2_e, w2_r);
+        let mut args: Vec<*mut c_void> = head.into_iter().chain(tail.params()).collect();
         let grid = (p.k.div_ceil(rows) as u32, 1, 1);
         let id = find(plan, |k| matches!(k, KernelId::DecodeFp8Gemm2Sum(..)))?;
         launch(dev, id, grid, block, 0, stream, plan.pdl, &mut args)?;
