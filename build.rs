@@ -57,7 +57,7 @@ fn main() {
                 let nvcc = &nvcc;
                 let out_dir = &out_dir;
                 let cuda_dir = &cuda_dir;
-                scope.spawn(move || compile(nvcc, src, cuda_dir, out_dir))
+                scope.spawn(move || compile(nvcc, src, cuda_dir, out_dir, stamps))
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
@@ -109,7 +109,13 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-fn compile(nvcc: &Path, src: &Path, include: &Path, out_dir: &Path) -> (String, PathBuf) {
+fn compile(
+    nvcc: &Path,
+    src: &Path,
+    include: &Path,
+    out_dir: &Path,
+    stamps: bool,
+) -> (String, PathBuf) {
     let stem = src.file_stem().unwrap().to_string_lossy().to_string();
     let out = out_dir.join(format!("{stem}.fatbin"));
     let mut cmd = Command::new(nvcc);
@@ -123,7 +129,7 @@ fn compile(nvcc: &Path, src: &Path, include: &Path, out_dir: &Path) -> (String, 
         .arg(include);
     // Profiling builds only: SWAPMOE_CUDA_STAMPS=1 compiles the swap-AB kernels with
     // per-CTA %globaltimer stamps recorded in a device buffer (benches/stamps.py reads it).
-    if env::var("SWAPMOE_CUDA_STAMPS").is_ok_and(|v| v == "1") {
+    if stamps {
         cmd.arg("-DSWAPMOE_STAMPS=1");
     }
     for (virt, real) in TARGETS {
