@@ -599,7 +599,7 @@ __device__ __forceinline__ void consume_fp8(int items, unsigned char* stages, ui
 
 // FP8 GEMM1: as gemm1_act, with e4m3 weights and x_q; writes the f32 intermediate per slot
 // (the layout of the other FP8 paths) and its absmax.
-template <int SCHEME, int NT>
+template <int SCHEME, int NT, bool kQ8Out = false>
 __device__ __forceinline__ void fp8_gemm1(const TensorMap* xq_map, const TensorMap* w1_map,
                                           const float* __restrict__ x_scale, int groups_k,
                                           const float* __restrict__ w1s, long long w1s_e, long long w1s_r,
@@ -609,8 +609,11 @@ __device__ __forceinline__ void fp8_gemm1(const TensorMap* xq_map, const TensorM
                                           long long ids_row_stride, const int* __restrict__ expert_map, int M,
                                           int topk, int global_E, int local_E, int N, int K, int act,
                                           int weight_on_input, float* __restrict__ inter,
-                                          float* __restrict__ inter_amax, int groups_n) {
+                                          float* __restrict__ inter_amax, int groups_n,
+                                          const float* __restrict__ a2_static = nullptr,
+                                          unsigned char* __restrict__ inter_q = nullptr) {
 #ifdef SWAPMOE_SM90A
+  static_assert(!kQ8Out || SCHEME == kQTensor, "e4m3 intermediate rows need a static per-tensor scale");
   using L = Fp8Stages<NT, 2, false>;
   extern __shared__ unsigned char smem_raw[];
   __shared__ Routing r;
@@ -678,64 +681,97 @@ __device__ __forceinline__ void fp8_gemm1(const TensorMap* xq_map, const TensorM
 
   // Accumulator layout as in gemm1_act: register 4j + q is inter column j0 + row_in + 8 (q >> 1)
   // and token 8j + 2 (lane % 4) + (q & 1).
-  float tmax[NT / 4];
+  if constexpr (kQ8Out) {
+    // The static scale is known: quantize here, one e4m3 row per (active expert, token), the
+    // value of the token's first slot on e (GEMM2 multiplies by the summed router weights),
+    // 0 for a token that does not route to e. The same arithmetic as the GEMM2 producer of
+    // the f32 layout, so the bytes are the same.
+    const float sc = *a2_static, inv = __frcp_rn(sc);
+    unsigned char* q8 = inter_q + (long long)blockIdx.y * M * N;
 #pragma unroll
-  for (int c = 0; c < NT / 4; ++c) tmax[c] = 0.f;
+    for (int j = 0; j < NT / 8; ++j) {
 #pragma unroll
-  for (int j = 0; j < NT / 8; ++j) {
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int t = 8 * j + 2 * (lane & 3) + (q & 1);
-      const int col = j0 + row_in + 8 * (q >> 1);
-      if (t >= M || col >= N) continue;
-      float g = acc[0][4 * j + q], u = acc[1][4 * j + q];
-      if constexpr (SCHEME != kQBlock) {
-        const float xs = x_scale[(long long)t * groups_k];
-        const int rg = SCHEME == kQChannel ? col : 0, ru = SCHEME == kQChannel ? N + col : 0;
-        g *= xs * w1s[scale_off(e, rg, 0, w1s_e, w1s_r, 0)];
-        u *= xs * w1s[scale_off(e, ru, 0, w1s_e, w1s_r, 0)];
-      }
-      for (int k = 0; k < topk; ++k) {
-        const int s = t * topk + k;
-        if (r.slot_expert[s] != e) continue;
-        float gi = g, ui = u;
-        if (weight_on_input) {
-          gi *= r.slot_weight[s];
-          ui *= r.slot_weight[s];
+      for (int q = 0; q < 4; ++q) {
+        const int t = 8 * j + 2 * (lane & 3) + (q & 1);
+        const int col = j0 + row_in + 8 * (q >> 1);
+        if (t >= M || col >= N) continue;
+        int first = -1;
+        for (int k = 0; k < topk && first < 0; ++k)
+          if (r.slot_expert[t * topk + k] == e) first = t * topk + k;
+        __nv_fp8_storage_t b = 0;
+        if (first >= 0) {
+          const float xs = x_scale[(long long)t * groups_k];
+          float g = acc[0][4 * j + q] * (xs * w1s[scale_off(e, 0, 0, w1s_e, w1s_r, 0)]);
+          float u = acc[1][4 * j + q] * (xs * w1s[scale_off(e, 0, 0, w1s_e, w1s_r, 0)]);
+          if (weight_on_input) {
+            g *= r.slot_weight[first];
+            u *= r.slot_weight[first];
+          }
+          b = fp8_quantize(activate(act, g) * u, sc, inv, true);
         }
-        const float a = activate(act, gi) * ui;
-        inter[(long long)s * N + col] = a;
-        tmax[2 * j + (q & 1)] = fmaxf(tmax[2 * j + (q & 1)], finite_abs(a));
+        q8[(long long)t * N + col] = b;
       }
-    }
-  }
-  // Lanes with equal lane % 4 hold the same tokens: fold them, then one shared atomic each.
-#pragma unroll
-  for (int c = 0; c < NT / 4; ++c) {
-    float m = tmax[c];
-    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
-    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
-    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
-    const int t = 8 * (c >> 1) + 2 * (lane & 3) + (c & 1);
-    if (lane < 4 && t < M && m > 0.f) atomicMax(&token_amax[t], __float_as_uint(m));
-  }
-  consumer_sync();
-  if constexpr (SCHEME == kQTensor) {
-    if (warp == 0) {
-      unsigned m = 0u;
-      for (int t = lane; t < M; t += 32) m = max(m, token_amax[t]);
-      m = __reduce_max_sync(0xffffffffu, m);
-      if (lane == 0 && m) atomicMax(reinterpret_cast<unsigned*>(inter_amax), m);
     }
   } else {
-    const int g = SCHEME == kQBlock ? j0 / kFp8Block : 0;  // 64 columns lie in one 128-group
-    for (int t = threadIdx.x; t < M; t += kConsumerThreads) {
-      const unsigned m = token_amax[t];
-      if (!m) continue;
-      for (int k = 0; k < topk; ++k) {
-        const int s = t * topk + k;
-        if (r.slot_expert[s] == e)
-          atomicMax(reinterpret_cast<unsigned*>(inter_amax) + (long long)s * groups_n + g, m);
+    float tmax[NT / 4];
+#pragma unroll
+    for (int c = 0; c < NT / 4; ++c) tmax[c] = 0.f;
+#pragma unroll
+    for (int j = 0; j < NT / 8; ++j) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int t = 8 * j + 2 * (lane & 3) + (q & 1);
+        const int col = j0 + row_in + 8 * (q >> 1);
+        if (t >= M || col >= N) continue;
+        float g = acc[0][4 * j + q], u = acc[1][4 * j + q];
+        if constexpr (SCHEME != kQBlock) {
+          const float xs = x_scale[(long long)t * groups_k];
+          const int rg = SCHEME == kQChannel ? col : 0, ru = SCHEME == kQChannel ? N + col : 0;
+          g *= xs * w1s[scale_off(e, rg, 0, w1s_e, w1s_r, 0)];
+          u *= xs * w1s[scale_off(e, ru, 0, w1s_e, w1s_r, 0)];
+        }
+        for (int k = 0; k < topk; ++k) {
+          const int s = t * topk + k;
+          if (r.slot_expert[s] != e) continue;
+          float gi = g, ui = u;
+          if (weight_on_input) {
+            gi *= r.slot_weight[s];
+            ui *= r.slot_weight[s];
+          }
+          const float a = activate(act, gi) * ui;
+          inter[(long long)s * N + col] = a;
+          tmax[2 * j + (q & 1)] = fmaxf(tmax[2 * j + (q & 1)], finite_abs(a));
+        }
+      }
+    }
+    // Lanes with equal lane % 4 hold the same tokens: fold them, then one shared atomic each.
+#pragma unroll
+    for (int c = 0; c < NT / 4; ++c) {
+      float m = tmax[c];
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
+      const int t = 8 * (c >> 1) + 2 * (lane & 3) + (c & 1);
+      if (lane < 4 && t < M && m > 0.f) atomicMax(&token_amax[t], __float_as_uint(m));
+    }
+    consumer_sync();
+    if constexpr (SCHEME == kQTensor) {
+      if (warp == 0) {
+        unsigned m = 0u;
+        for (int t = lane; t < M; t += 32) m = max(m, token_amax[t]);
+        m = __reduce_max_sync(0xffffffffu, m);
+        if (lane == 0 && m) atomicMax(reinterpret_cast<unsigned*>(inter_amax), m);
+      }
+    } else {
+      const int g = SCHEME == kQBlock ? j0 / kFp8Block : 0;  // 64 columns lie in one 128-group
+      for (int t = threadIdx.x; t < M; t += kConsumerThreads) {
+        const unsigned m = token_amax[t];
+        if (!m) continue;
+        for (int k = 0; k < topk; ++k) {
+          const int s = t * topk + k;
+          if (r.slot_expert[s] == e)
+            atomicMax(reinterpret_cast<unsigned*>(inter_amax) + (long long)s * groups_n + g, m);
+        }
       }
     }
   }
@@ -743,6 +779,28 @@ __device__ __forceinline__ void fp8_gemm1(const TensorMap* xq_map, const TensorM
 }
 
 #ifdef SWAPMOE_SM90A
+// An FP8 GEMM2 CTA's share when its cluster splits the active experts (every thread, after
+// mark_active): output rows r0.., the active experts from the a0-th (local expert `first`),
+// `items` stages of kFp8BK columns of N (ktiles per expert).
+struct Fp8Gemm2Share {
+  int ranks, rank, r0, a0, first, ktiles, items;
+};
+
+__device__ __forceinline__ Fp8Gemm2Share fp8_gemm2_share(Routing& r, int words, int N) {
+  count_active(r, words, threadIdx.x >> 5, threadIdx.x & 31);
+  Fp8Gemm2Share w;
+  w.ranks = cluster_nctarank();
+  w.rank = cluster_ctarank();
+  w.r0 = (blockIdx.x / w.ranks) * kRows;
+  const int A = r.active, per = (A + w.ranks - 1) / w.ranks;
+  w.a0 = min(A, w.rank * per);
+  w.ktiles = (N + kFp8BK - 1) / kFp8BK;
+  w.items = (min(A, w.a0 + per) - w.a0) * w.ktiles;
+  int count;
+  count_and_pick(r.bits, words, w.a0, count, w.first);
+  return w;
+}
+
 // A GEMM2 producer thread's token rows of one stage: warp pw of the producer warpgroup takes
 // rows pw, pw + 4, ... (NT / 4 of them), lane l the stage's columns 4l .. 4l + 3.
 template <int NT>
@@ -850,26 +908,19 @@ __device__ __forceinline__ void fp8_gemm2(const TensorMap* w2_map, const float* 
                                 topk_weights_row_stride, M, topk, global_E, local_E);
   const int words = (local_E + 31) / 32;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  count_active(r, words, warp, lane);
-  const int ranks = cluster_nctarank(), rank = cluster_ctarank();
-  const int r0 = (blockIdx.x / ranks) * kRows;
-  const int A = r.active, per = (A + ranks - 1) / ranks;
-  const int a0 = min(A, rank * per), a1 = min(A, a0 + per);
-  const int ktiles = (N + kFp8BK - 1) / kFp8BK, items = (a1 - a0) * ktiles;
+  const Fp8Gemm2Share w = fp8_gemm2_share(r, words, N);
   unsigned char* stages = aligned_stages(smem_raw);
   float acc[1][NT / 2];
-  int first, count;
-  count_and_pick(r.bits, words, a0, count, first);
   if (threadIdx.x >= kConsumerThreads) {
     const int pt = threadIdx.x - kConsumerThreads, pw = pt >> 5;
-    const int pre = min(items, L::kCount);
+    const int pre = min(w.items, L::kCount);
     if (pt == 0) {
       // The first stages' weights, before waiting for GEMM1.
-      int e = first, kt = 0;
+      int e = w.first, kt = 0;
       for (int it = 0; it < pre; ++it) {
         mbar_arrive_expect(&full[it], L::kWeightBytes);
-        tma_load_3d(stages + it * L::kStageBytes + L::weight(0), w2_map, kt * kFp8BK, r0, e, &full[it]);
-        if (++kt == ktiles) {
+        tma_load_3d(stages + it * L::kStageBytes + L::weight(0), w2_map, kt * kFp8BK, w.r0, e, &full[it]);
+        if (++kt == w.ktiles) {
           kt = 0;
           e = next_active(r.bits, words, e);
         }
@@ -879,20 +930,20 @@ __device__ __forceinline__ void fp8_gemm2(const TensorMap* w2_map, const float* 
     // Each stage's rows are fetched one stage ahead, so their L2 latency overlaps the stores
     // of the stage before (and the wait for a free stage).
     Fp8Rows<NT> cur, next;
-    int e = first, kt = 0;
-    if (items > 0) {
+    int e = w.first, kt = 0;
+    if (w.items > 0) {
       cur.template source<SCHEME>(r, e, M, topk, weight_on_input, inter_amax, a2_static, groups_n, pw);
       cur.template fetch<SCHEME>(inter, inter_amax, groups_n, N, kt, lane);
     }
-    for (int it = 0; it < items; ++it) {
+    for (int it = 0; it < w.items; ++it) {
       const int st = it % L::kCount;
       unsigned char* s = stages + st * L::kStageBytes;
       int e_next = e, kt_next = kt + 1;
-      if (kt_next == ktiles) {
+      if (kt_next == w.ktiles) {
         kt_next = 0;
         e_next = next_active(r.bits, words, e);
       }
-      if (it + 1 < items) {
+      if (it + 1 < w.items) {
         next = cur;
         if (e_next != e)
           next.template source<SCHEME>(r, e_next, M, topk, weight_on_input, inter_amax, a2_static, groups_n, pw);
@@ -901,7 +952,7 @@ __device__ __forceinline__ void fp8_gemm2(const TensorMap* w2_map, const float* 
       if (it >= L::kCount) mbar_wait(&empty[st], ((it / L::kCount) - 1) & 1);
       if (pt == 0 && it >= pre) {
         mbar_arrive_expect(&full[st], L::kWeightBytes);
-        tma_load_3d(s + L::weight(0), w2_map, kt * kFp8BK, r0, e, &full[st]);
+        tma_load_3d(s + L::weight(0), w2_map, kt * kFp8BK, w.r0, e, &full[st]);
       }
       cur.template store<SCHEME>(s + L::tokens(), reinterpret_cast<float*>(s + L::colscale()), N, kt, lane, pw);
       fence_proxy_async_shared();  // the rows, seen by the wgmmas
@@ -913,28 +964,127 @@ __device__ __forceinline__ void fp8_gemm2(const TensorMap* w2_map, const float* 
   } else {
     pdl_wait();  // before this grid writes out
     const int row_in = 16 * warp + (lane >> 2);
-    int e = first, kt = 0;
+    int e = w.first, kt = 0;
     auto scales = [&](int, const unsigned char* stage, float (&row)[1][2], float (&col)[NT / 4]) {
       const float* cs = reinterpret_cast<const float*>(stage + L::colscale());
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int rr = min(r0 + row_in + 8 * h, K - 1);
+        const int rr = min(w.r0 + row_in + 8 * h, K - 1);
         if constexpr (SCHEME == kQTensor) row[0][h] = w2s[scale_off(e, 0, 0, w2s_e, 0, 0)];
         else if constexpr (SCHEME == kQChannel) row[0][h] = w2s[scale_off(e, rr, 0, w2s_e, w2s_r, 0)];
         else row[0][h] = w2s[scale_off(e, rr / kFp8Block, kt, w2s_e, w2s_r, w2s_c)];
       }
 #pragma unroll
       for (int c = 0; c < NT / 4; ++c) col[c] = cs[8 * (c >> 1) + 2 * (lane & 3) + (c & 1)];
-      if (++kt == ktiles) {
+      if (++kt == w.ktiles) {
         kt = 0;
         e = next_active(r.bits, words, e);
       }
     };
-    consume_fp8<L, NT, 1>(items, stages, full, empty, acc, scales);
+    consume_fp8<L, NT, 1>(w.items, stages, full, empty, acc, scales);
   }
-  if (ranks > 1) cluster_sum<NT, 1>(acc, reinterpret_cast<float*>(stages), threadIdx.x < kConsumerThreads);
-  if (rank != 0 || threadIdx.x >= kConsumerThreads) return;
-  store_gemm2_out<T, NT>(acc[0], out, out_row_stride, r0, M, K, warp, lane);
+  if (w.ranks > 1) cluster_sum<NT, 1>(acc, reinterpret_cast<float*>(stages), threadIdx.x < kConsumerThreads);
+  if (w.rank != 0 || threadIdx.x >= kConsumerThreads) return;
+  store_gemm2_out<T, NT>(acc[0], out, out_row_stride, w.r0, M, K, warp, lane);
+#endif
+}
+
+// FP8 GEMM2 on the e4m3 intermediate rows that GEMM1 quantized with the static scale
+// (fp8_gemm1<kQTensor, NT, true>): the bf16 GEMM2's layout, with both the w2 box and the
+// NT token rows of h_q[a] brought by TMA (warp 4, one thread), no producer warpgroup. The
+// column factor a2 x (t's router weights on e) and w2's scale for e are set once per expert.
+template <typename T, int NT>
+__device__ __forceinline__ void fp8_gemm2_q8(const TensorMap* hq_map, const TensorMap* w2_map,
+                                             const float* __restrict__ a2_static, const float* __restrict__ w2s,
+                                             long long w2s_e, const void* __restrict__ topk_weights,
+                                             int topk_weights_code, long long topk_weights_row_stride,
+                                             const void* __restrict__ topk_ids, int ids_is_i64,
+                                             long long ids_row_stride, const int* __restrict__ expert_map, int M,
+                                             int topk, int global_E, int local_E, int N, int K, int weight_on_input,
+                                             T* __restrict__ out, long long out_row_stride) {
+#ifdef SWAPMOE_SM90A
+  using L = Fp8Stages<NT, 1, false>;
+  extern __shared__ unsigned char smem_raw[];
+  __shared__ Routing r;
+  __shared__ __align__(8) uint64_t full[L::kCount], empty[L::kCount];
+  // topk_ids were complete before GEMM1 passed its griddepcontrol.wait, which it did before
+  // letting this grid launch; so they are read before this grid's wait.
+  pdl_launch_dependents();
+  init_barriers<L::kCount>(full, empty, hq_map, w2_map, kConsumerThreads);  // visible after mark_active
+  // The router weights are read unless GEMM1 applied them to the input.
+  mark_active(r, topk_ids, ids_is_i64, ids_row_stride, expert_map, weight_on_input ? nullptr : topk_weights,
+              topk_weights_code, topk_weights_row_stride, M, topk, global_E, local_E);
+  const int words = (local_E + 31) / 32;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const Fp8Gemm2Share w = fp8_gemm2_share(r, words, N);
+  unsigned char* stages = aligned_stages(smem_raw);
+  float acc[1][NT / 2];
+  if (warp == kProducerWarp) {
+    if (lane == 0) {
+      // The first stages' weights, before waiting for GEMM1.
+      const int pre = min(w.items, L::kCount);
+      int e = w.first, kt = 0;
+      for (int it = 0; it < pre; ++it) {
+        mbar_arrive_expect(&full[it], L::kStageBytes);
+        tma_load_3d(stages + it * L::kStageBytes + L::weight(0), w2_map, kt * kFp8BK, w.r0, e, &full[it]);
+        if (++kt == w.ktiles) {
+          kt = 0;
+          e = next_active(r.bits, words, e);
+        }
+      }
+      pdl_wait();  // GEMM1's rows are complete
+      e = w.first;
+      kt = 0;
+      int a = w.a0;
+      for (int it = 0; it < w.items; ++it) {
+        const int st = it % L::kCount;
+        unsigned char* s = stages + st * L::kStageBytes;
+        if (it >= pre) {
+          mbar_wait(&empty[st], ((it / L::kCount) - 1) & 1);
+          mbar_arrive_expect(&full[st], L::kStageBytes);
+          tma_load_3d(s + L::weight(0), w2_map, kt * kFp8BK, w.r0, e, &full[st]);
+        }
+        tma_load_3d(s + L::tokens(), hq_map, kt * kFp8BK, 0, a, &full[st]);
+        if (++kt == w.ktiles) {
+          kt = 0;
+          ++a;
+          e = next_active(r.bits, words, e);
+        }
+      }
+    }
+  } else {
+    pdl_wait();  // before this grid writes out
+    const float a2 = *a2_static;
+    int e = w.first, kt = 0;
+    float w2_scale = 0.f, colf[NT / 4];
+    auto scales = [&](int, const unsigned char*, float (&row)[1][2], float (&col)[NT / 4]) {
+      if (kt == 0) {
+        w2_scale = w2s[scale_off(e, 0, 0, w2s_e, 0, 0)];
+#pragma unroll
+        for (int c = 0; c < NT / 4; ++c) {
+          const int t = 8 * (c >> 1) + 2 * (lane & 3) + (c & 1);
+          float wsum = 0.f;
+          if (t < M)
+            for (int k = 0; k < topk; ++k) {
+              const int sl = t * topk + k;
+              if (r.slot_expert[sl] == e) wsum += weight_on_input ? 1.f : r.slot_weight[sl];
+            }
+          colf[c] = a2 * wsum;
+        }
+      }
+      row[0][0] = row[0][1] = w2_scale;
+#pragma unroll
+      for (int c = 0; c < NT / 4; ++c) col[c] = colf[c];
+      if (++kt == w.ktiles) {
+        kt = 0;
+        e = next_active(r.bits, words, e);
+      }
+    };
+    consume_fp8<L, NT, 1>(w.items, stages, full, empty, acc, scales);
+  }
+  if (w.ranks > 1) cluster_sum<NT, 1>(acc, reinterpret_cast<float*>(stages), warp != kProducerWarp);
+  if (w.rank != 0 || warp == kProducerWarp) return;
+  store_gemm2_out<T, NT>(acc[0], out, out_row_stride, w.r0, M, K, warp, lane);
 #endif
 }
 
@@ -1006,6 +1156,43 @@ SWAPMOE_SWAP_TILES(f16, __half, 4)
   SWAPMOE_SWAP_FP8_SCHEME(SCHEME, NAME, 32)    \
   SWAPMOE_SWAP_FP8_SCHEME(SCHEME, NAME, 64)
 
+// The static per-tensor intermediate scale ("q8"): swap_moe_fp8_gemm1_tensor_q8_n* writes e4m3
+// intermediate rows, which swap_moe_fp8_gemm2_sum_{bf16,f16}_tensor_q8_n* reads by TMA.
+#define SWAPMOE_SWAP_FP8_Q8_GEMM1(NT)                                                                               \
+  extern "C" __global__ void __launch_bounds__(swapmoe::kThreads, 1) swap_moe_fp8_gemm1_tensor_q8_n##NT(          \
+      const __grid_constant__ swapmoe::TensorMap xq_map, const __grid_constant__ swapmoe::TensorMap w1_map,       \
+      const float* x_scale, int groups_k, const float* w1s, long long w1s_e, long long w1s_r, long long w1s_c,    \
+      const void* topk_weights, int topk_weights_code, long long topk_weights_row_stride, const void* topk_ids,    \
+      int ids_is_i64, long long ids_row_stride, const int* expert_map, int M, int topk, int global_E,             \
+      int local_E, int N, int K, int act, int weight_on_input, const float* a2_static, unsigned char* inter_q) {  \
+    swapmoe::fp8_gemm1<swapmoe::kQTensor, NT, true>(                                                              \
+        &xq_map, &w1_map, x_scale, groups_k, w1s, w1s_e, w1s_r, w1s_c, topk_weights, topk_weights_code,           \
+        topk_weights_row_stride, topk_ids, ids_is_i64, ids_row_stride, expert_map, M, topk, global_E, local_E, N, \
+        K, act, weight_on_input, nullptr, nullptr, 0, a2_static, inter_q);                                        \
+  }
+#define SWAPMOE_SWAP_FP8_Q8_GEMM2(SUFFIX, T, NT)                                                                    \
+  extern "C" __global__ void __launch_bounds__(swapmoe::kThreads, 1)                                              \
+      swap_moe_fp8_gemm2_sum_##SUFFIX##_tensor_q8_n##NT(                                                          \
+          const __grid_constant__ swapmoe::TensorMap hq_map, const __grid_constant__ swapmoe::TensorMap w2_map,   \
+          const float* a2_static, const float* w2s, long long w2s_e, long long w2s_r, long long w2s_c,            \
+          const void* topk_weights, int topk_weights_code, long long topk_weights_row_stride, const void* topk_ids,\
+          int ids_is_i64, long long ids_row_stride, const int* expert_map, int M, int topk, int global_E, int local_E,\
+          int N, int K, int weight_on_input, T* out, long long out_row_stride) {                                  \
+    (void)w2s_r;                                                                                                   \
+    (void)w2s_c;                                                                                                   \
+    swapmoe::fp8_gemm2_q8<T, NT>(&hq_map, &w2_map, a2_static, w2s, w2s_e, topk_weights, topk_weights_code,          \
+                                 topk_weights_row_stride, topk_ids, ids_is_i64, ids_row_stride, expert_map, M,     \
+                                 topk, global_E, local_E, N, K, weight_on_input, out, out_row_stride);             \
+  }
+#define SWAPMOE_SWAP_FP8_Q8(NT)                        \
+  SWAPMOE_SWAP_FP8_Q8_GEMM1(NT)                        \
+  SWAPMOE_SWAP_FP8_Q8_GEMM2(bf16, __nv_bfloat16, NT)   \
+  SWAPMOE_SWAP_FP8_Q8_GEMM2(f16, __half, NT)
+
 SWAPMOE_SWAP_FP8_TILES(swapmoe::kQTensor, tensor)
+SWAPMOE_SWAP_FP8_Q8(8)
+SWAPMOE_SWAP_FP8_Q8(16)
+SWAPMOE_SWAP_FP8_Q8(32)
+SWAPMOE_SWAP_FP8_Q8(64)
 SWAPMOE_SWAP_FP8_TILES(swapmoe::kQChannel, channel)
 SWAPMOE_SWAP_FP8_TILES(swapmoe::kQBlock, block)

@@ -350,6 +350,11 @@ pub enum KernelId {
     /// also by output dtype (bf16 or fp16).
     SwapFp8Gemm1(QuantScheme, usize),
     SwapFp8Gemm2Sum(DType, QuantScheme, usize),
+    /// FP8 swap-AB kernels for per-tensor weights with a static intermediate scale
+    /// (`a2_scale` given): GEMM1 writes the e4m3 intermediate rows, GEMM2 reads them by TMA.
+    /// (token tile); GEMM2 also by output dtype (bf16 or fp16).
+    SwapFp8StaticGemm1(usize),
+    SwapFp8StaticGemm2Sum(DType, usize),
 }
 
 const FP8_SCHEMES: [QuantScheme; 3] = [
@@ -425,7 +430,9 @@ impl KernelId {
         + 2 * 2 * 4 * 2
         + 1
         + 3 * 4
-        + 2 * 3 * 4;
+        + 2 * 3 * 4
+        + 4
+        + 2 * 4;
 
     pub fn module(&self) -> &'static str {
         match self {
@@ -446,7 +453,9 @@ impl KernelId {
             KernelId::SwapGemm1Act(..)
             | KernelId::SwapGemm2Sum(..)
             | KernelId::SwapFp8Gemm1(..)
-            | KernelId::SwapFp8Gemm2Sum(..) => "sm90_swap_decode",
+            | KernelId::SwapFp8Gemm2Sum(..)
+            | KernelId::SwapFp8StaticGemm1(..)
+            | KernelId::SwapFp8StaticGemm2Sum(..) => "sm90_swap_decode",
             _ => "generic_moe",
         }
     }
@@ -498,6 +507,10 @@ impl KernelId {
             KernelId::SwapFp8Gemm2Sum(d, q, t) => {
                 format!("swap_moe_fp8_gemm2_sum_{}_{}_n{t}", d.suffix(), q.name())
             }
+            KernelId::SwapFp8StaticGemm1(t) => format!("swap_moe_fp8_gemm1_tensor_q8_n{t}"),
+            KernelId::SwapFp8StaticGemm2Sum(d, t) => {
+                format!("swap_moe_fp8_gemm2_sum_{}_tensor_q8_n{t}", d.suffix())
+            }
         }
     }
 
@@ -536,6 +549,10 @@ impl KernelId {
             KernelId::SwapFp8Gemm2Sum(d, q, t) => {
                 162 + swap_fp8_slot(q, t) + 12 * usize::from(d == DType::F16)
             }
+            KernelId::SwapFp8StaticGemm1(t) => 186 + swap_fp8_slot(QuantScheme::Tensor, t),
+            KernelId::SwapFp8StaticGemm2Sum(d, t) => {
+                190 + swap_fp8_slot(QuantScheme::Tensor, t) + 4 * usize::from(d == DType::F16)
+            }
         }
     }
 
@@ -554,6 +571,8 @@ impl KernelId {
             KernelId::SwapGemm2Sum(_, tile, k) => Some(swap_smem_bytes(tile, 1, k)),
             KernelId::SwapFp8Gemm1(_, tile) => Some(swap_fp8_smem_bytes(tile, 2, false)),
             KernelId::SwapFp8Gemm2Sum(_, _, tile) => Some(swap_fp8_smem_bytes(tile, 1, true)),
+            KernelId::SwapFp8StaticGemm1(tile) => Some(swap_fp8_smem_bytes(tile, 2, false)),
+            KernelId::SwapFp8StaticGemm2Sum(_, tile) => Some(swap_fp8_smem_bytes(tile, 1, false)),
             _ => None,
         }
     }
@@ -619,6 +638,12 @@ impl KernelId {
                 for d in [DType::BF16, DType::F16] {
                     v.push(KernelId::SwapFp8Gemm2Sum(d, q, t));
                 }
+            }
+        }
+        for t in SWAP_TOKEN_TILES {
+            v.push(KernelId::SwapFp8StaticGemm1(t));
+            for d in [DType::BF16, DType::F16] {
+                v.push(KernelId::SwapFp8StaticGemm2Sum(d, t));
             }
         }
         v
@@ -1984,15 +2009,29 @@ impl<'a> Candidates<'a> {
                 let tile = swap_token_tile(self.p.m);
                 let (s, why) = swap_split_choice.clone().unwrap_or_default();
                 splits = s;
+                // With a static intermediate scale GEMM1 quantizes its own output, and GEMM2
+                // loads e4m3 rows by TMA instead of quantizing f32 rows per stage
+                // (benches/NOTES.md, "FP8 swap v2").
+                let static_inter = q.scheme == QuantScheme::Tensor && q.a2_scale != 0;
+                let inter = if static_inter {
+                    "GEMM1 quantizes the intermediate with the static a2_scale, GEMM2 reads its e4m3 rows by TMA"
+                } else {
+                    "the intermediate quantized as GEMM2 loads it, its scale from GEMM1's absmax"
+                };
                 reasons.push(format!(
-                    "cuda_wgmma_swap: e4m3 weights in wgmma's {SWAP_ROWS}-row slot streamed by TMA, 128 of K per stage, the M = {} tokens as {tile} columns (x quantized first, the intermediate quantized as GEMM2 loads it); clusters of {} (GEMM1, K split) and {} (GEMM2, expert split); {why}",
+                    "cuda_wgmma_swap: e4m3 weights in wgmma's {SWAP_ROWS}-row slot streamed by TMA, 128 of K per stage, the M = {} tokens as {tile} columns (x quantized first; {inter}); clusters of {} (GEMM1, K split) and {} (GEMM2, expert split); {why}",
                     self.p.m, s.0, s.1
                 ));
                 reasons.push(pdl_reason("GEMM1 starts under the quantization, GEMM2 streams its first weights while GEMM1 finishes"));
                 let mut v = vec![];
                 fp8_front(&mut v);
-                v.push(KernelId::SwapFp8Gemm1(q.scheme, tile));
-                v.push(KernelId::SwapFp8Gemm2Sum(d, q.scheme, tile));
+                if static_inter {
+                    v.push(KernelId::SwapFp8StaticGemm1(tile));
+                    v.push(KernelId::SwapFp8StaticGemm2Sum(d, tile));
+                } else {
+                    v.push(KernelId::SwapFp8Gemm1(q.scheme, tile));
+                    v.push(KernelId::SwapFp8Gemm2Sum(d, q.scheme, tile));
+                }
                 (v, SWAP_ROWS, tile, self.pdl_ok)
             }
             (Backend::CudaGeneric, Some(q)) => {
@@ -3417,12 +3456,21 @@ mod tests {
                 let p = shape(m, 2048, 768, DType::BF16, &h200);
                 assert_eq!(p.backend, Backend::CudaWgmmaSwap, "{:?}", p.reasons);
                 assert_eq!(
-                    p.kernels[p.kernels.len() - 3..],
-                    [
-                        KernelId::Fp8QuantX(DType::BF16),
-                        KernelId::SwapFp8Gemm1(q, tile),
-                        KernelId::SwapFp8Gemm2Sum(DType::BF16, q, tile)
-                    ]
+                    p.kernels,
+                    if q == QuantScheme::Tensor {
+                        // plan_for_shape gives per-tensor plans static activation scales
+                        vec![
+                            KernelId::Fp8QuantX(DType::BF16),
+                            KernelId::SwapFp8StaticGemm1(tile),
+                            KernelId::SwapFp8StaticGemm2Sum(DType::BF16, tile),
+                        ]
+                    } else {
+                        vec![
+                            KernelId::Fp8QuantX(DType::BF16),
+                            KernelId::SwapFp8Gemm1(q, tile),
+                            KernelId::SwapFp8Gemm2Sum(DType::BF16, q, tile),
+                        ]
+                    }
                 );
                 assert!(p.pdl && p.tokens_per_pass == tile);
             }

@@ -889,7 +889,8 @@ pub struct WorkspaceLayout {
     /// int32 [1]
     pub num_tiles: usize,
     /// dtype [S, N]: act(gate) * up (float32 with FP8: quantized as GEMM2 loads it); with
-    /// M <= SWAP_MAX_TOKENS at least [min(E, S), M, N] (cuda_wgmma_swap's per-expert rows)
+    /// M <= SWAP_MAX_TOKENS at least [min(E, S), M, N] (cuda_wgmma_swap's per-expert rows;
+    /// e4m3 with FP8 and a static intermediate scale)
     pub intermediate: usize,
     /// float32 [S, K]: per-slot GEMM2 output, router weight applied
     pub slot_out: usize,
@@ -949,13 +950,15 @@ impl WorkspaceLayout {
         let num_tiles = take(4);
         let inter_elem = if quant.is_some() { 4 } else { elem_size };
         // The swap-AB decode path keeps one row per (active expert, token) instead:
-        // min(E, S) x M x N in the activation dtype.
-        let swap_rows = if quant.is_none() && m <= crate::oracle::SWAP_MAX_TOKENS {
+        // min(E, S) x M x N in the activation dtype, or in e4m3 (FP8 with a static
+        // intermediate scale).
+        let swap_rows = if m <= crate::oracle::SWAP_MAX_TOKENS {
             local_experts.min(slots) * m
         } else {
             0
         };
-        let intermediate = take(inter_elem * slots.max(swap_rows) * n);
+        let swap_elem = if quant.is_some() { 1 } else { elem_size };
+        let intermediate = take((inter_elem * slots * n).max(swap_elem * swap_rows * n));
         let slot_out = take(4 * slots * k);
         let (xq, xs, xp, ia) = match quant {
             Some(q) => (

@@ -200,11 +200,11 @@ def test_zero_tokens_and_unused_nan_experts(scheme, M, rng):
 
 
 @needs_sm89
-@pytest.mark.parametrize("scheme", FP8_SCHEMES)
+@pytest.mark.parametrize("scheme", FP8_SCHEMES + ["tensor-static"])
 @pytest.mark.parametrize("M", [4, 100])
 def test_cuda_graph_capture_and_replay(scheme, M, rng):
     case = _case(M, E=32, topk=6, ids="concentrated")
-    prob = make_fp8_problem(rng, case, scheme)
+    prob = make_fp8_problem(rng, case, scheme.split("-")[0], static=scheme.endswith("static"))
     inp = to_fp8_inputs(prob, case, "torch", "bfloat16", DEV)
     assert swapmoe.warmup(0) > 0
     out_buf = torch.empty_like(inp["x"])
@@ -214,7 +214,7 @@ def test_cuda_graph_capture_and_replay(scheme, M, rng):
     with torch.cuda.graph(graph):
         fp8_call(inp, case, out=out_buf)
     for _ in range(2):
-        fresh = make_fp8_problem(rng, case, scheme)
+        fresh = make_fp8_problem(rng, case, scheme.split("-")[0])
         for name in ("x", "tw", "ids"):
             inp[name].copy_(torch.from_numpy(np.ascontiguousarray(fresh[name])).to(inp[name].dtype))
         out_buf.fill_(math.nan)
@@ -252,7 +252,8 @@ def test_plan_picks_fp8_kernels(rng):
     inp = to_fp8_inputs(make_fp8_problem(rng, case, "tensor"), case, "torch", "bfloat16", DEV)
     p = swapmoe.select_backend(1, 128, 8, 256, 128, quant="fp8_tensor")
     if torch.cuda.get_device_capability() == (9, 0):
-        assert p.backend == "cuda_wgmma_swap" and "swap_moe_fp8_gemm1_tensor_n8" in p.tile["kernels"]
+        # select_backend plans per-tensor FP8 with static activation scales
+        assert p.backend == "cuda_wgmma_swap" and "swap_moe_fp8_gemm1_tensor_q8_n8" in p.tile["kernels"]
     else:
         assert p.backend == "cuda_decode" and "decode_moe_fp8_gemm1_tensor_v16" in p.tile["kernels"]
     ref, flips = fp8_reference(inp, case)
@@ -293,14 +294,64 @@ SWAP_CASES = [
 SWAP_SPLITS = [None, "1,1", "2,4", "8,8"]  # None: the oracle's clusters
 
 
+# (scheme, static activation scales): "tensor" with static scales runs the kernels whose
+# GEMM1 writes the e4m3 intermediate (swap_moe_fp8_*_tensor_q8_*).
+SWAP_SCHEMES = [(s, False) for s in FP8_SCHEMES] + [("tensor", True)]
+
+
+def _scheme_id(v):
+    return f"{v[0]}-static" if v[1] else v[0]
+
+
 @needs_sm90
 @pytest.mark.parametrize("splits", SWAP_SPLITS, ids=lambda s: f"splits{(s or 'oracle').replace(',', 'x')}")
 @pytest.mark.parametrize("case", SWAP_CASES, ids=lambda c: c.id)
-@pytest.mark.parametrize("scheme", FP8_SCHEMES)
+@pytest.mark.parametrize("scheme", SWAP_SCHEMES, ids=_scheme_id)
 def test_swap_backend(scheme, case, splits, rng, monkeypatch):
     if splits:
         monkeypatch.setenv("SWAPMOE_SWAP_SPLITS", splits)
-    run_fp8_case(case, scheme, "torch", "bfloat16", rng, device=DEV, backend="cuda_wgmma_swap")
+    run_fp8_case(case, scheme[0], "torch", "bfloat16", rng, device=DEV, static=scheme[1],
+                 backend="cuda_wgmma_swap")
+
+
+@needs_sm90
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("layout", ["aligned-rows", "odd-rows", "odd-start"])
+@pytest.mark.parametrize("M", [1, 9])
+def test_swap_static_quantizes_strided_inputs(M, layout, dtype, rng):
+    """Strided and misaligned hidden_states on the static-scale path: every layout gives the
+    contiguous input's result, bit for bit."""
+    case = _case(M, E=16, topk=4)
+    inp = to_fp8_inputs(make_fp8_problem(rng, case, "tensor", static=True), case, "torch", dtype, DEV)
+    ref, flips = fp8_reference(inp, case)
+    want = fp8_call(inp, case, backend="cuda_wgmma_swap")
+    x = inp["x"]
+    K = x.shape[1]
+    pad, start = {"aligned-rows": (8, 0), "odd-rows": (4, 0), "odd-start": (8, 1)}[layout]
+    wide = torch.full((M, K + pad), float("nan"), dtype=x.dtype, device=DEV)
+    wide[:, start:start + K] = x
+    inp["x"] = wide[:, start:start + K]
+    assert inp["x"].stride(0) == K + pad
+    got = fp8_call(inp, case, backend="cuda_wgmma_swap")
+    torch.cuda.synchronize()
+    check_fp8_close(got, ref, flips, dtype, what=f"{case.id}-{layout}")
+    assert same_bits(snapshot(got), snapshot(want))
+
+
+@needs_sm90
+@pytest.mark.parametrize("case", [_case(5, E=64, topk=4, ids="dup"), _case(9, (80, 336), E=16, topk=2, ep=True)],
+                         ids=lambda c: c.id)
+def test_swap_static_does_not_read_stale_workspace(case, rng):
+    """GEMM1 writes every e4m3 row GEMM2 reads (0 for tokens that skip the expert); the
+    copy zero-fills rows past M. A workspace left full of e4m3 NaN (0xFF) must not leak in."""
+    inp = to_fp8_inputs(make_fp8_problem(rng, case, "tensor", static=True), case, "torch", "bfloat16", DEV)
+    ref, flips = fp8_reference(inp, case)
+    for _ in range(3):
+        junk = torch.full((256 << 20,), 0xFF, dtype=torch.uint8, device=DEV)
+        del junk  # the caching allocator hands this block out again
+        out = fp8_call(inp, case, backend="cuda_wgmma_swap")
+        torch.cuda.synchronize()
+        check_fp8_close(out, ref, flips, "bfloat16", what=case.id)
 
 
 @needs_sm90
@@ -317,12 +368,12 @@ def test_swap_dtypes_and_static_scales(scheme, M, dtype, static, rng):
 
 @needs_sm90
 @pytest.mark.parametrize("splits", ["1,1", "4,4"])
-@pytest.mark.parametrize("scheme", FP8_SCHEMES)
+@pytest.mark.parametrize("scheme", SWAP_SCHEMES, ids=_scheme_id)
 def test_swap_is_deterministic(scheme, splits, rng, monkeypatch):
     """Cluster sums go in rank order and nothing is atomic but the absmax (order-free)."""
     monkeypatch.setenv("SWAPMOE_SWAP_SPLITS", splits)
     case = _case(12, E=16, topk=4, ids="concentrated")
-    inp = to_fp8_inputs(make_fp8_problem(rng, case, scheme), case, "torch", "bfloat16", DEV)
+    inp = to_fp8_inputs(make_fp8_problem(rng, case, scheme[0], static=scheme[1]), case, "torch", "bfloat16", DEV)
     first = snapshot(fp8_call(inp, case, backend="cuda_wgmma_swap"))
     for _ in range(10):
         assert same_bits(snapshot(fp8_call(inp, case, backend="cuda_wgmma_swap")), first)

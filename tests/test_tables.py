@@ -276,7 +276,9 @@ def test_explain_fp8_shows_the_fp8_plan(quant, capsys):
     out = capsys.readouterr().out
     scheme = quant.split("_")[1].replace("128", "")
     assert f"bf16 {quant}" in out.splitlines()[0]
-    assert "M=1: cuda_wgmma_swap" in out and f"swap_moe_fp8_gemm1_{scheme}_n8" in out
+    # explain plans per-tensor FP8 with static activation scales: GEMM1 writes e4m3 rows (q8)
+    gemm1 = "swap_moe_fp8_gemm1_tensor_q8_n8" if scheme == "tensor" else f"swap_moe_fp8_gemm1_{scheme}_n8"
+    assert "M=1: cuda_wgmma_swap" in out and gemm1 in out
     assert "M=64: cuda_generic" in out and f"generic_moe_fp8_gemm1_{scheme}" in out
     assert "cuda_wgmma_swap: not picked, FP8 at M = 64 > 16" in out
     assert "dtype=fp8_w8a8" in out

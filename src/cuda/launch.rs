@@ -1034,7 +1034,9 @@ fn swap_decode(
 
 /// The FP8 swap-AB path (cuda/sm90_swap_decode.cu): quantize x, then GEMM1 writes the f32
 /// intermediate per slot with its absmax, and GEMM2 quantizes it as it loads and sums the
-/// experts into `out`. Clusters as in `swap_decode`.
+/// experts into `out`. With a static per-tensor intermediate scale (the plan's
+/// `SwapFp8StaticGemm1`) GEMM1 writes e4m3 rows per (active expert, token) instead, and
+/// GEMM2 reads them by TMA. Clusters as in `swap_decode`.
 fn swap_fp8(
     dev: &DeviceState,
     p: &MoeProblem,
@@ -1054,6 +1056,11 @@ fn swap_fp8(
     let (g1_split, g2_split) = (plan.splits.0 as u32, plan.splits.1 as u32);
     let (e, kk, nn, mm) = (p.local_experts as u64, p.k as u64, p.n as u64, p.m as u64);
     let (w1s_e, w1s_r, w1s_c) = f.w1s_strides;
+    let active_bound = p.local_experts.min(p.slots()) as u64;
+    let static_inter = plan
+        .kernels
+        .iter()
+        .any(|k| matches!(k, KernelId::SwapFp8StaticGemm1(..)));
     {
         let xq_map = tensor_map(
             DType::F8E4M3,
@@ -1071,7 +1078,7 @@ fn swap_fp8(
             &[128, rows, 1],
             "w1",
         )?;
-        let mut args = params!(
+        let args = params!(
             xq_map,
             w1_map,
             f.x_scale,
@@ -1094,17 +1101,26 @@ fn swap_fp8(
             ra.n,
             ra.k,
             ra.act,
-            ra.on_input,
-            f.inter,
-            f.inter_amax,
-            f.groups_n
+            ra.on_input
         );
+        // The tail: where the intermediate goes.
+        let tail = if static_inter {
+            params!(f.a2, f.inter).to_vec()
+        } else {
+            params!(f.inter, f.inter_amax, f.groups_n).to_vec()
+        };
+        let mut args: Vec<*mut c_void> = args.into_iter().chain(tail).collect();
         let grid = (
             p.n.div_ceil(SWAP_ROWS) as u32 * g1_split,
-            p.local_experts.min(p.slots()) as u32,
+            active_bound as u32,
             1,
         );
-        let id = find(plan, |k| matches!(k, KernelId::SwapFp8Gemm1(..)))?;
+        let id = find(plan, |k| {
+            matches!(
+                k,
+                KernelId::SwapFp8Gemm1(..) | KernelId::SwapFp8StaticGemm1(..)
+            )
+        })?;
         launch_clustered(
             dev,
             id,
@@ -1126,15 +1142,39 @@ fn swap_fp8(
         "w2",
     )?;
     let tail = Fp8Gemm2Tail::new(p, &f);
-    let head = params!(w2_map, f.inter, f.inter_amax, f.a2, f.groups_n);
-    let mut args: Vec<*mut c_void> = head.into_iter().chain(tail.params()).collect();
     let grid = (p.k.div_ceil(SWAP_ROWS) as u32 * g2_split, 1, 1);
-    let id = find(plan, |k| matches!(k, KernelId::SwapFp8Gemm2Sum(..)))?;
+    // GEMM1's e4m3 rows [active_bound, M, N] (static intermediate scale), rows >= M
+    // zero-filled by the copy.
+    let hq_map = if static_inter {
+        Some(tensor_map(
+            DType::F8E4M3,
+            f.inter,
+            &[nn, mm, active_bound.max(1)],
+            &[nn, mm * nn],
+            &[128, tile, 1],
+            "the quantized intermediate",
+        )?)
+    } else {
+        None
+    };
+    let (id, threads, head) = match &hq_map {
+        Some(hq_map) => (
+            find(plan, |k| matches!(k, KernelId::SwapFp8StaticGemm2Sum(..)))?,
+            SWAP_THREADS,
+            params!(*hq_map, w2_map, f.a2).to_vec(),
+        ),
+        None => (
+            find(plan, |k| matches!(k, KernelId::SwapFp8Gemm2Sum(..)))?,
+            SWAP_FP8_GEMM2_THREADS,
+            params!(w2_map, f.inter, f.inter_amax, f.a2, f.groups_n).to_vec(),
+        ),
+    };
+    let mut args: Vec<*mut c_void> = head.into_iter().chain(tail.params()).collect();
     launch_clustered(
         dev,
         id,
         grid,
-        SWAP_FP8_GEMM2_THREADS as u32,
+        threads as u32,
         swap_smem(id),
         stream,
         plan.pdl,
