@@ -24,6 +24,21 @@ macro_rules! params {
     };
 }
 
+/// `params!` of a routed kernel's arguments: `head`, then the routing and shape run every
+/// routed kernel takes in this order (topk_weights pointer, dtype code and row stride;
+/// topk_ids pointer, is-int64 and row stride; expert_map; M, topk, global E, local E, N, K)
+/// from a `RoutedArgs`, then `tail`.
+macro_rules! routed_params {
+    ([$($head:expr),* $(,)?], $ra:expr, [$($tail:expr),* $(,)?]) => {
+        params!(
+            $($head,)*
+            $ra.tw, $ra.tw_code, $ra.tw_row, $ra.ids, $ra.ids_i64, $ra.ids_row, $ra.map,
+            $ra.m, $ra.topk, $ra.global_e, $ra.local_e, $ra.n, $ra.k,
+            $($tail),*
+        )
+    };
+}
+
 /// Launches `id`; with `pdl` the launch may begin while the previous kernel in the stream
 /// finishes (programmatic dependent launch; the kernel waits with griddepcontrol.wait).
 #[allow(clippy::too_many_arguments)]
@@ -947,26 +962,7 @@ fn swap_decode(
             &[64, rows, 1],
             "w1",
         )?;
-        let mut args = params!(
-            x_map,
-            w1_map,
-            ra.tw,
-            ra.tw_code,
-            ra.tw_row,
-            ra.ids,
-            ra.ids_i64,
-            ra.ids_row,
-            ra.map,
-            ra.m,
-            ra.topk,
-            ra.global_e,
-            ra.local_e,
-            ra.n,
-            ra.k,
-            ra.act,
-            ra.on_input,
-            h
-        );
+        let mut args = routed_params!([x_map, w1_map], ra, [ra.act, ra.on_input, h]);
         let grid = (
             p.n.div_ceil(SWAP_ROWS) as u32 * g1_split,
             active_bound as u32,
@@ -1078,30 +1074,10 @@ fn swap_fp8(
             &[128, rows, 1],
             "w1",
         )?;
-        let args = params!(
-            xq_map,
-            w1_map,
-            f.x_scale,
-            f.groups_k,
-            f.w1s,
-            w1s_e,
-            w1s_r,
-            w1s_c,
-            ra.tw,
-            ra.tw_code,
-            ra.tw_row,
-            ra.ids,
-            ra.ids_i64,
-            ra.ids_row,
-            ra.map,
-            ra.m,
-            ra.topk,
-            ra.global_e,
-            ra.local_e,
-            ra.n,
-            ra.k,
-            ra.act,
-            ra.on_input
+        let args = routed_params!(
+            [xq_map, w1_map, f.x_scale, f.groups_k, f.w1s, w1s_e, w1s_r, w1s_c],
+            ra,
+            [ra.act, ra.on_input]
         );
         // The tail: where the intermediate goes.
         let tail = if static_inter {
@@ -1216,29 +1192,7 @@ fn decode(
         let x_row = s.hidden_row;
         let w1 = o.w1 as u64;
         let (w1_e, w1_r) = (s.w1_expert, s.w1_row);
-        let mut args = params!(
-            x,
-            x_row,
-            w1,
-            w1_e,
-            w1_r,
-            ra.tw,
-            ra.tw_code,
-            ra.tw_row,
-            ra.ids,
-            ra.ids_i64,
-            ra.ids_row,
-            ra.map,
-            ra.m,
-            ra.topk,
-            ra.global_e,
-            ra.local_e,
-            ra.n,
-            ra.k,
-            ra.act,
-            ra.on_input,
-            inter
-        );
+        let mut args = routed_params!([x, x_row, w1, w1_e, w1_r], ra, [ra.act, ra.on_input, inter]);
         let grid = if bulk {
             (plan.ctas.max(1) as u32, 1, 1)
         } else {
@@ -1265,28 +1219,7 @@ fn decode(
         let (w2_e, w2_r) = (s.w2_expert, s.w2_row);
         let out = o.out as u64;
         let out_row = s.out_row;
-        let mut args = params!(
-            inter,
-            w2,
-            w2_e,
-            w2_r,
-            ra.tw,
-            ra.tw_code,
-            ra.tw_row,
-            ra.ids,
-            ra.ids_i64,
-            ra.ids_row,
-            ra.map,
-            ra.m,
-            ra.topk,
-            ra.global_e,
-            ra.local_e,
-            ra.n,
-            ra.k,
-            ra.on_input,
-            out,
-            out_row
-        );
+        let mut args = routed_params!([inter, w2, w2_e, w2_r], ra, [ra.on_input, out, out_row]);
         let row_blocks = p.k.div_ceil(rows);
         let grid = if bulk {
             (plan.ctas.clamp(1, row_blocks) as u32, 1, 1)
@@ -1548,27 +1481,10 @@ impl Fp8Gemm2Tail {
     /// Pointers into `self`: it must outlive the launch they are passed to.
     fn params(&self) -> [*mut c_void; 20] {
         let (ra, (w2s_e, w2s_r, w2s_c)) = (&self.ra, &self.w2s_strides);
-        params!(
-            self.w2s,
-            *w2s_e,
-            *w2s_r,
-            *w2s_c,
-            ra.tw,
-            ra.tw_code,
-            ra.tw_row,
-            ra.ids,
-            ra.ids_i64,
-            ra.ids_row,
-            ra.map,
-            ra.m,
-            ra.topk,
-            ra.global_e,
-            ra.local_e,
-            ra.n,
-            ra.k,
-            ra.on_input,
-            self.out,
-            self.out_row
+        routed_params!(
+            [self.w2s, *w2s_e, *w2s_r, *w2s_c],
+            ra,
+            [ra.on_input, self.out, self.out_row]
         )
     }
 }
@@ -1635,36 +1551,10 @@ fn fp8_decode(
     {
         let w1 = o.w1 as u64;
         let (w1_e, w1_r) = (s.w1_expert, s.w1_row);
-        let mut args = params!(
-            xq,
-            xq_row,
-            x_scale,
-            groups_k,
-            w1,
-            w1_e,
-            w1_r,
-            w1s,
-            w1s_e,
-            w1s_r,
-            w1s_c,
-            ra.tw,
-            ra.tw_code,
-            ra.tw_row,
-            ra.ids,
-            ra.ids_i64,
-            ra.ids_row,
-            ra.map,
-            ra.m,
-            ra.topk,
-            ra.global_e,
-            ra.local_e,
-            ra.n,
-            ra.k,
-            ra.act,
-            ra.on_input,
-            inter,
-            inter_amax,
-            groups_n
+        let mut args = routed_params!(
+            [xq, xq_row, x_scale, groups_k, w1, w1_e, w1_r, w1s, w1s_e, w1s_r, w1s_c],
+            ra,
+            [ra.act, ra.on_input, inter, inter_amax, groups_n]
         );
         let grid = (
             p.n.div_ceil(rows) as u32,
