@@ -950,14 +950,18 @@ impl WorkspaceLayout {
         let num_tiles = take(4);
         let inter_elem = if quant.is_some() { 4 } else { elem_size };
         // The swap-AB decode path keeps one row per (active expert, token) instead:
-        // min(E, S) x M x N in the activation dtype, or in e4m3 (FP8 with a static
-        // intermediate scale).
+        // min(E, S) x M x N in the activation dtype, or in e4m3 (per-tensor FP8 with a
+        // static intermediate scale; the other FP8 schemes keep the f32 rows per slot).
         let swap_rows = if m <= crate::oracle::SWAP_MAX_TOKENS {
             local_experts.min(slots) * m
         } else {
             0
         };
-        let swap_elem = if quant.is_some() { 1 } else { elem_size };
+        let swap_elem = match quant {
+            None => elem_size,
+            Some(QuantScheme::Tensor) => 1,
+            Some(_) => 0,
+        };
         let intermediate = take((inter_elem * slots * n).max(swap_elem * swap_rows * n));
         let slot_out = take(4 * slots * k);
         let (xq, xs, xp, ia) = match quant {

@@ -514,3 +514,17 @@ def test_workspace_bytes_fp8(rng):
     assert plain >= 4 * min(E, S) * M * N + 4 * S * K
     with pytest.raises(swapmoe.ArgumentError, match="quant"):
         swapmoe.workspace_bytes(inp["x"], inp["w1"], inp["ids"], "int4")
+
+
+def test_workspace_holds_e4m3_swap_rows_only_for_per_tensor_fp8():
+    """Per-tensor FP8 with a static intermediate scale writes e4m3 rows per (active expert,
+    token), [min(E, S), M, N]; the other schemes keep only the float32 rows per slot."""
+    from swapmoe import _core
+    M, topk, E, N, K = 64, 8, 128, 768, 2048
+    S = M * topk
+    A = min(E, S)
+    assert A * M * N > 4 * S * N  # the e4m3 rows are the larger section at this shape
+    per_tensor = _core.workspace_bytes(M, topk, N, K, E, 2, "fp8_tensor")
+    assert per_tensor >= A * M * N + 4 * S * K
+    for quant in ("fp8_channel", "fp8_block128"):
+        assert _core.workspace_bytes(M, topk, N, K, E, 2, quant) < A * M * N + 4 * S * K
