@@ -34,9 +34,13 @@ for step in "$@"; do
       done ;;
     tune)
       # tuned tables for the public shapes, into $OUT/tables.tgz (unpack into python/swapmoe/tables/)
-      python3 -m swapmoe tune --model ${TUNE_MODELS:-qwen3-30b-a3b,deepseek-v3-tp8,mixtral-8x7b} \
-        --m ${TUNE_M:-1,2,4,8,16,32,64,128,256,512,1024,2048,4096} --out-dir "$OUT/tables" ${TUNE_ARGS:-} \
-        2>&1 | tee "$OUT/tune.txt" | tail -60
+      # $TUNE_RESUME: a tables.tgz of an earlier step to continue (tune skips the M points in it);
+      # $TUNE_TIMEOUT (s) stops tune early enough for the tar below to run inside the call's limit
+      mkdir -p "$OUT/tables"
+      [ -n "${TUNE_RESUME:-}" ] && tar xzf "$TUNE_RESUME" -C "$OUT"
+      timeout ${TUNE_TIMEOUT:-540} python3 -m swapmoe tune --model ${TUNE_MODELS:-qwen3-30b-a3b,deepseek-v3-tp8,mixtral-8x7b} \
+        --m ${TUNE_M:-1,2,4,8,16,32,64,128,256,512,1024,2048,4096} --out-dir "$OUT/tables" --no-progress ${TUNE_ARGS:-} \
+        2>&1 | tee -a "$OUT/tune.txt" | tail -60
       # the device tool returns no file whose name has ';' or '=' (the table names): tar them
       tar czf "$OUT/tables.tgz" -C "$OUT" tables && rm -rf "$OUT/tables" ;;
     ncu-decode)

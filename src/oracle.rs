@@ -4,7 +4,7 @@
 use crate::error::{Error, Result};
 use crate::problem::{DType, Device, MoeProblem, QuantScheme};
 use crate::routing::{RouterConfig, Scoring};
-use crate::tables::{self, Choice, ExternalBackend, Loaded, Quant, TableSet};
+use crate::tables::{self, ActivationScales, Choice, ExternalBackend, Loaded, Quant, TableSet};
 use std::collections::HashSet;
 use std::fmt;
 use std::sync::Mutex;
@@ -163,6 +163,11 @@ fn swap_stages_smem_bytes(stage: usize) -> usize {
 /// 1.9-3.3x at M = 8, on qwen3-30b-a3b and deepseek-v3-tp8; at M = 64 (token tile 64, one CTA
 /// per SM, the producer's rows spilling) 0.5-0.6x.
 pub const SWAP_FP8_HEURISTIC_MAX_TOKENS: usize = 16;
+/// The same with per-tensor weights and a static intermediate scale (v2: GEMM1 writes the
+/// e4m3 intermediate, GEMM2 reads it by TMA): every M the swap-AB kernels hold, 64
+/// (`swapmoe tune --prune 0`, H200, benches/results/tune_fp8_v1.txt: 1.2-8.0x the fastest FP8
+/// SIMT kernel at M = 32 and 64 on the three public shapes).
+pub const SWAP_FP8_STATIC_HEURISTIC_MAX_TOKENS: usize = SWAP_MAX_TOKENS;
 /// Threads of the FP8 swap-AB GEMM2 (`kFp8Gemm2Threads`): the consumer warpgroup and a
 /// producer warpgroup that quantizes the intermediate into each stage.
 pub const SWAP_FP8_GEMM2_THREADS: usize = 256;
@@ -1013,8 +1018,14 @@ fn heuristic(c: &mut Candidates) -> Backend {
     // beyond the decode kernels' range up to SWAP_HEURISTIC_MAX_TOKENS tokens.
     // FP8: the e4m3 wgmma kernels against the SIMT ones, where they measured faster.
     let fp8 = p.quant.is_some();
+    let fp8_max = match &p.quant {
+        Some(q) if q.scheme == QuantScheme::Tensor && q.a2_scale != 0 => {
+            SWAP_FP8_STATIC_HEURISTIC_MAX_TOKENS
+        }
+        _ => SWAP_FP8_HEURISTIC_MAX_TOKENS,
+    };
     let swap_wins = if fp8 {
-        p.m <= SWAP_FP8_HEURISTIC_MAX_TOKENS
+        p.m <= fp8_max
     } else if decode_range {
         p.n >= SWAP_WIDE_MIN_N
     } else {
@@ -1024,13 +1035,18 @@ fn heuristic(c: &mut Candidates) -> Backend {
     match c.eligible(Backend::CudaWgmmaSwap) {
         Ok(()) if fp8 && swap_wins => {
             c.reasons.push(format!(
-                "cuda_wgmma_swap: M = {} <= {SWAP_FP8_HEURISTIC_MAX_TOKENS}, FP8: the e4m3 wgmma (QGMMA) swap-AB kernels measured 1.1-3.3x faster than the FP8 SIMT kernels here on the H200",
-                p.m
+                "cuda_wgmma_swap: M = {} <= {fp8_max}, FP8: the e4m3 wgmma (QGMMA) swap-AB kernels measured {} the FP8 SIMT kernels here on the H200",
+                p.m,
+                if fp8_max == SWAP_FP8_HEURISTIC_MAX_TOKENS {
+                    "1.1-3.3x faster than"
+                } else {
+                    "1.2-8.0x faster than (with a static intermediate scale, M = 1-64)"
+                }
             ));
             return Backend::CudaWgmmaSwap;
         }
         Ok(()) if fp8 => c.reasons.push(format!(
-            "cuda_wgmma_swap: not picked, FP8 at M = {} > {SWAP_FP8_HEURISTIC_MAX_TOKENS}: its 64-token tile measured 0.5-0.6x the FP8 SIMT kernels (a tuned table or backend= can pick it)",
+            "cuda_wgmma_swap: not picked, FP8 at M = {} > {fp8_max}: with dynamic activation scales its 32- and 64-token tiles measured 0.4-0.9x the fastest FP8 SIMT kernel on qwen3-30b-a3b and deepseek-v3-tp8 (1.5-1.9x on mixtral-8x7b; a tuned table or backend= can pick it)",
             p.m
         )),
         Ok(()) if swap_wins && c.slots_per_expert() < WGMMA_HEURISTIC_MIN_SLOTS_PER_EXPERT => {
@@ -1160,6 +1176,23 @@ fn from_table(
         }
         Some(Loaded::Ok(t)) => t.clone(),
     };
+    if let (Some(measured), Some(q)) = (t.meta.activation_scales, p.quant.as_ref()) {
+        let call = match (q.a1_scale != 0, q.a2_scale != 0) {
+            (true, true) => Some(ActivationScales::Static),
+            (false, false) => Some(ActivationScales::Dynamic),
+            _ => None, // one given, one computed: no table measures that
+        };
+        if call != Some(measured) {
+            c.reasons.push(format!(
+                "table: {} ({}) was measured with {} activation scales and this call's are {}: the FP8 kernels differ, so the heuristics decide",
+                t.file,
+                t.origin.name(),
+                measured.name(),
+                call.map_or("mixed (one of a1_scale, a2_scale given)", |a| a.name())
+            ));
+            return None;
+        }
+    }
     let Some(nearest) = t.nearest(p.m) else {
         c.reasons.push(format!(
             "table: {} has no M entries; the heuristics decide",
@@ -1555,8 +1588,10 @@ pub fn offline_caps(
 
 /// The plan for a shape alone (contiguous, 16-byte aligned tensors on a CUDA device), for
 /// `swapmoe.select_backend` and `swapmoe explain`: [`decide`] with `req`. With `quant`, the
-/// weights are e4m3 with that scheme's scales; a per-tensor question assumes static
-/// activation scales (as FP8 checkpoints ship them).
+/// weights are e4m3 with that scheme's scales; `scales` is the kind of FP8
+/// activation scales the call has: None is the scheme's usual one (static for per-tensor, as
+/// calibrated checkpoints give them; dynamic for per-channel and block, the only kind those
+/// kernels take).
 #[allow(clippy::too_many_arguments)]
 pub fn plan_for_shape(
     num_tokens: i64,
@@ -1566,10 +1601,28 @@ pub fn plan_for_shape(
     intermediate_size: i64,
     dtype: DType,
     quant: Option<QuantScheme>,
+    scales: Option<ActivationScales>,
     caps: &DeviceCaps,
     req: &Request,
 ) -> Result<Plan> {
     use crate::problem::{Activation, MoeArgs, QuantArgs, TensorDesc};
+    let static_act = match (quant, scales) {
+        (None, None) => false,
+        (None, Some(a)) => {
+            return Err(Error::Argument(format!(
+                "activation_scales: expected None without quant (scales are for FP8), got {:?}",
+                a.name()
+            )))
+        }
+        (Some(QuantScheme::Tensor), a) => a != Some(ActivationScales::Dynamic),
+        (Some(_), None | Some(ActivationScales::Dynamic)) => false,
+        (Some(s), Some(ActivationScales::Static)) => {
+            return Err(Error::Argument(format!(
+                "activation_scales: expected None or 'dynamic' for quant={:?} (its activation scales are per token or per 128-column group, computed by the op; 'static' is for 'fp8_tensor'), got 'static'",
+                if s == QuantScheme::Channel { "fp8_channel" } else { "fp8_block128" }
+            )))
+        }
+    };
     let dev = Device::Cuda(0);
     let t = |d, shape: &[i64]| TensorDesc::contiguous(d, shape, dev, 1 << 20);
     let (m, e, k, n) = (num_tokens, num_experts, hidden_size, intermediate_size);
@@ -1596,7 +1649,6 @@ pub fn plan_for_shape(
     };
     let (w1s, w2s, a_s) = (t(DType::F32, &s1), t(DType::F32, &s2), t(DType::F32, &[1]));
     let block = [b, b];
-    let static_act = quant == Some(QuantScheme::Tensor);
     let q = QuantArgs {
         use_fp8_w8a8: quant.is_some(),
         per_channel_quant: quant == Some(QuantScheme::Channel),
@@ -2794,6 +2846,7 @@ mod tests {
             768,
             DType::BF16,
             None,
+            None,
             &h200,
             &Request::default(),
         )
@@ -2808,6 +2861,7 @@ mod tests {
             14336,
             DType::BF16,
             None,
+            None,
             &h200,
             &Request::default(),
         )
@@ -2821,6 +2875,7 @@ mod tests {
             14336,
             DType::F32,
             None,
+            None,
             &h200,
             &Request::default(),
         )
@@ -2833,6 +2888,7 @@ mod tests {
             4096,
             14336,
             DType::BF16,
+            None,
             None,
             &h200,
             &Request {
@@ -2849,6 +2905,7 @@ mod tests {
             64,
             64,
             DType::BF16,
+            None,
             None,
             &h200,
             &Request::default()
@@ -3355,6 +3412,7 @@ mod tests {
                 768,
                 DType::BF16,
                 Some(QuantScheme::Tensor),
+                None,
                 &h200(),
                 &Request {
                     tables: Some(&set),
@@ -3366,11 +3424,12 @@ mod tests {
         };
         let inside = ask(&[ExternalBackend::VllmTriton]);
         assert_eq!(inside.external, Some(ExternalBackend::VllmTriton));
-        assert_eq!(inside.backend, Backend::CudaGeneric); // the fallback without vLLM
+        // the fallback without vLLM: per-tensor with static scales, swap-AB up to M = 64
+        assert_eq!(inside.backend, Backend::CudaWgmmaSwap);
         assert!(inside.reasons.iter().any(|r| r.starts_with("vllm_triton:")));
         let alone = ask(&[]);
         assert_eq!(alone.external, None);
-        assert_eq!(alone.backend, Backend::CudaGeneric);
+        assert_eq!(alone.backend, Backend::CudaWgmmaSwap);
         let bf16 = plan_for_shape(
             64,
             128,
@@ -3378,6 +3437,7 @@ mod tests {
             2048,
             768,
             DType::BF16,
+            None,
             None,
             &h200(),
             &Request {
@@ -3401,6 +3461,7 @@ mod tests {
             768,
             DType::BF16,
             Some(QuantScheme::Block),
+            None,
             &h200(),
             &Request {
                 tables: Some(&set),
@@ -3415,6 +3476,137 @@ mod tests {
                 .any(|r| r.contains("dtype=fp8_w8a8,block_shape=[128,128]")),
             "{:?}",
             p.reasons
+        );
+    }
+
+    #[test]
+    fn fp8_tables_stand_only_for_calls_with_their_kind_of_activation_scales() {
+        // a per-tensor table measured with static scales that picks the generic kernels
+        // (the heuristics pick the swap-AB kernels at M = 8)
+        let file = tables::file_name(128, 768, "NVIDIA H200", DType::BF16, Quant::Fp8Tensor);
+        let table = |scales: &str| {
+            let json = format!(
+                r#"{{"metadata": {{"E": 128, "N": 768, "activation_scales": {scales}}},
+                    "8": {{"backend": "cuda_generic", "time_us": 50.0}}}}"#
+            );
+            let t = Table::parse(&json, &file, Path::new(&file), Origin::User).unwrap();
+            let mut set = TableSet::default();
+            set.insert(&file, Loaded::Ok(std::sync::Arc::new(t)));
+            set
+        };
+        let ask = |set: &TableSet, scales: Option<ActivationScales>| {
+            plan_for_shape(
+                8,
+                128,
+                8,
+                2048,
+                768,
+                DType::BF16,
+                Some(QuantScheme::Tensor),
+                scales,
+                &h200(),
+                &Request {
+                    tables: Some(set),
+                    ..Request::default()
+                },
+            )
+            .unwrap()
+        };
+        let skipped = |p: &Plan, measured: &str, call: &str| {
+            p.source == Source::Heuristic
+                && p.reasons.iter().any(|r| {
+                    r.contains(&format!(
+                        "measured with {measured} activation scales and this call's are {call}"
+                    ))
+                })
+        };
+        let static_table = table(r#""static""#);
+        // the default per-tensor call has static scales: the table stands
+        for scales in [None, Some(ActivationScales::Static)] {
+            let p = ask(&static_table, scales);
+            assert_eq!(
+                (p.backend, p.source),
+                (Backend::CudaGeneric, Source::Table),
+                "{:?}",
+                p.reasons
+            );
+        }
+        let p = ask(&static_table, Some(ActivationScales::Dynamic));
+        assert!(skipped(&p, "static", "dynamic"), "{:?}", p.reasons);
+        assert_eq!(p.backend, Backend::CudaWgmmaSwap);
+        let dynamic_table = table(r#""dynamic""#);
+        let p = ask(&dynamic_table, None);
+        assert!(skipped(&p, "dynamic", "static"), "{:?}", p.reasons);
+        let p = ask(&dynamic_table, Some(ActivationScales::Dynamic));
+        assert_eq!((p.backend, p.source), (Backend::CudaGeneric, Source::Table));
+        // a table that does not say (older tune runs, hand-written) stands for every call
+        for scales in [None, Some(ActivationScales::Dynamic)] {
+            let p = ask(&table("null"), scales);
+            assert_eq!(p.source, Source::Table, "{:?}", p.reasons);
+        }
+        // a bad value makes the table malformed
+        let err = Table::parse(
+            r#"{"metadata": {"activation_scales": "calibrated"}}"#,
+            &file,
+            Path::new(&file),
+            Origin::User,
+        )
+        .unwrap_err();
+        assert!(
+            err.contains(
+                "metadata.activation_scales: expected 'static' or 'dynamic', got \"calibrated\""
+            ),
+            "{err}"
+        );
+        let err = Table::parse(
+            r#"{"metadata": {"activation_scales": 1}}"#,
+            &file,
+            Path::new(&file),
+            Origin::User,
+        )
+        .unwrap_err();
+        assert!(err.contains("metadata.activation_scales"), "{err}");
+        // scales are an FP8 question, and only per-tensor FP8 takes static ones
+        let shape = |q: Option<QuantScheme>, a: ActivationScales| {
+            plan_for_shape(
+                8,
+                128,
+                8,
+                2048,
+                768,
+                DType::BF16,
+                q,
+                Some(a),
+                &h200(),
+                &Request::default(),
+            )
+        };
+        let err = shape(None, ActivationScales::Dynamic)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("activation_scales: expected None without quant"),
+            "{err}"
+        );
+        for (q, name) in [
+            (QuantScheme::Channel, "fp8_channel"),
+            (QuantScheme::Block, "fp8_block128"),
+        ] {
+            let err = shape(Some(q), ActivationScales::Static)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(&format!("for quant=\"{name}\"")) && err.ends_with("got 'static'"),
+                "{err}"
+            );
+            assert!(shape(Some(q), ActivationScales::Dynamic).is_ok());
+        }
+        // a dynamic per-tensor call quantizes its intermediate in GEMM2's producer (v1 kernels)
+        let p = shape(Some(QuantScheme::Tensor), ActivationScales::Dynamic).unwrap();
+        assert!(
+            !p.kernels.contains(&KernelId::SwapFp8StaticGemm1(8)),
+            "{:?}",
+            p.kernels
         );
     }
 
@@ -3449,7 +3641,19 @@ mod tests {
         let l40s = offline_caps(Some("NVIDIA L40S"), None, None).unwrap();
         for q in FP8_SCHEMES {
             let shape = |m: i64, k: i64, n: i64, dtype: DType, caps: &DeviceCaps| {
-                plan_for_shape(m, 128, 8, k, n, dtype, Some(q), caps, &Request::default()).unwrap()
+                plan_for_shape(
+                    m,
+                    128,
+                    8,
+                    k,
+                    n,
+                    dtype,
+                    Some(q),
+                    None,
+                    caps,
+                    &Request::default(),
+                )
+                .unwrap()
             };
             // Hopper, M <= 64: the e4m3 wgmma swap-AB kernels after the input quantization
             for (m, tile) in [(1, 8), (9, 16), (16, 16)] {
@@ -3502,12 +3706,26 @@ mod tests {
                     Some(true)
                 );
             }
+            // M = 64: with a static intermediate scale the swap-AB kernels still win (v2);
+            // the dynamic-scale ones stop at M = 16
             let p = shape(64, 2048, 768, DType::BF16, &h200);
-            assert_ne!(p.backend, Backend::CudaWgmmaSwap);
-            assert!(has(
-                &p,
-                &["cuda_wgmma_swap: not picked, FP8 at M = 64 > 16"]
-            ));
+            if q == QuantScheme::Tensor {
+                assert_eq!(p.backend, Backend::CudaWgmmaSwap, "{:?}", p.reasons);
+                assert!(p.kernels.contains(&KernelId::SwapFp8StaticGemm1(64)));
+                assert!(has(
+                    &p,
+                    &[
+                        "cuda_wgmma_swap: M = 64 <= 64, FP8",
+                        "static intermediate scale"
+                    ]
+                ));
+            } else {
+                assert_ne!(p.backend, Backend::CudaWgmmaSwap);
+                assert!(has(
+                    &p,
+                    &["cuda_wgmma_swap: not picked, FP8 at M = 64 > 16: with dynamic activation scales"]
+                ));
+            }
             assert_eq!(
                 shape(65, 2048, 768, DType::BF16, &h200).backend,
                 Backend::CudaGeneric
@@ -3520,6 +3738,7 @@ mod tests {
                 768,
                 DType::BF16,
                 Some(q),
+                None,
                 &h200,
                 &Request::default(),
             )
@@ -3535,6 +3754,7 @@ mod tests {
                 64,
                 DType::F32,
                 Some(q),
+                None,
                 &h200,
                 &Request::default(),
             )
@@ -3548,6 +3768,7 @@ mod tests {
                 768,
                 DType::BF16,
                 Some(q),
+                None,
                 &h200,
                 &Request {
                     backend: Some(Backend::CudaMma),
@@ -3564,6 +3785,7 @@ mod tests {
                 768,
                 DType::BF16,
                 Some(q),
+                None,
                 &a100,
                 &Request::default(),
             )
@@ -3581,6 +3803,7 @@ mod tests {
             768,
             DType::BF16,
             Some(QuantScheme::Tensor),
+            None,
             &h200,
             &Request::default(),
         )

@@ -241,6 +241,39 @@ pub struct Meta {
     pub k: Option<usize>,
     pub topk: Option<usize>,
     pub device_name: Option<String>,
+    /// FP8 tables: whether the run gave the activation scales (`a1_scale`, `a2_scale`) or
+    /// let the kernels compute them. The kernels differ (a static intermediate scale lets
+    /// GEMM1 write e4m3), so a table stands only for calls with the same kind of scales.
+    pub activation_scales: Option<ActivationScales>,
+}
+
+/// How an FP8 call gets its activation scales (`"activation_scales"` in a table's metadata).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ActivationScales {
+    /// `a1_scale` and `a2_scale` given (calibrated checkpoints).
+    Static,
+    /// Computed by the op from the activations (absmax / 448).
+    Dynamic,
+}
+
+impl ActivationScales {
+    pub fn name(&self) -> &'static str {
+        match self {
+            ActivationScales::Static => "static",
+            ActivationScales::Dynamic => "dynamic",
+        }
+    }
+
+    /// `"static"` or `"dynamic"`; `what` names the argument in the error.
+    pub fn parse(s: &str, what: &str) -> Result<ActivationScales> {
+        match s {
+            "static" => Ok(ActivationScales::Static),
+            "dynamic" => Ok(ActivationScales::Dynamic),
+            other => Err(Error::Argument(format!(
+                "{what}: expected 'static' or 'dynamic', got {other:?}"
+            ))),
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -366,6 +399,18 @@ impl Table {
                     .get("device_name")
                     .and_then(|v| v.as_str())
                     .map(String::from);
+                meta.activation_scales = match m.get("activation_scales") {
+                    None | Some(Value::Null) => None,
+                    Some(Value::String(v)) => Some(
+                        ActivationScales::parse(v, "metadata.activation_scales")
+                            .map_err(|e| e.to_string())?,
+                    ),
+                    Some(v) => {
+                        return Err(format!(
+                            "metadata.activation_scales: expected 'static' or 'dynamic', got {v}"
+                        ))
+                    }
+                };
                 continue;
             }
             if key.starts_with('_') {

@@ -24,6 +24,12 @@ SHIPPED = {
     "E=128,N=768,device_name=NVIDIA_H200,dtype=bf16.json",
     "E=256,N=256,device_name=NVIDIA_H200,dtype=bf16.json",
     "E=8,N=14336,device_name=NVIDIA_H200,dtype=bf16.json",
+    "E=128,N=768,device_name=NVIDIA_H200,dtype=fp8_w8a8.json",
+    "E=256,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8.json",
+    "E=8,N=14336,device_name=NVIDIA_H200,dtype=fp8_w8a8.json",
+    "E=128,N=768,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json",
+    "E=256,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json",
+    "E=8,N=14336,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json",
 }
 
 
@@ -90,6 +96,35 @@ def test_shipped_tables_pick_the_measured_decode_backend():
     # external, not a candidate here) where the heuristic would say cuda_decode (93.8)
     p = plan(4, QWEN3)
     assert (p.backend, p.source, p.table_m) == ("cuda_wgmma_swap", "table", 4)
+
+
+def test_shipped_fp8_tables_route_between_swapmoe_and_vllm():
+    """`swapmoe tune --quant` on the H200 (benches/results/tune_fp8_v1.txt) plus vLLM's times
+    from the anchor (benches/merge_anchor.py: GEMMs + 5 x 1.6 µs)."""
+    inside_vllm = {"external_backends": ["vllm_triton"]}
+    # qwen3 per-tensor (static scales): swap-AB 23.6 µs against vLLM's ~25.0 at M = 1;
+    # vLLM's Triton from M = 4 on (swap 56.5 against ~49)
+    p = plan(1, QWEN3, quant="fp8_tensor", **inside_vllm)
+    assert (p.backend, p.source, p.table_m) == ("cuda_wgmma_swap", "table", 1), p.reasons
+    assert p.table.endswith("E=128;N=768;device_name=NVIDIA_H200;dtype=fp8_w8a8.json")
+    p = plan(8, QWEN3, quant="fp8_tensor", **inside_vllm)
+    assert (p.backend, p.fallback) == ("vllm_triton", "cuda_wgmma_swap")
+    # outside vLLM the table's fastest swapmoe kernel
+    assert plan(8, QWEN3, quant="fp8_tensor").backend == "cuda_wgmma_swap"
+    # prefill: only the SIMT kernels run it (no FP8 tensor-core prefill kernel yet)
+    p = plan(4096, MIXTRAL, quant="fp8_tensor", **inside_vllm)
+    assert (p.backend, p.fallback) == ("vllm_triton", "cuda_generic")
+    # measured with static activation scales: a dynamic per-tensor call is not described
+    p = plan(1, QWEN3, quant="fp8_tensor", activation_scales="dynamic", **inside_vllm)
+    assert p.source == "heuristic" and any("measured with static activation scales" in r for r in p.reasons)
+    # block 128 (dynamic scales, the only kind): deepseek M = 1 swap 35.5 µs against ~40
+    p = plan(1, DEEPSEEK_TP8, quant="fp8_block128", **inside_vllm)
+    assert (p.backend, p.source) == ("cuda_wgmma_swap", "table"), p.reasons
+    assert plan(2, DEEPSEEK_TP8, quant="fp8_block128", **inside_vllm).backend == "vllm_triton"
+    with pytest.raises(swapmoe.ArgumentError, match="activation_scales: expected None or 'dynamic'"):
+        plan(1, DEEPSEEK_TP8, quant="fp8_block128", activation_scales="static")
+    with pytest.raises(swapmoe.ArgumentError, match="activation_scales: expected 'static' or 'dynamic'"):
+        plan(1, QWEN3, quant="fp8_tensor", activation_scales="calibrated")
 
 
 def test_shipped_table_tiles_and_gaps():
@@ -217,8 +252,11 @@ def test_table_names_and_fp8():
     assert _core.table_file_name(256, 256, H200, "bf16", "fp8_block128") == \
         "E=256,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json"
     assert _core.table_file_name(256, 256, H200, quant="fp8_tensor").endswith("dtype=fp8_w8a8.json")
-    # FP8 plans name the FP8 table they would read
+    # FP8 plans read the FP8 table of their scheme
     p = plan(8, DEEPSEEK_TP8, quant="fp8_block128")
+    assert p.backend == "cuda_wgmma_swap" and p.source == "table"
+    assert p.table.endswith("E=256;N=256;device_name=NVIDIA_H200;dtype=fp8_w8a8;block_shape=[128;128].json")
+    p = plan(8, (256, 8, 7168, 512), quant="fp8_block128")  # no table for N=512
     assert p.backend == "cuda_wgmma_swap" and p.source == "heuristic"
     assert any("dtype=fp8_w8a8,block_shape=[128,128].json" in r for r in p.reasons)
     assert all("fp8" in k for k in p.tile["kernels"] if "gemm" in k)
@@ -240,7 +278,7 @@ def test_describe_plan_reports_source_and_table():
 def test_explain_shows_source_and_table(capsys):
     assert cli.main(["explain", "--model", "mixtral-8x7b", "--device-name", H200, "--m", "1,10000"]) == 0
     out = capsys.readouterr().out
-    assert "tables: 3 loaded from" in out
+    assert "tables: 9 loaded from" in out
     assert "M=1: cuda_wgmma_swap (table; swap_ab=True) on NVIDIA H200 sm_90" in out
     assert "table: " + os.path.join(swapmoe.TABLES_DIR, "E=8;N=14336;device_name=NVIDIA_H200;dtype=bf16.json") \
         + " entry M=1 (used)" in out
@@ -270,24 +308,46 @@ def test_explain_external_backends(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("quant", ["fp8_tensor", "fp8_channel", "fp8_block128"])
-def test_explain_fp8_shows_the_fp8_plan(quant, capsys):
-    assert cli.main(["explain", "--model", "qwen3-30b-a3b", "--device-name", H200, "--quant", quant,
-                     "--m", "1,64"]) == 0
+def test_explain_fp8_shows_the_fp8_plan(quant, capsys, monkeypatch):
+    monkeypatch.setenv("SWAPMOE_TABLES", "off")  # the heuristics
+    argv = ["explain", "--model", "qwen3-30b-a3b", "--device-name", H200, "--quant", quant, "--m", "1,64"]
+    assert cli.main(argv) == 0
     out = capsys.readouterr().out
     scheme = quant.split("_")[1].replace("128", "")
     assert f"bf16 {quant}" in out.splitlines()[0]
     # explain plans per-tensor FP8 with static activation scales: GEMM1 writes e4m3 rows (q8)
     gemm1 = "swap_moe_fp8_gemm1_tensor_q8_n8" if scheme == "tensor" else f"swap_moe_fp8_gemm1_{scheme}_n8"
     assert "M=1: cuda_wgmma_swap" in out and gemm1 in out
-    assert "M=64: cuda_generic" in out and f"generic_moe_fp8_gemm1_{scheme}" in out
-    assert "cuda_wgmma_swap: not picked, FP8 at M = 64 > 16" in out
-    assert "dtype=fp8_w8a8" in out
+    if scheme == "tensor":  # static scales: the swap-AB kernels up to M = 64
+        assert "M=64: cuda_wgmma_swap" in out and "swap_moe_fp8_gemm1_tensor_q8_n64" in out
+    else:
+        assert "M=64: cuda_generic" in out and f"generic_moe_fp8_gemm1_{scheme}" in out
+        assert "cuda_wgmma_swap: not picked, FP8 at M = 64 > 16" in out
+    # dynamic per-tensor scales: the dynamic kernels, and the static ones' range no longer holds
+    assert cli.main(argv + ["--activation-scales", "dynamic"]) == 0
+    out = capsys.readouterr().out
+    if scheme == "tensor":
+        assert "swap_moe_fp8_gemm1_tensor_n8" in out and "M=64: cuda_generic" in out
+    assert cli.main(argv + ["--activation-scales", "static"]) == (0 if scheme == "tensor" else 2)
+    if scheme != "tensor":
+        assert "--activation-scales: expected None or 'dynamic'" in capsys.readouterr().err
+
+
+def test_explain_fp8_table_by_activation_scales(capsys):
+    # the shipped per-tensor tables were measured with static scales
+    argv = ["explain", "--model", "qwen3-30b-a3b", "--device-name", H200, "--quant", "fp8_tensor", "--m", "1",
+            "--external-backends", "vllm_triton"]
+    assert cli.main(argv) == 0
+    assert "M=1: cuda_wgmma_swap (table;" in capsys.readouterr().out
+    assert cli.main(argv + ["--activation-scales", "dynamic"]) == 0
+    out = capsys.readouterr().out
+    assert "(heuristic;" in out and "measured with static activation scales and this call's are dynamic" in out
 
 
 def test_check_lists_tables(capsys):
     assert cli.main(["check"]) == 0
     out = capsys.readouterr().out
-    assert "tuned tables: 3 loaded" in out
+    assert "tuned tables: 9 loaded" in out
     for name in SHIPPED:
         assert f"shipped: {name}" in out
 
@@ -548,6 +608,32 @@ def test_sweep_writes_a_table_the_oracle_follows(tmp_path, monkeypatch):
     assert plan(64, shape, external_backends=["vllm_triton"]).backend == "vllm_triton"
 
 
+def test_sweep_times_a_pruned_candidate_where_no_other_can_run(tmp_path):
+    """FP8 past the swap and decode kernels' limits: cuda_generic, pruned at small M, is the
+    only candidate left, and the table gets its time instead of no entry."""
+
+    class TwoSimt(FakeRunner):
+        def __init__(self):
+            super().__init__(vllm=False)
+            self.labels = ["cuda_decode", "cuda_generic"]
+
+        def time_us(self, label, M):
+            self.timed.append((label, M))
+            return (10.0 if label == "cuda_decode" else 100.0) * M, "graph"
+
+    runner = TwoSimt()
+    [s] = T.sweep(_plans(tmp_path, [1, 8, 128]), runner)
+    assert s["measured"] == [1, 8, 128]
+    assert ("cuda_generic", 8) not in runner.timed  # pruned: decode runs M = 8
+    assert ("cuda_generic", 128) in runner.timed  # decode holds at most 512 slots
+    with open(s["path"], encoding="utf-8") as f:
+        raw = json.load(f)
+    assert raw["8"]["skipped"]["cuda_generic"].startswith("pruned: 10.0x the best at M=1")
+    assert raw["128"]["backend"] == "cuda_generic"
+    note = raw["128"]["skipped"]["cuda_generic (note)"]
+    assert note.startswith("timed although pruned: ") and note.endswith("no other candidate runs M=128")
+
+
 def test_sweep_resumes_after_an_interruption(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         T.sweep(_plans(tmp_path, [1, 2, 8, 64]), FakeRunner(stop_at=8))
@@ -646,6 +732,10 @@ def test_fp8_sweep_writes_a_table_the_oracle_follows(quant, tmp_path, monkeypatc
     with open(s["path"], encoding="utf-8") as f:
         raw = json.load(f)
     assert raw["metadata"]["quant"] == quant and raw["metadata"]["dtype"] == "bf16"
+    # the bench's per-tensor inputs carry calibrated scales; the other schemes have dynamic ones
+    want_scales = "static" if quant == "fp8_tensor" else "dynamic"
+    assert raw["metadata"]["activation_scales"] == want_scales
+    assert _core.read_table(s["path"])["metadata"]["activation_scales"] == want_scales
     assert "FP8 inputs as swapmoe bench --quant" in raw["metadata"]["method"]
     e = _core.read_table(s["path"])["entries"]
     assert (e[1]["backend"], e[8]["backend"], e[64]["backend"]) == ("cuda_decode", "cuda_generic", "vllm_triton")

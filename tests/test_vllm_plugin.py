@@ -33,6 +33,7 @@ from vllm.model_executor.layers.quantization.utils import quant_utils as q  # no
 from vllm.platforms import PlatformEnum  # noqa: E402
 from vllm.platforms.interface import DeviceCapability  # noqa: E402
 
+import swapmoe  # noqa: E402
 from swapmoe import reference, vllm_experts, vllm_plugin  # noqa: E402
 
 
@@ -352,6 +353,22 @@ def test_workspace_shapes_cover_triton_and_swapmoe():
         need = vllm_experts.swapmoe_workspace_bytes(M, 768, 2048, 8, 128, 2)
         assert np.prod(ours[1]) * 2 >= need
         assert ours[2] == (M, 2048)
+
+
+def test_fp8_layer_asks_the_oracle_with_its_kind_of_activation_scales():
+    """The shipped per-tensor tables were measured with static scales: a layer with dynamic
+    ones must not be routed by them (swapmoe runs other kernels for it)."""
+    w, s = torch.ones(4), torch.ones(1)
+    of = vllm_plugin.activation_scales_of_config
+    assert of(fp8_w8a8_moe_quant_config(w, w, a1_scale=s, a2_scale=s), "fp8_tensor") == "static"
+    assert of(fp8_w8a8_moe_quant_config(w, w), "fp8_tensor") == "dynamic"
+    assert of(fp8_w8a8_moe_quant_config(w, w, a1_scale=s), "fp8_tensor") == "dynamic"
+    assert of(fp8_w8a8_moe_quant_config(w, w, block_shape=[128, 128]), "fp8_block128") is None
+    plan = lambda scales: swapmoe.select_backend(  # noqa: E731
+        1, 128, 8, 2048, 768, quant="fp8_tensor", device_name="NVIDIA H200",
+        external_backends=("vllm_triton",), activation_scales=scales)
+    assert (plan("static").backend, plan("static").source) == ("cuda_wgmma_swap", "table")
+    assert (plan("dynamic").backend, plan("dynamic").source) == ("vllm_triton", "heuristic")
 
 
 def test_fp8_quant_config_maps_to_schemes():

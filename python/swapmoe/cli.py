@@ -114,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
     x.add_argument("--quant", choices=list(B.QUANTS), default="none",
                    help="weight quantization: FP8 W8A8 plans need sm_89+ (fp8_tensor assumes static activation scales)")
+    x.add_argument("--activation-scales", choices=["static", "dynamic"], default=None,
+                   help="FP8 activation scales: static (a1_scale and a2_scale given) or dynamic (computed by "
+                        "the op); default: static for fp8_tensor, dynamic for the other schemes")
     x.add_argument("--external-backends", metavar="NAME,...", default="",
                    help="backends outside swapmoe the caller can run (inside vLLM): vllm_triton, "
                         "flashinfer_cutlass; tuned tables may pick them")
@@ -412,11 +415,14 @@ def cmd_explain(args: argparse.Namespace) -> int:
         try:
             plan = swapmoe.select_backend(m, shape.E, shape.topk, shape.K, shape.N, dtype=args.dtype, quant=quant,
                                           device_capability=cap, device_name=args.device_name,
-                                          backend=args.backend, external_backends=external)
+                                          backend=args.backend, external_backends=external,
+                                          activation_scales=args.activation_scales)
         except swapmoe.Error as e:
             msg = str(e)
             if quant and msg.startswith("quant: "):
                 msg = f"--quant {quant}: {msg[len('quant: '):]}"
+            if msg.startswith("activation_scales: "):
+                msg = f"--activation-scales: {msg[len('activation_scales: '):]}"
             print(f"swapmoe explain: error: {msg}", file=sys.stderr)
             return 2
         t = plan.tile

@@ -61,6 +61,7 @@ def select_backend(
     device_name: Optional[str] = None,
     backend: Optional[str] = None,
     external_backends: Sequence[str] = (),
+    activation_scales: Optional[str] = None,
 ) -> Plan:
     """The plan for fused experts with ``num_tokens`` tokens, ``num_experts`` local experts,
     ``top_k``, hidden size K and intermediate size N (contiguous, aligned tensors).
@@ -76,7 +77,11 @@ def select_backend(
     ``"fp8_tensor"`` (static activation scales assumed), ``"fp8_channel"`` or
     ``"fp8_block128"`` plan FP8 W8A8 weights; FP8 on a device below sm_89 raises
     :class:`ArgumentError`. ``external_backends`` names backends outside swapmoe the caller
-    can run (``"vllm_triton"``, ``"flashinfer_cutlass"``): tuned tables may pick them."""
+    can run (``"vllm_triton"``, ``"flashinfer_cutlass"``): tuned tables may pick them.
+    ``activation_scales``: ``"static"`` (``a1_scale`` and ``a2_scale`` given) or
+    ``"dynamic"`` (computed by the op); None is the scheme's usual kind, static for
+    ``"fp8_tensor"`` and dynamic for the others, which take no other. An FP8 table says which
+    kind it was measured with and stands only for calls of that kind."""
     if quant not in QUANTS:
         raise ArgumentError(f"quant: expected one of {QUANTS}, got {quant!r}")
     if isinstance(external_backends, str):
@@ -84,7 +89,7 @@ def select_backend(
     cap = (int(device_capability[0]), int(device_capability[1])) if device_capability is not None else None
     d = _core.select_backend(num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype=dtype,
                              device_capability=cap, device_name=device_name, backend=backend, quant=quant,
-                             external_backends=list(external_backends))
+                             external_backends=list(external_backends), activation_scales=activation_scales)
     return Plan(
         backend=d["backend"],
         swap_ab=bool(d["swap_ab"]),

@@ -291,6 +291,8 @@ def table_metadata(shape: B.MoeShape, dtype: str, device_name: str, capability: 
         "E_global": shape.E_global, "tp": shape.tp, "ep": shape.ep, "model": shape.name,
         "device_name": device_name, "device_capability": f"{capability[0]}.{capability[1]}",
         "dtype": dtype, "quant": None if quant == "none" else quant,
+        # which FP8 calls the table describes (the oracle skips it for the other kind)
+        "activation_scales": None if quant == "none" else ("static" if B.FP8_SCHEMES[quant] == "tensor" else "dynamic"),
         "swapmoe_version": __version__, "date": today, "created": today,
         "method": (f"swapmoe tune: {timer}; CUDA graph of {layers} calls on distinct weight copies, "
                    f"time / {layers} per call; uniform routing topk(softmax(randn(M, E))), seed {seed}; "
@@ -437,15 +439,26 @@ def sweep(plans: Sequence[ShapePlan], runner: Runner, *, check: bool = True, pru
             for i_m, M in enumerate(sp.todo):
                 inputs = runner.inputs(shape, M)
                 skipped: Dict[str, str] = dict(dropped)
-                runnable = []
+                runnable, pruned_here = [], []
                 for lb in runner.labels:
                     if lb in dropped:
                         continue
-                    why = runner.ineligible(lb, shape, M) or pruned(lb, M, entries, prune)
+                    why = runner.ineligible(lb, shape, M)
+                    if why is None:
+                        why = pruned(lb, M, entries, prune)
+                        if why:
+                            pruned_here.append(lb)
                     if why:
                         skipped[lb] = why
                     else:
                         runnable.append(lb)
+                if not runnable and pruned_here:
+                    # pruning is for candidates that others beat; where no other can run M
+                    # (past the swap and decode kernels' token limits), the pruned ones are
+                    # all the table can have
+                    runnable = pruned_here
+                    for lb in pruned_here:
+                        skipped[f"{lb} (note)"] = f"timed although {skipped.pop(lb)}: no other candidate runs M={M}"
                 if check and i_m == 0:
                     for lb, bad in runner.check(runnable, inputs).items():
                         if bad:

@@ -231,6 +231,18 @@ def quant_of_config(quant_config: Any) -> Optional[str]:
     return "fp8_tensor"
 
 
+def activation_scales_of_config(quant_config: Any, quant: Optional[str]) -> Optional[str]:
+    """``"static"`` for a per-tensor FP8 layer with both activation scales (a calibrated
+    checkpoint), ``"dynamic"`` when either is computed at run time (then swapmoe runs its
+    dynamic-scale kernels, so a table measured with static scales does not describe the call),
+    None for the other schemes (dynamic is their only kind)."""
+    if quant != "fp8_tensor":
+        return None
+    static = (getattr(quant_config, "a1_scale", None) is not None
+              and getattr(quant_config, "a2_scale", None) is not None)
+    return "static" if static else "dynamic"
+
+
 def _dtype_name(dtype: Any) -> str:
     import torch
 
@@ -389,6 +401,7 @@ def experts_class() -> type:
                     dtype=_dtype_name(hidden_states.dtype), quant=self.quant,
                     device_capability=torch.cuda.get_device_capability(dev),
                     device_name=torch.cuda.get_device_name(dev), external_backends=("vllm_triton",),
+                    activation_scales=activation_scales_of_config(self.quant_config, self.quant),
                 )
             except Exception as e:  # noqa: BLE001
                 logger.warning("swapmoe: oracle failed for M=%d (%s); running swapmoe's kernels", m, e)

@@ -622,9 +622,9 @@ fn parse_float_dtype(dtype: &str) -> crate::error::Result<DType> {
 /// names fill in the capability), else the given capability, else CUDA device 0. Tables
 /// may pick the backends named in `external_backends` (e.g. `["vllm_triton"]`).
 #[pyfunction]
-#[pyo3(signature = (num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype="bf16", device_capability=None, device_name=None, sm_count=None, backend=None, quant=None, external_backends=None))]
+#[pyo3(signature = (num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype="bf16", device_capability=None, device_name=None, sm_count=None, backend=None, quant=None, external_backends=None, activation_scales=None))]
 #[pyo3(
-    text_signature = "(num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype='bf16', device_capability=None, device_name=None, sm_count=None, backend=None, quant=None, external_backends=None)"
+    text_signature = "(num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype='bf16', device_capability=None, device_name=None, sm_count=None, backend=None, quant=None, external_backends=None, activation_scales=None)"
 )]
 #[allow(clippy::too_many_arguments)]
 fn select_backend<'py>(
@@ -641,9 +641,14 @@ fn select_backend<'py>(
     backend: Option<&str>,
     quant: Option<&str>,
     external_backends: Option<Vec<String>>,
+    activation_scales: Option<&str>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let dtype = parse_float_dtype(dtype).py_err(py)?;
     let quant = parse_quant(quant).py_err(py)?;
+    let scales = activation_scales
+        .map(|s| crate::tables::ActivationScales::parse(s, "activation_scales"))
+        .transpose()
+        .py_err(py)?;
     let external =
         ExternalBackend::parse_list(external_backends.as_deref().unwrap_or_default()).py_err(py)?;
     let forced = oracle::forced_backend(backend).py_err(py)?;
@@ -677,6 +682,7 @@ fn select_backend<'py>(
         intermediate_size,
         dtype,
         quant,
+        scales,
         &caps,
         &req,
     )
@@ -765,6 +771,10 @@ fn read_table<'py>(py: Python<'py>, path: &str) -> PyResult<Bound<'py, PyDict>> 
     meta.set_item("K", t.meta.k)?;
     meta.set_item("topk", t.meta.topk)?;
     meta.set_item("device_name", t.meta.device_name.clone())?;
+    meta.set_item(
+        "activation_scales",
+        t.meta.activation_scales.map(|a| a.name()),
+    )?;
     d.set_item("metadata", meta)?;
     let entries = PyDict::new(py);
     for e in &t.entries {
