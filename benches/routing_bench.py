@@ -76,7 +76,8 @@ def main():
     print(f"{'shape':16s} {'M':>4s} {'experts_us':>10s} {'fused_moe_us':>12s} {'delta_us':>8s} "
           f"{'warp_router':>11s} {'delta':>8s} {'cta_router':>10s} {'delta':>8s} {'fusion_on':>10s} {'delta':>8s} {'torch_route+experts_us':>22s} "
           f"{'router kernel':>26s} {'alone/warp/cta':>17s} {'router (on)':>16s} {'launches moe/on/experts':>24s} "
-          f"{'max|diff|':>9s} {'experts+noop/noop':>17s} {'first kernel w/o PDL: experts/moe/moe(cta)':>44s}")
+          f"{'max|diff|':>9s} {'experts+noop/noop':>17s} {'first kernel w/o PDL: experts/moe/moe(cta)':>44s} "
+          f"{'moe, first kernel with PDL (delta)':>34s}")
     for name, (E, topk, K, N, kw) in SHAPES.items():
         gen = torch.Generator(device="cuda").manual_seed(0)
         w1 = (torch.randn(E, 2 * N, K, device="cuda", generator=gen) / K**0.5).to(torch.bfloat16)
@@ -126,6 +127,13 @@ def main():
             finally:
                 del os.environ["SWAPMOE_FIRST_KERNEL_PDL"]
                 os.environ.pop("SWAPMOE_ROUTER_KERNEL", None)
+            # ... and with PDL ($SWAPMOE_FIRST_KERNEL_PDL=on): fused_moe's router where the
+            # oracle launches it without (one-wave GEMM1 rule, CTA router past M = 16)
+            os.environ["SWAPMOE_FIRST_KERNEL_PDL"] = "on"
+            try:
+                graphs["moe_pdl"] = capture(moe, a.layers)
+            finally:
+                del os.environ["SWAPMOE_FIRST_KERNEL_PDL"]
             os.environ["SWAPMOE_ROUTER_FUSION"] = "on"  # the routing twins, where M allows
             try:
                 graphs["twin"] = capture(moe, a.layers)
@@ -140,6 +148,7 @@ def main():
             t_router, t_warp_router, t_cta, t_cta_router = t["router"], t["warp_router"], t["cta"], t["cta_router"]
             t_exp_noop, t_noop = t["experts_then_noop"], t["noop"]
             t_exp_nopdl, t_moe_nopdl, t_cta_nopdl = t["experts_nopdl"], t["moe_nopdl"], t["cta_nopdl"]
+            t_moe_pdl = t["moe_pdl"]
             del graphs
             ref_out = swapmoe.fused_experts(x, w1s[0], w2s[0], *torch_router(logits, topk, kw, bias))
             moe_out = swapmoe.fused_moe(x, w1s[0], w2s[0], logits, topk, **kwb)
@@ -156,7 +165,7 @@ def main():
                              cta_router_alone_us=t_cta_router, fused_experts_then_noop_us=t_exp_noop,
                              noop_alone_us=t_noop, fused_experts_first_pdl_off_us=t_exp_nopdl,
                              fused_moe_cta_router_first_pdl_off_us=t_cta_nopdl,
-                             fused_moe_first_pdl_off_us=t_moe_nopdl,
+                             fused_moe_first_pdl_off_us=t_moe_nopdl, fused_moe_first_pdl_on_us=t_moe_pdl,
                              torch_routing_plus_experts_us=t_sep, delta_us=t_moe - t_exp,
                              delta_fusion_on_us=t_twin - t_exp,
                              router=plan_moe["router"], router_fusion_on=plan_twin["router"],
@@ -168,7 +177,8 @@ def main():
                   f"{t_warp - t_exp:8.1f} {t_cta:10.1f} {t_cta - t_exp:8.1f} {t_twin:10.1f} "
                   f"{t_twin - t_exp:8.1f} {t_sep:22.1f} {plan_moe['kernels'][0]:>26s} {t_router:5.1f}/{t_warp_router:5.1f}/{t_cta_router:5.1f} {plan_twin['router']:>16s} "
                   f"{len(plan_moe['kernels']):>3d}/{len(plan_twin['kernels'])}/{len(plan['kernels']):<3d} {diff:9.2e} "
-                  f"{t_exp_noop:10.1f}/{t_noop:5.1f} {t_exp_nopdl:16.1f}/{t_moe_nopdl:.1f}/{t_cta_nopdl:<16.1f}")
+                  f"{t_exp_noop:10.1f}/{t_noop:5.1f} {t_exp_nopdl:16.1f}/{t_moe_nopdl:.1f}/{t_cta_nopdl:<16.1f} "
+                  f"{t_moe_pdl:26.1f} ({t_moe_pdl - t_exp:+.1f})")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), layers=a.layers, rounds=a.rounds, rows=rows), f,
