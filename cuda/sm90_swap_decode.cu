@@ -687,6 +687,7 @@ __device__ __forceinline__ void fp8_gemm1(const TensorMap* xq_map, const TensorM
     // 0 for a token that does not route to e. The same arithmetic as the GEMM2 producer of
     // the f32 layout, so the bytes are the same.
     const float sc = *a2_static, inv = __frcp_rn(sc);
+    const float w1_scale = w1s[scale_off(e, 0, 0, w1s_e, w1s_r, 0)];  // gate and up: one per expert
     unsigned char* q8 = inter_q + (long long)blockIdx.y * M * N;
 #pragma unroll
     for (int j = 0; j < NT / 8; ++j) {
@@ -700,9 +701,9 @@ __device__ __forceinline__ void fp8_gemm1(const TensorMap* xq_map, const TensorM
           if (r.slot_expert[t * topk + k] == e) first = t * topk + k;
         __nv_fp8_storage_t b = 0;
         if (first >= 0) {
-          const float xs = x_scale[(long long)t * groups_k];
-          float g = acc[0][4 * j + q] * (xs * w1s[scale_off(e, 0, 0, w1s_e, w1s_r, 0)]);
-          float u = acc[1][4 * j + q] * (xs * w1s[scale_off(e, 0, 0, w1s_e, w1s_r, 0)]);
+          const float xw = x_scale[(long long)t * groups_k] * w1_scale;
+          float g = acc[0][4 * j + q] * xw;
+          float u = acc[1][4 * j + q] * xw;
           if (weight_on_input) {
             g *= r.slot_weight[first];
             u *= r.slot_weight[first];
