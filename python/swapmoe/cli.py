@@ -134,16 +134,19 @@ def build_parser() -> argparse.ArgumentParser:
         "tune",
         help="measure every swapmoe candidate per shape and M on this GPU and write tuned tables",
         description=(
-            "For each shape and M, times every candidate the oracle can run (cuda_decode, cuda_mma and "
-            "cuda_wgmma with each token tile, cuda_generic; vLLM's Triton fused_experts as vllm_triton when vllm imports) as "
+            "For each shape and M, times every candidate the oracle can run (cuda_decode, cuda_wgmma_swap, cuda_mma "
+            "and cuda_wgmma with each token tile, cuda_generic; vLLM's Triton fused_experts as vllm_triton when vllm "
+            "imports) as "
             "swapmoe bench does: a CUDA graph of --layers calls on distinct weight copies, "
             "triton.testing.do_bench (L2 flushed, median), divided by --layers. Writes "
             "E=..,N=..,device_name=..,dtype=...json into --out-dir after every M; a second run skips the M "
             "points already there (--force re-measures). Point $SWAPMOE_TABLES_DIR at the folder to use them. "
             "--quant fp8_*: FP8 weights and scales as swapmoe bench --quant, swapmoe's FP8 backends "
-            "(cuda_decode, cuda_generic) and vLLM's Triton FP8 path, into dtype=fp8_w8a8[,per_channel=true|"
-            ",block_shape=[128,128]] tables; without vllm_triton times such a table sends the vLLM plugin's "
-            "FP8 calls to swapmoe's kernels, and the run warns."),
+            "(cuda_decode, cuda_wgmma_swap, cuda_generic) and vLLM's Triton FP8 path, into "
+            "dtype=fp8_w8a8[,per_channel=true|,block_shape=[128,128]] tables whose metadata says the kind of "
+            "activation scales measured (static for fp8_tensor, dynamic otherwise); without vllm_triton times "
+            "such a table sends the vLLM plugin's FP8 calls to swapmoe's kernels, and the run warns. A candidate "
+            "pruned at a smaller M is still timed where no other candidate can run M."),
         formatter_class=_HelpFormatter,
     )
     ts = t.add_mutually_exclusive_group()
@@ -160,8 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--dtype", choices=list(B.DTYPES), default="bf16")
     t.add_argument("--quant", choices=list(B.QUANTS), default="none",
                    help="weight quantization: FP8 W8A8 inputs as swapmoe bench --quant builds them; candidates "
-                        "cuda_decode, cuda_generic (and vllm_triton), written to the dtype=fp8_w8a8... tables "
-                        "(needs sm_89+)")
+                        "cuda_decode, cuda_wgmma_swap (Hopper), cuda_generic (and vllm_triton), written to the "
+                        "dtype=fp8_w8a8... tables (needs sm_89+)")
     t.add_argument("--m", metavar="M,M,...", default=",".join(map(str, T.DEFAULT_M)), help="token counts")
     t.add_argument("--out-dir", metavar="DIR", default=None,
                    help="folder for the tables (default: $SWAPMOE_TABLES_DIR; one of the two is needed)")
@@ -174,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "a wrong one is dropped (default: on)")
     t.add_argument("--prune", type=float, default=T.DEFAULT_PRUNE, metavar="X",
                    help="stop timing cuda_decode / cuda_generic at larger M once they were more than X times "
-                        "the best (0: never)")
+                        "the best, unless no other candidate can run that M (0: never)")
     t.add_argument("--device", default="auto", help="auto, cuda or cuda:N")
     t.add_argument("--seed", type=int, default=0, help="routing and activation seed")
     t.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
