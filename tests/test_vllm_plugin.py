@@ -280,6 +280,16 @@ def test_fp8_priority_puts_triton_before_flashinfer_on_hopper(hopper, vllm_confi
         assert sorted(b.value for b in order) == sorted(b.value for b in original)
 
 
+def test_fp8_layer_plan_follows_the_activation_key(hopper, vllm_config):
+    # the shipped per-tensor table (H200, qwen3's shape) was measured with static scales
+    ask = lambda act: vllm_plugin._layer_plan(moe_config(), q.kFp8StaticTensorSym, act, 1,  # noqa: E731
+                                              ("vllm_triton", "flashinfer_cutlass"))
+    static, dynamic = ask(q.kFp8StaticTensorSym), ask(q.kFp8DynamicTensorSym)
+    assert static.source == "table", static.reasons
+    assert dynamic.source == "heuristic"
+    assert any("measured with static activation scales and this call's are dynamic" in r for r in dynamic.reasons)
+
+
 def test_fp8_forced_backend_is_respected(hopper, vllm_config):
     vllm_plugin.register()
     backend, experts_cls = fp8_oracle.select_fp8_moe_backend(

@@ -275,8 +275,14 @@ def _layer_plan(moe_config: Any, weight_key: Any, activation_key: Any, m: int,
 
     from .oracle import select_backend
 
-    # The layer's weight scheme, whatever its activation scales (the question is its weights).
+    # The layer's weight scheme, and for per-tensor weights whether its activation scales are
+    # static (calibrated) or dynamic: the tables are measured for one kind.
     quant = {w: q for (w, _a), q in _fp8_key_schemes().items()}.get(weight_key)
+    scales = None
+    if quant == "fp8_tensor":
+        from vllm.model_executor.layers.quantization.utils import quant_utils as q
+
+        scales = "static" if activation_key == q.kFp8StaticTensorSym else "dynamic"
     cap = current_platform.get_device_capability()
     try:
         return select_backend(
@@ -284,6 +290,7 @@ def _layer_plan(moe_config: Any, weight_key: Any, activation_key: Any, m: int,
             moe_config.intermediate_size_per_partition, dtype=_dtype_name(moe_config.in_dtype),
             quant=quant, device_capability=(cap.major, cap.minor),
             device_name=current_platform.get_device_name(), external_backends=external,
+            activation_scales=scales,
         )
     except Exception as e:  # noqa: BLE001
         logger.debug("swapmoe: the oracle cannot plan this layer (%s); vLLM's order stands", e)
