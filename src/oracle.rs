@@ -1019,9 +1019,7 @@ fn heuristic(c: &mut Candidates) -> Backend {
     // FP8: the e4m3 wgmma kernels against the SIMT ones, where they measured faster.
     let fp8 = p.quant.is_some();
     let fp8_max = match &p.quant {
-        Some(q) if q.scheme == QuantScheme::Tensor && q.a2_scale != 0 => {
-            SWAP_FP8_STATIC_HEURISTIC_MAX_TOKENS
-        }
+        Some(q) if q.static_intermediate() => SWAP_FP8_STATIC_HEURISTIC_MAX_TOKENS,
         _ => SWAP_FP8_HEURISTIC_MAX_TOKENS,
     };
     let swap_wins = if fp8 {
@@ -2064,7 +2062,7 @@ impl<'a> Candidates<'a> {
                 // With a static intermediate scale GEMM1 quantizes its own output, and GEMM2
                 // loads e4m3 rows by TMA instead of quantizing f32 rows per stage
                 // (benches/NOTES.md, "FP8 swap v2").
-                let static_inter = q.scheme == QuantScheme::Tensor && q.a2_scale != 0;
+                let static_inter = q.static_intermediate();
                 let inter = if static_inter {
                     "GEMM1 quantizes the intermediate with the static a2_scale, GEMM2 reads its e4m3 rows by TMA"
                 } else {

@@ -329,6 +329,12 @@ fn act_scale(name: &str, t: Option<&TensorDesc>, device: Device) -> Result<usize
 }
 
 impl Fp8Quant {
+    /// Per-tensor with a static intermediate scale: GEMM1 can write the e4m3 intermediate
+    /// itself (the swap-AB "q8" kernels), which changes both the kernels and where they win.
+    pub fn static_intermediate(&self) -> bool {
+        self.scheme == QuantScheme::Tensor && self.a2_scale != 0
+    }
+
     /// Validates the FP8 arguments for weights [E, 2N, K] and [E, K, N]. `None` without FP8.
     pub fn validate(
         q: &QuantArgs<'_>,
