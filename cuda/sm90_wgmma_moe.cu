@@ -35,18 +35,25 @@
 // from DRAM once and the group's activations stay in L2.
 // Requirements (checked by the oracle and the launcher): bf16/fp16; K and N multiples of 8;
 // 16-byte aligned tensors and row strides (TMA).
+#include "common/fp8_moe.cuh"
 #include "common/moe_common.cuh"
 #include "common/sm90.cuh"
 #include "common/wgmma_ops.cuh"
+
+#include <type_traits>
 
 namespace swapmoe {
 namespace {
 
 constexpr int kBN = 256;  // B rows per CTA tile (`WGMMA_GEMM2_COLUMNS`; GEMM1: 128 gate + 128 up)
-constexpr int kBK = 64;   // reduction elements per stage: one 128-byte swizzle row
+constexpr int kRowBytes = 128;  // bytes of K per stage and row: one 128-byte swizzle row
+// K elements per stage: 64 (bf16, f16) or 128 (e4m3).
+template <typename T>
+constexpr int kStageK = kRowBytes / (int)sizeof(T);
+constexpr int kMmaSteps = kRowBytes / 32;  // wgmmas per stage, each over 32 bytes of every row
 constexpr int kConsumerWarps = 8;
 constexpr int kThreads = 128 + kConsumerWarps * 32;  // `WGMMA_THREADS`
-constexpr int kBBytes = kBN * kBK * 2;
+constexpr int kBBytes = kBN * kRowBytes;
 constexpr int kReduceThreads = 128;  // `WGMMA_REDUCE_THREADS`: 8 columns each
 constexpr int kPreGatherThreads = 128;  // `WGMMA_GATHER_THREADS`
 
@@ -60,15 +67,15 @@ template <int BM>
 struct Tile {
   static constexpr int kWgN = BM == 128 ? kBN : kBN / 2;  // wgmma N per warpgroup
   static constexpr int kAccs = kWgN / 2;                  // fp32 accumulators per thread
-  static constexpr int kABytes = BM * kBK * 2;
+  static constexpr int kABytes = BM * kRowBytes;
   static constexpr int kStageBytes = kABytes + kBBytes;
   static constexpr int kStages = BM == 128 ? 4 : 5;       // `wgmma_smem_bytes`
   static constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + 1 KiB to align stages
   static constexpr int kGateBox = BM == 128 ? 128 : 64;   // GEMM1 rows per TMA box (`wgmma_gate_box`)
   static_assert(kSmemBytes <= 227 * 1024, "stages exceed an SM's shared memory");
   // Offsets of this warpgroup's rows in the A tile and in the B tile (bytes).
-  __device__ static int a_offset(int cw) { return BM == 128 ? cw * 64 * kBK * 2 : 0; }
-  __device__ static int b_offset(int cw) { return BM == 128 ? 0 : cw * (kBN / 2) * kBK * 2; }
+  __device__ static int a_offset(int cw) { return BM == 128 ? cw * 64 * kRowBytes : 0; }
+  __device__ static int b_offset(int cw) { return BM == 128 ? 0 : cw * (kBN / 2) * kRowBytes; }
   // First tile row and first inter column (GEMM1) / output column (GEMM2) of warpgroup cw.
   __device__ static int row_base(int cw) { return BM == 128 ? cw * 64 : 0; }
   __device__ static int gemm1_col_base(int cw) { return BM == 128 ? 0 : cw * 64; }
@@ -106,7 +113,10 @@ __device__ __forceinline__ bool tile_coord(const int* __restrict__ tile_expert, 
 // without kGatherA one thread (TMA for both operands), with kGatherA all 128 threads of
 // warpgroup 0 (cp.async gathers of the A rows, and thread 0's TMA of B), each of which then
 // arrives on the stage's full barrier (`full_arrivals`). Each consumer warpgroup
-// accumulates its 64 rows x kWgN into acc.
+// accumulates its 64 rows x kWgN into acc. For e4m3 each stage's wgmmas go into fresh
+// accumulators that are then added to acc in f32 ("promotion", every 128 of K, as the FP8
+// swap-AB kernels, DeepGEMM and CUTLASS do): the tensor core's FP8 accumulation keeps only
+// about 14 bits, too few for a long K.
 template <typename T, int BM, bool kGatherA, typename Load>
 __device__ __forceinline__ bool pipeline(int ktiles, unsigned char* stages, uint64_t* full, uint64_t* empty,
                                          Load load, float (&acc)[Tile<BM>::kAccs]) {
@@ -127,6 +137,28 @@ __device__ __forceinline__ bool pipeline(int ktiles, unsigned char* stages, uint
   const int cw = (warp - 4) >> 2;  // consumer warpgroup
 #pragma unroll
   for (int i = 0; i < L::kAccs; ++i) acc[i] = 0.f;
+  if constexpr (std::is_same<T, __nv_fp8_e4m3>::value) {
+    for (int kt = 0; kt < ktiles; ++kt) {
+      const int st = kt % S;
+      mbar_wait(&full[st], (kt / S) & 1);
+      if (kGatherA) fence_proxy_async_shared();  // the cp.async rows, seen by the wgmmas
+      const uint32_t a = smem_u32(stages + st * L::kStageBytes) + L::a_offset(cw);
+      const uint32_t b = smem_u32(stages + st * L::kStageBytes + L::kABytes) + L::b_offset(cw);
+      float part[L::kAccs];
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kMmaSteps; ++kk)
+        wgmma::Mma<L::kWgN, T>::run(part, wgmma_desc_sw128(a + kk * 32), wgmma_desc_sw128(b + kk * 32), kk > 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_accumulators(part);
+      // This stage's wgmmas are complete: hand its buffers back, then promote.
+      if (lane == 0) mbar_arrive(&empty[st]);
+#pragma unroll
+      for (int i = 0; i < L::kAccs; ++i) acc[i] += part[i];
+    }
+    return true;
+  }
   for (int kt = 0; kt < ktiles; ++kt) {
     const int st = kt % S;
     mbar_wait(&full[st], (kt / S) & 1);
@@ -136,7 +168,7 @@ __device__ __forceinline__ bool pipeline(int ktiles, unsigned char* stages, uint
     fence_accumulators(acc);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kBK / 16; ++kk)
+    for (int kk = 0; kk < kMmaSteps; ++kk)
       wgmma::Mma<L::kWgN, T>::run(acc, wgmma_desc_sw128(a + kk * 32), wgmma_desc_sw128(b + kk * 32), 1);
     wgmma_commit();
     fence_accumulators(acc);
@@ -172,26 +204,37 @@ __device__ __forceinline__ void init_barriers(uint64_t* full, uint64_t* empty, i
 }
 #endif
 
-// kGatherA: the producer warpgroup gathers the A rows from x (cp.async); otherwise they were
-// gathered before (wgmma_moe_gather into xs, sorted order) and thread 0 copies them by TMA.
-template <typename T, int BM, bool kGatherA>
-__device__ __forceinline__ void gemm1_act(const T* __restrict__ x, long long x_row_stride, const TensorMap* xs_map,
-                                          const TensorMap* w1_map,
-                                          const void* __restrict__ topk_weights, int topk_weights_code,
-                                          long long topk_weights_row_stride, const int* __restrict__ expert_offsets,
-                                          const int* __restrict__ sorted_slots, const int* __restrict__ tile_expert,
-                                          const int* __restrict__ tile_start, const int* __restrict__ num_tiles,
-                                          int tiles_bound, int raster_group, int topk, int N, int K, int act,
-                                          int weight_on_input, T* __restrict__ inter) {
+// The routing metadata of route_align that every wgmma GEMM reads.
+struct Tiles {
+  const int* expert_offsets;
+  const int* sorted_slots;
+  const int* tile_expert;
+  const int* tile_start;
+  const int* num_tiles;
+  int tiles_bound, raster_group;
+};
+
+// GEMM1's main loop for one CTA tile (token tile, kBN / 2 inter columns): the consumer
+// warpgroups' gate and up accumulators. TA is the element type of both operands: bf16/f16,
+// or e4m3 (x quantized first, e4m3 weights). kGatherA: the producer warpgroup gathers the A
+// rows from x (cp.async); otherwise they were gathered before (wgmma_moe_gather into xs,
+// sorted order) and thread 0 copies them by TMA. False for the producer warpgroup and for a
+// tile that does not exist (CTA-uniform).
+template <typename TA, int BM, bool kGatherA>
+__device__ __forceinline__ bool gemm1_main(const TA* __restrict__ x, long long x_row_stride, const TensorMap* xs_map,
+                                           const TensorMap* w1_map, const Tiles& tl, int topk, int N, int K,
+                                           TileCoord& c, float (&acc)[Tile<BM>::kAccs]) {
 #ifdef SWAPMOE_SM90A
   using L = Tile<BM>;
   extern __shared__ unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t full[L::kStages], empty[L::kStages];
-  TileCoord c;
   constexpr int kCols = kBN / 2;  // inter columns per CTA
+  constexpr int kK = kStageK<TA>;
+  constexpr int kChunkElems = 16 / (int)sizeof(TA);  // elements per 16-byte chunk
   const int blocks = (N + kCols - 1) / kCols;
-  if (!tile_coord(tile_expert, tile_start, num_tiles, expert_offsets, tiles_bound, blocks, raster_group, BM, c))
-    return;
+  if (!tile_coord(tl.tile_expert, tl.tile_start, tl.num_tiles, tl.expert_offsets, tl.tiles_bound, blocks,
+                  tl.raster_group, BM, c))
+    return false;
   init_barriers<L::kStages>(full, empty, kGatherA ? 1 + kGatherThreads : 1, kGatherA ? nullptr : xs_map,
                             w1_map);
   unsigned char* stages = aligned_stages(smem_raw);
@@ -200,22 +243,23 @@ __device__ __forceinline__ void gemm1_act(const T* __restrict__ x, long long x_r
   // of tile rows t / 8 + 16 i, into the 128-byte swizzle layout the wgmma descriptors read.
   constexpr int kRowsPerThread = BM / 16;
   const int chunk = threadIdx.x & 7;
-  const T* src[kRowsPerThread];
+  const TA* src[kRowsPerThread];
   uint32_t dst[kRowsPerThread];
   if (kGatherA && threadIdx.x < kGatherThreads) {
 #pragma unroll
     for (int i = 0; i < kRowsPerThread; ++i) {
       const int r = (threadIdx.x >> 3) + 16 * i;
-      src[i] = r < c.count ? x + (long long)(sorted_slots[c.start + r] / topk) * x_row_stride + chunk * 8 : nullptr;
-      dst[i] = r * (kBK * 2) + ((chunk ^ (r & 7)) << 4);
+      src[i] = r < c.count ? x + (long long)(tl.sorted_slots[c.start + r] / topk) * x_row_stride + chunk * kChunkElems
+                           : nullptr;
+      dst[i] = r * kRowBytes + ((chunk ^ (r & 7)) << 4);
     }
   }
   auto load = [&](int kt, unsigned char* a, unsigned char* b, uint64_t* bar) {
-    const int k0 = kt * kBK;
+    const int k0 = kt * kK;
     if (threadIdx.x == 0) {
       mbar_arrive_expect(bar, kGatherA ? kBBytes : L::kStageBytes);
       if (!kGatherA) tma_load_2d(a, xs_map, k0, c.start, bar);
-      constexpr int kBox = L::kGateBox, kBoxBytes = kBox * kBK * 2;
+      constexpr int kBox = L::kGateBox, kBoxBytes = kBox * kRowBytes;
 #pragma unroll
       for (int h = 0; h < kCols / kBox; ++h) {
         tma_load_3d(b + 2 * h * kBoxBytes, w1_map, k0, j0 + h * kBox, c.expert, bar);
@@ -224,7 +268,7 @@ __device__ __forceinline__ void gemm1_act(const T* __restrict__ x, long long x_r
     }
     if (!kGatherA) return;
     const uint32_t a_base = smem_u32(a);
-    const bool k_ok = k0 + chunk * 8 < K;
+    const bool k_ok = k0 + chunk * kChunkElems < K;
 #pragma unroll
     for (int i = 0; i < kRowsPerThread; ++i) {
       const bool ok = k_ok && src[i] != nullptr;
@@ -232,28 +276,83 @@ __device__ __forceinline__ void gemm1_act(const T* __restrict__ x, long long x_r
     }
     cp_async_arrive_noinc(bar);
   };
-  float acc[L::kAccs];
-  if (!pipeline<T, BM, kGatherA>((K + kBK - 1) / kBK, stages, full, empty, load, acc)) return;
+  return pipeline<TA, BM, kGatherA>((K + kK - 1) / kK, stages, full, empty, load, acc);
+#else
+  return false;
+#endif
+}
 
-  // Accumulator layout of m64nNk16: n8 block j, register 4j + h holds row
-  // 16 * warp + lane / 4 + 8 * (h >> 1), column 8j + 2 * (lane % 4) + (h & 1).
-  // A warpgroup's first kWgN / 2 columns are gate columns, the rest the matching up columns.
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, cw = (warp - 4) >> 2;
-  const int row0 = L::row_base(cw) + (warp & 3) * 16 + (lane >> 2);
-  const int col0 = j0 + L::gemm1_col_base(cw);
+// GEMM2's main loop for one CTA tile (token tile, kBN output columns): A is the
+// intermediate in sorted order (a 2-D tensor map), B the expert's w2 rows.
+template <typename TA, int BM>
+__device__ __forceinline__ bool gemm2_main(const TensorMap* inter_map, const TensorMap* w2_map, const Tiles& tl,
+                                           int N, int K, TileCoord& c, float (&acc)[Tile<BM>::kAccs]) {
+#ifdef SWAPMOE_SM90A
+  using L = Tile<BM>;
+  extern __shared__ unsigned char smem_raw[];
+  __shared__ __align__(8) uint64_t full[L::kStages], empty[L::kStages];
+  constexpr int kK = kStageK<TA>;
+  const int blocks = (K + kBN - 1) / kBN;
+  if (!tile_coord(tl.tile_expert, tl.tile_start, tl.num_tiles, tl.expert_offsets, tl.tiles_bound, blocks,
+                  tl.raster_group, BM, c))
+    return false;
+  init_barriers<L::kStages>(full, empty, 1, inter_map, w2_map);
+  unsigned char* stages = aligned_stages(smem_raw);
+  const int r0 = c.block * kBN;
+  auto load = [&](int kt, unsigned char* a, unsigned char* b, uint64_t* bar) {
+    const int k0 = kt * kK;
+    mbar_arrive_expect(bar, L::kStageBytes);
+    tma_load_2d(a, inter_map, k0, c.start, bar);
+    tma_load_3d(b, w2_map, k0, r0, c.expert, bar);
+  };
+  return pipeline<TA, BM, false>((N + kK - 1) / kK, stages, full, empty, load, acc);
+#else
+  return false;
+#endif
+}
+
+// Where a consumer thread's accumulators lie. Accumulator layout of m64nNk16 (and k32):
+// n8 block j, register 4j + h holds row 16 * warp + lane / 4 + 8 * (h >> 1), column
+// 8j + 2 * (lane % 4) + (h & 1). In GEMM1 a warpgroup's first kWgN / 2 columns are gate
+// columns, the rest the matching up columns.
+template <int BM>
+struct Frag {
+  int row0;  // tile row of the thread's registers with h >> 1 == 0 (+ 8 for the others)
+  int cw;    // consumer warpgroup
+  int lane;
+  __device__ Frag() {
+    const int warp = threadIdx.x >> 5;
+    lane = threadIdx.x & 31;
+    cw = (warp - 4) >> 2;
+    row0 = Tile<BM>::row_base(cw) + (warp & 3) * 16 + (lane >> 2);
+  }
+  __device__ int col(int j) const { return 8 * j + 2 * (lane & 3); }
+};
+
+template <typename T, int BM, bool kGatherA>
+__device__ __forceinline__ void gemm1_act(const T* __restrict__ x, long long x_row_stride, const TensorMap* xs_map,
+                                          const TensorMap* w1_map, const void* __restrict__ topk_weights,
+                                          int topk_weights_code, long long topk_weights_row_stride, const Tiles& tl,
+                                          int topk, int N, int K, int act, int weight_on_input, T* __restrict__ inter) {
+  using L = Tile<BM>;
+  TileCoord c;
+  float acc[L::kAccs];
+  if (!gemm1_main<T, BM, kGatherA>(x, x_row_stride, xs_map, w1_map, tl, topk, N, K, c, acc)) return;
+  const Frag<BM> f;
+  const int col0 = c.block * (kBN / 2) + L::gemm1_col_base(f.cw);
   constexpr int kGateBlocks = L::kWgN / 16;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const int r = row0 + half * 8;
+    const int r = f.row0 + half * 8;
     if (r >= c.count) continue;
     const int p = c.start + r;
     float w = 1.f;
     if (weight_on_input)
-      w = slot_router_weight(topk_weights, topk_weights_code, topk_weights_row_stride, topk, sorted_slots[p]);
+      w = slot_router_weight(topk_weights, topk_weights_code, topk_weights_row_stride, topk, tl.sorted_slots[p]);
     T* out = inter + (long long)p * N + col0;
 #pragma unroll
     for (int j = 0; j < kGateBlocks; ++j) {
-      const int col = 8 * j + 2 * (lane & 3);
+      const int col = f.col(j);
       if (col0 + col >= N) continue;
       const float g0 = acc[4 * j + 2 * half] * w, g1 = acc[4 * j + 2 * half + 1] * w;
       const float u0 = acc[4 * (j + kGateBlocks) + 2 * half] * w;
@@ -263,58 +362,210 @@ __device__ __forceinline__ void gemm1_act(const T* __restrict__ x, long long x_r
       *reinterpret_cast<uint32_t*>(out + col) = *reinterpret_cast<const uint32_t*>(pair);
     }
   }
-#endif
 }
 
 template <typename T, int BM>
 __device__ __forceinline__ void gemm2(const TensorMap* inter_map, const TensorMap* w2_map,
                                       const void* __restrict__ topk_weights, int topk_weights_code,
-                                      long long topk_weights_row_stride, const int* __restrict__ expert_offsets,
-                                      const int* __restrict__ sorted_slots, const int* __restrict__ tile_expert,
-                                      const int* __restrict__ tile_start, const int* __restrict__ num_tiles,
-                                      int tiles_bound, int raster_group, int topk, int N, int K, int weight_on_input,
-                                      T* __restrict__ y) {
-#ifdef SWAPMOE_SM90A
+                                      long long topk_weights_row_stride, const Tiles& tl, int topk, int N, int K,
+                                      int weight_on_input, T* __restrict__ y) {
   using L = Tile<BM>;
-  extern __shared__ unsigned char smem_raw[];
-  __shared__ __align__(8) uint64_t full[L::kStages], empty[L::kStages];
   TileCoord c;
-  const int blocks = (K + kBN - 1) / kBN;
-  if (!tile_coord(tile_expert, tile_start, num_tiles, expert_offsets, tiles_bound, blocks, raster_group, BM, c))
-    return;
-  init_barriers<L::kStages>(full, empty, 1, inter_map, w2_map);
-  unsigned char* stages = aligned_stages(smem_raw);
-  const int r0 = c.block * kBN;
-  auto load = [&](int kt, unsigned char* a, unsigned char* b, uint64_t* bar) {
-    const int k0 = kt * kBK;
-    mbar_arrive_expect(bar, L::kStageBytes);
-    tma_load_2d(a, inter_map, k0, c.start, bar);
-    tma_load_3d(b, w2_map, k0, r0, c.expert, bar);
-  };
   float acc[L::kAccs];
-  if (!pipeline<T, BM, false>((N + kBK - 1) / kBK, stages, full, empty, load, acc)) return;
-
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, cw = (warp - 4) >> 2;
-  const int row0 = L::row_base(cw) + (warp & 3) * 16 + (lane >> 2);
-  const int col0 = r0 + L::gemm2_col_base(cw);
+  if (!gemm2_main<T, BM>(inter_map, w2_map, tl, N, K, c, acc)) return;
+  const Frag<BM> f;
+  const int col0 = c.block * kBN + L::gemm2_col_base(f.cw);
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const int r = row0 + half * 8;
+    const int r = f.row0 + half * 8;
     if (r >= c.count) continue;
-    const int slot = sorted_slots[c.start + r];
+    const int slot = tl.sorted_slots[c.start + r];
     const float w = weight_on_input
                         ? 1.f
                         : slot_router_weight(topk_weights, topk_weights_code, topk_weights_row_stride, topk, slot);
     T* out = y + (long long)slot * K + col0;
 #pragma unroll
     for (int j = 0; j < L::kWgN / 8; ++j) {
-      const int col = 8 * j + 2 * (lane & 3);
+      const int col = f.col(j);
       if (col0 + col >= K) continue;
       T pair[2] = {from_f32<T>(acc[4 * j + 2 * half] * w), from_f32<T>(acc[4 * j + 2 * half + 1] * w)};
       *reinterpret_cast<uint32_t*>(out + col) = *reinterpret_cast<const uint32_t*>(pair);
     }
   }
-#endif
+}
+
+// ---- FP8 (e4m3) W8A8 GEMMs: the same main loops over e4m3 operands (wgmma ... e4m3, 128 of K
+// per stage); the scales are applied in the epilogues, as the SIMT FP8 kernels apply them
+// (cuda/common/fp8_moe.cuh has the semantics). Per-tensor and per-channel weight scales.
+
+// The scales an FP8 wgmma GEMM reads (`WgmmaFp8Scales` in src/cuda/launch.rs, by value).
+struct WgmmaFp8Scales {
+  const float* x_scale;      // GEMM1: the input's scale per token [M] (per tensor: all equal)
+  const float* w_scale;      // w1_scale (GEMM1) or w2_scale (GEMM2)
+  long long w_scale_expert;  // element strides of w_scale: per expert, and per row (per channel)
+  long long w_scale_row;
+  const float* a2_static;    // the static intermediate scale, or nullptr (dynamic)
+  float* inter_amax;         // the intermediate's absmax as float bits: per tensor [0], per channel [slot]
+};
+
+// GEMM1: inter[p, j] = act(g) * u, g and u dequantized by the input's and w1's scales.
+// kQ8 (per tensor, static a2_scale): writes the e4m3 intermediate quantized with a2_scale.
+// Otherwise it writes it in f32 and folds |inter| into inter_amax (per tensor: element 0, per
+// channel: the slot's), which the quantize-intermediate kernel turns into the dynamic scale.
+template <int SCHEME, int BM, bool kQ8>
+__device__ __forceinline__ void fp8_gemm1(const uint8_t* __restrict__ xq, long long xq_row, const TensorMap* w1_map,
+                                          WgmmaFp8Scales sc, const void* __restrict__ topk_weights,
+                                          int topk_weights_code, long long topk_weights_row_stride, const Tiles& tl,
+                                          int topk, int N, int K, int act, int weight_on_input,
+                                          void* __restrict__ inter) {
+  static_assert(SCHEME == kQTensor || SCHEME == kQChannel, "per-tensor or per-channel weight scales");
+  static_assert(!kQ8 || SCHEME == kQTensor, "a static intermediate scale is per tensor");
+  using L = Tile<BM>;
+  using E4 = __nv_fp8_e4m3;
+  TileCoord c;
+  float acc[L::kAccs];
+  if (!gemm1_main<E4, BM, true>(reinterpret_cast<const E4*>(xq), xq_row, nullptr, w1_map, tl, topk, N, K, c, acc))
+    return;
+  const Frag<BM> f;
+  const int col0 = c.block * (kBN / 2) + L::gemm1_col_base(f.cw);
+  constexpr int kGateBlocks = L::kWgN / 16;
+  const float* ws = sc.w_scale + (long long)c.expert * sc.w_scale_expert;
+  const float w1_tensor = SCHEME == kQTensor ? ws[0] : 1.f;
+  float q_scale = 1.f, q_inv = 1.f;
+  if constexpr (kQ8) {
+    q_scale = *sc.a2_static;
+    q_inv = __frcp_rn(q_scale);
+  }
+  unsigned amax = 0u;  // per tensor: this thread's |inter| as float bits
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = f.row0 + half * 8;
+    const bool valid = r < c.count;
+    unsigned row_amax = 0u;
+    int slot = 0;
+    if (valid) {
+      const int p = c.start + r;
+      slot = tl.sorted_slots[p];
+      const float xs = sc.x_scale[slot / topk];
+      const float w = weight_on_input
+                          ? slot_router_weight(topk_weights, topk_weights_code, topk_weights_row_stride, topk, slot)
+                          : 1.f;
+#pragma unroll
+      for (int j = 0; j < kGateBlocks; ++j) {
+        const int col = col0 + f.col(j);  // even; N is a multiple of 16, so col + 1 < N too
+        if (col >= N) continue;
+        float sg0 = w1_tensor, sg1 = w1_tensor, su0 = w1_tensor, su1 = w1_tensor;
+        if constexpr (SCHEME == kQChannel) {
+          sg0 = ws[(long long)col * sc.w_scale_row];
+          sg1 = ws[(long long)(col + 1) * sc.w_scale_row];
+          su0 = ws[(long long)(N + col) * sc.w_scale_row];
+          su1 = ws[(long long)(N + col + 1) * sc.w_scale_row];
+        }
+        float g0 = acc[4 * j + 2 * half] * (xs * sg0), g1 = acc[4 * j + 2 * half + 1] * (xs * sg1);
+        float u0 = acc[4 * (j + kGateBlocks) + 2 * half] * (xs * su0);
+        float u1 = acc[4 * (j + kGateBlocks) + 2 * half + 1] * (xs * su1);
+        if (weight_on_input) {
+          g0 *= w;
+          g1 *= w;
+          u0 *= w;
+          u1 *= w;
+        }
+        const float a0 = activate(act, g0) * u0, a1 = activate(act, g1) * u1;
+        if constexpr (kQ8) {
+          const unsigned short b = (unsigned short)fp8_quantize(a0, q_scale, q_inv, true) |
+                                   (unsigned short)((unsigned)fp8_quantize(a1, q_scale, q_inv, true) << 8);
+          *reinterpret_cast<unsigned short*>(static_cast<uint8_t*>(inter) + (long long)p * N + col) = b;
+        } else {
+          *reinterpret_cast<float2*>(static_cast<float*>(inter) + (long long)p * N + col) = make_float2(a0, a1);
+          row_amax = max(row_amax, max(__float_as_uint(finite_abs(a0)), __float_as_uint(finite_abs(a1))));
+        }
+      }
+    }
+    if constexpr (!kQ8 && SCHEME == kQChannel) {
+      // The 4 lanes that hold a row's columns; then one atomic per row and warp.
+      row_amax = max(row_amax, __shfl_xor_sync(0xffffffffu, row_amax, 1));
+      row_amax = max(row_amax, __shfl_xor_sync(0xffffffffu, row_amax, 2));
+      if (valid && (f.lane & 3) == 0 && row_amax)
+        atomicMax(reinterpret_cast<unsigned*>(sc.inter_amax) + slot, row_amax);
+    }
+    amax = max(amax, row_amax);
+  }
+  if constexpr (!kQ8 && SCHEME == kQTensor) {
+    amax = __reduce_max_sync(0xffffffffu, amax);
+    if (f.lane == 0 && amax) atomicMax(reinterpret_cast<unsigned*>(sc.inter_amax), amax);
+  }
+}
+
+// inter_q[p, :] = e4m3(inter[p, :]) with the dynamic scale of GEMM1's absmax (per tensor:
+// one; per channel: the row's slot's), as SIMT GEMM2 quantizes its rows (load_inter_q).
+// One CTA of kQuantInterThreads per sorted row; 4 columns per thread and step.
+constexpr int kQuantInterThreads = 128;  // `WGMMA_QUANT_INTER_THREADS`
+template <int SCHEME>
+__device__ __forceinline__ void fp8_quant_inter(const float* __restrict__ inter, const float* __restrict__ inter_amax,
+                                                const int* __restrict__ sorted_slots,
+                                                const int* __restrict__ expert_offsets, int local_experts, int N,
+                                                uint8_t* __restrict__ inter_q) {
+  const int p = blockIdx.x;
+  if (p >= expert_offsets[local_experts]) return;
+  const float s = inter_scale<SCHEME>(inter_amax, nullptr, SCHEME == kQChannel ? sorted_slots[p] : 0, 0, 1);
+  const float inv = SCHEME == kQTensor ? __frcp_rn(s) : 0.f;
+  const float* src = inter + (long long)p * N;
+  uint8_t* dst = inter_q + (long long)p * N;
+  for (int c = threadIdx.x * 4; c < N; c += kQuantInterThreads * 4) {
+    const float4 v = *reinterpret_cast<const float4*>(src + c);
+    const bool t = SCHEME == kQTensor;
+    *reinterpret_cast<unsigned*>(dst + c) = (unsigned)fp8_quantize(v.x, s, inv, t) |
+                                            ((unsigned)fp8_quantize(v.y, s, inv, t) << 8) |
+                                            ((unsigned)fp8_quantize(v.z, s, inv, t) << 16) |
+                                            ((unsigned)fp8_quantize(v.w, s, inv, t) << 24);
+  }
+}
+
+// GEMM2: y[slot, r] = w(slot) * s2 * w2_scale * (inter_q[p] . w2_q[e, r]), s2 the
+// intermediate's scale (static, or from the absmax), in the activation dtype.
+template <typename T, int SCHEME, int BM>
+__device__ __forceinline__ void fp8_gemm2(const TensorMap* inter_map, const TensorMap* w2_map, WgmmaFp8Scales sc,
+                                          const void* __restrict__ topk_weights, int topk_weights_code,
+                                          long long topk_weights_row_stride, const Tiles& tl, int topk, int N, int K,
+                                          int weight_on_input, T* __restrict__ y) {
+  static_assert(SCHEME == kQTensor || SCHEME == kQChannel, "per-tensor or per-channel weight scales");
+  using L = Tile<BM>;
+  TileCoord c;
+  float acc[L::kAccs];
+  if (!gemm2_main<__nv_fp8_e4m3, BM>(inter_map, w2_map, tl, N, K, c, acc)) return;
+  const Frag<BM> f;
+  const int col0 = c.block * kBN + L::gemm2_col_base(f.cw);
+  const float* ws = sc.w_scale + (long long)c.expert * sc.w_scale_expert;
+  const float w2_tensor = SCHEME == kQTensor ? ws[0] : 1.f;
+  const float s2_tensor = SCHEME == kQTensor ? inter_scale<kQTensor>(sc.inter_amax, sc.a2_static, 0, 0, 1) : 1.f;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = f.row0 + half * 8;
+    if (r >= c.count) continue;
+    const int slot = tl.sorted_slots[c.start + r];
+    const float s2 = SCHEME == kQTensor ? s2_tensor : inter_scale<kQChannel>(sc.inter_amax, nullptr, slot, 0, 1);
+    const float w = weight_on_input
+                        ? 1.f
+                        : slot_router_weight(topk_weights, topk_weights_code, topk_weights_row_stride, topk, slot);
+    T* out = y + (long long)slot * K + col0;
+#pragma unroll
+    for (int j = 0; j < L::kWgN / 8; ++j) {
+      const int col = f.col(j);
+      if (col0 + col >= K) continue;
+      float s0 = w2_tensor, s1 = w2_tensor;
+      if constexpr (SCHEME == kQChannel) {
+        s0 = ws[(long long)(col0 + col) * sc.w_scale_row];
+        s1 = ws[(long long)(col0 + col + 1) * sc.w_scale_row];
+      }
+      float v0 = acc[4 * j + 2 * half] * (s2 * s0), v1 = acc[4 * j + 2 * half + 1] * (s2 * s1);
+      if (!weight_on_input) {
+        v0 *= w;
+        v1 *= w;
+      }
+      T pair[2] = {from_f32<T>(v0), from_f32<T>(v1)};
+      *reinterpret_cast<uint32_t*>(out + col) = *reinterpret_cast<const uint32_t*>(pair);
+    }
+  }
 }
 
 // out[t, c .. c + 8) = sum over k, in k order, of y[t * topk + k, c .. c + 8) for the slots
@@ -373,17 +624,21 @@ extern "C" __global__ void __launch_bounds__(swapmoe::kPreGatherThreads)
 }
 
 // GEMM1 in both A modes: ..._t<BM> gathers in the kernel, ..._t<BM>_xs reads the gathered xs.
+#define SWAPMOE_WGMMA_TILES                                                                                       \
+  const int *expert_offsets, const int *sorted_slots, const int *tile_expert, const int *tile_start,             \
+      const int *num_tiles, int tiles_bound, int raster_group
+#define SWAPMOE_WGMMA_MAKE_TILES                                                                                  \
+  const swapmoe::Tiles tl{expert_offsets, sorted_slots, tile_expert, tile_start, num_tiles, tiles_bound, raster_group}
+
 #define SWAPMOE_WGMMA_GEMM1(NAME, T, BM, GATHER)                                                                  \
   extern "C" __global__ void __launch_bounds__(swapmoe::kThreads, 1) NAME(                                       \
       const T* x, long long x_row_stride, const __grid_constant__ swapmoe::TensorMap xs_map,                      \
       const __grid_constant__ swapmoe::TensorMap w1_map, const void* topk_weights, int topk_weights_code,         \
-      long long topk_weights_row_stride, const int* expert_offsets, const int* sorted_slots,                      \
-      const int* tile_expert, const int* tile_start, const int* num_tiles, int tiles_bound, int raster_group,     \
-      int topk, int N, int K, int act, int weight_on_input, T* inter) {                                           \
+      long long topk_weights_row_stride, SWAPMOE_WGMMA_TILES, int topk, int N, int K, int act,                    \
+      int weight_on_input, T* inter) {                                                                            \
+    SWAPMOE_WGMMA_MAKE_TILES;                                                                                     \
     swapmoe::gemm1_act<T, BM, GATHER>(x, x_row_stride, &xs_map, &w1_map, topk_weights, topk_weights_code,         \
-                                      topk_weights_row_stride, expert_offsets, sorted_slots, tile_expert,         \
-                                      tile_start, num_tiles, tiles_bound, raster_group, topk, N, K, act,          \
-                                      weight_on_input, inter);                                                    \
+                                      topk_weights_row_stride, tl, topk, N, K, act, weight_on_input, inter);      \
   }
 
 #define SWAPMOE_WGMMA_INSTANTIATE(SUFFIX, T, BM)                                                                  \
@@ -391,13 +646,11 @@ extern "C" __global__ void __launch_bounds__(swapmoe::kPreGatherThreads)
   SWAPMOE_WGMMA_GEMM1(wgmma_moe_gemm1_act_##SUFFIX##_t##BM##_xs, T, BM, false)                                    \
   extern "C" __global__ void __launch_bounds__(swapmoe::kThreads, 1) wgmma_moe_gemm2_##SUFFIX##_t##BM(            \
       const __grid_constant__ swapmoe::TensorMap inter_map, const __grid_constant__ swapmoe::TensorMap w2_map,    \
-      const void* topk_weights, int topk_weights_code, long long topk_weights_row_stride,                         \
-      const int* expert_offsets, const int* sorted_slots, const int* tile_expert, const int* tile_start,          \
-      const int* num_tiles, int tiles_bound, int raster_group, int topk, int N, int K, int weight_on_input,       \
-      T* y) {                                                                                                     \
-    swapmoe::gemm2<T, BM>(&inter_map, &w2_map, topk_weights, topk_weights_code, topk_weights_row_stride,          \
-                          expert_offsets, sorted_slots, tile_expert, tile_start, num_tiles, tiles_bound,          \
-                          raster_group, topk, N, K, weight_on_input, y);                                          \
+      const void* topk_weights, int topk_weights_code, long long topk_weights_row_stride, SWAPMOE_WGMMA_TILES,    \
+      int topk, int N, int K, int weight_on_input, T* y) {                                                        \
+    SWAPMOE_WGMMA_MAKE_TILES;                                                                                     \
+    swapmoe::gemm2<T, BM>(&inter_map, &w2_map, topk_weights, topk_weights_code, topk_weights_row_stride, tl,      \
+                          topk, N, K, weight_on_input, y);                                                        \
   }
 
 #define SWAPMOE_WGMMA_REDUCE(SUFFIX, T)                                                                           \
@@ -412,3 +665,47 @@ SWAPMOE_WGMMA_INSTANTIATE(bf16, __nv_bfloat16, 64)
 SWAPMOE_WGMMA_INSTANTIATE(bf16, __nv_bfloat16, 128)
 SWAPMOE_WGMMA_INSTANTIATE(f16, __half, 64)
 SWAPMOE_WGMMA_INSTANTIATE(f16, __half, 128)
+
+// FP8 W8A8: wgmma_moe_fp8_gemm1_{tensor,channel}_t<BM> (f32 intermediate and its absmax),
+// wgmma_moe_fp8_gemm1_tensor_q8_t<BM> (e4m3 intermediate, static a2_scale),
+// wgmma_moe_fp8_quant_inter_{tensor,channel}, and wgmma_moe_fp8_gemm2_{bf16,f16}_{scheme}_t<BM>.
+// Token tile 64 only (`WGMMA_FP8_TOKEN_TILE`): the promotion's second set of accumulators
+// takes 144 registers per thread there; at 128 (m64n256 per warpgroup) it would need 256
+// and spills at the 168 that 384 threads leave.
+#define SWAPMOE_WGMMA_FP8_GEMM1(NAME, SCHEME, BM, Q8)                                                             \
+  extern "C" __global__ void __launch_bounds__(swapmoe::kThreads, 1) NAME(                                       \
+      const uint8_t* xq, long long xq_row, const __grid_constant__ swapmoe::TensorMap w1_map,                     \
+      swapmoe::WgmmaFp8Scales scales, const void* topk_weights, int topk_weights_code,                            \
+      long long topk_weights_row_stride, SWAPMOE_WGMMA_TILES, int topk, int N, int K, int act,                    \
+      int weight_on_input, void* inter) {                                                                         \
+    SWAPMOE_WGMMA_MAKE_TILES;                                                                                     \
+    swapmoe::fp8_gemm1<SCHEME, BM, Q8>(xq, xq_row, &w1_map, scales, topk_weights, topk_weights_code,              \
+                                       topk_weights_row_stride, tl, topk, N, K, act, weight_on_input, inter);     \
+  }
+#define SWAPMOE_WGMMA_FP8_GEMM2(SUFFIX, T, NAME, SCHEME, BM)                                                      \
+  extern "C" __global__ void __launch_bounds__(swapmoe::kThreads, 1) wgmma_moe_fp8_gemm2_##SUFFIX##_##NAME##_t##BM( \
+      const __grid_constant__ swapmoe::TensorMap inter_map, const __grid_constant__ swapmoe::TensorMap w2_map,    \
+      swapmoe::WgmmaFp8Scales scales, const void* topk_weights, int topk_weights_code,                            \
+      long long topk_weights_row_stride, SWAPMOE_WGMMA_TILES, int topk, int N, int K, int weight_on_input, T* y) { \
+    SWAPMOE_WGMMA_MAKE_TILES;                                                                                     \
+    swapmoe::fp8_gemm2<T, SCHEME, BM>(&inter_map, &w2_map, scales, topk_weights, topk_weights_code,               \
+                                      topk_weights_row_stride, tl, topk, N, K, weight_on_input, y);               \
+  }
+#define SWAPMOE_WGMMA_FP8_TILE(BM)                                                                                \
+  SWAPMOE_WGMMA_FP8_GEMM1(wgmma_moe_fp8_gemm1_tensor_t##BM, swapmoe::kQTensor, BM, false)                         \
+  SWAPMOE_WGMMA_FP8_GEMM1(wgmma_moe_fp8_gemm1_channel_t##BM, swapmoe::kQChannel, BM, false)                       \
+  SWAPMOE_WGMMA_FP8_GEMM1(wgmma_moe_fp8_gemm1_tensor_q8_t##BM, swapmoe::kQTensor, BM, true)                       \
+  SWAPMOE_WGMMA_FP8_GEMM2(bf16, __nv_bfloat16, tensor, swapmoe::kQTensor, BM)                                     \
+  SWAPMOE_WGMMA_FP8_GEMM2(bf16, __nv_bfloat16, channel, swapmoe::kQChannel, BM)                                   \
+  SWAPMOE_WGMMA_FP8_GEMM2(f16, __half, tensor, swapmoe::kQTensor, BM)                                             \
+  SWAPMOE_WGMMA_FP8_GEMM2(f16, __half, channel, swapmoe::kQChannel, BM)
+SWAPMOE_WGMMA_FP8_TILE(64)
+
+#define SWAPMOE_WGMMA_FP8_QUANT_INTER(NAME, SCHEME)                                                               \
+  extern "C" __global__ void __launch_bounds__(swapmoe::kQuantInterThreads) wgmma_moe_fp8_quant_inter_##NAME(     \
+      const float* inter, const float* inter_amax, const int* sorted_slots, const int* expert_offsets,            \
+      int local_experts, int N, uint8_t* inter_q) {                                                               \
+    swapmoe::fp8_quant_inter<SCHEME>(inter, inter_amax, sorted_slots, expert_offsets, local_experts, N, inter_q); \
+  }
+SWAPMOE_WGMMA_FP8_QUANT_INTER(tensor, swapmoe::kQTensor)
+SWAPMOE_WGMMA_FP8_QUANT_INTER(channel, swapmoe::kQChannel)

@@ -60,6 +60,11 @@ pub const WGMMA_SMALL_TILE_MAX_SLOTS_PER_EXPERT: f64 = 192.0;
 /// 16 slots per expert on, cuda_wgmma won at every point of the three public shapes; below
 /// it cuda_mma's 16-token tile won most points (by 1-8%).
 pub const WGMMA_HEURISTIC_MIN_SLOTS_PER_EXPERT: f64 = 16.0;
+/// Fewest expected slots per active expert for which the heuristic takes cuda_wgmma's FP8
+/// (e4m3 wgmma) GEMMs over the SIMT FP8 kernels, past the swap-AB kernels' range.
+pub const WGMMA_FP8_HEURISTIC_MIN_SLOTS_PER_EXPERT: f64 = 16.0;
+/// Threads per CTA of cuda_wgmma's FP8 intermediate quantization (`kQuantInterThreads`).
+pub const WGMMA_QUANT_INTER_THREADS: usize = 128;
 /// Columns per CTA of the wgmma GEMMs: GEMM1 128 inter columns (128 gate + 128 up rows of
 /// w1), GEMM2 256 output columns (`kBN`).
 pub const WGMMA_GEMM1_COLUMNS: usize = 128;
@@ -360,7 +365,20 @@ pub enum KernelId {
     /// (token tile); GEMM2 also by output dtype (bf16 or fp16).
     SwapFp8StaticGemm1(usize),
     SwapFp8StaticGemm2Sum(DType, usize),
+    /// FP8 Hopper wgmma GEMMs (cuda/sm90_wgmma_moe.cu), per-tensor or per-channel scales:
+    /// GEMM1 by (scheme, token tile, static intermediate scale: it then writes e4m3 rows);
+    /// the intermediate's quantization with a dynamic scale; GEMM2 also by output dtype.
+    WgmmaFp8Gemm1(QuantScheme, usize, bool),
+    WgmmaFp8QuantInter(QuantScheme),
+    WgmmaFp8Gemm2(DType, QuantScheme, usize),
 }
+
+/// The token tile of cuda_wgmma's FP8 GEMMs (the only one built): each stage's e4m3 wgmmas
+/// go into a second set of accumulators that is added to the f32 sums (promotion), which at
+/// 64 rows takes 144 registers per thread and at 128 would spill.
+pub const WGMMA_FP8_TOKEN_TILE: usize = 64;
+/// The FP8 schemes cuda_wgmma is built for: the scales apply in its epilogues.
+pub const WGMMA_FP8_SCHEMES: [QuantScheme; 2] = [QuantScheme::Tensor, QuantScheme::Channel];
 
 const FP8_SCHEMES: [QuantScheme; 3] = [
     QuantScheme::Tensor,
@@ -437,7 +455,10 @@ impl KernelId {
         + 3 * 4
         + 2 * 3 * 4
         + 4
-        + 2 * 4;
+        + 2 * 4
+        + 3
+        + 2
+        + 2 * 2;
 
     pub fn module(&self) -> &'static str {
         match self {
@@ -454,7 +475,10 @@ impl KernelId {
             KernelId::WgmmaGemm1Act(..)
             | KernelId::WgmmaGather
             | KernelId::WgmmaGemm2(..)
-            | KernelId::WgmmaTopkReduce(..) => "sm90_wgmma_moe",
+            | KernelId::WgmmaTopkReduce(..)
+            | KernelId::WgmmaFp8Gemm1(..)
+            | KernelId::WgmmaFp8QuantInter(..)
+            | KernelId::WgmmaFp8Gemm2(..) => "sm90_wgmma_moe",
             KernelId::SwapGemm1Act(..)
             | KernelId::SwapGemm2Sum(..)
             | KernelId::SwapFp8Gemm1(..)
@@ -516,6 +540,15 @@ impl KernelId {
             KernelId::SwapFp8StaticGemm2Sum(d, t) => {
                 format!("swap_moe_fp8_gemm2_sum_{}_tensor_q8_n{t}", d.suffix())
             }
+            KernelId::WgmmaFp8Gemm1(q, t, q8) => format!(
+                "wgmma_moe_fp8_gemm1_{}{}_t{t}",
+                q.name(),
+                if q8 { "_q8" } else { "" }
+            ),
+            KernelId::WgmmaFp8QuantInter(q) => format!("wgmma_moe_fp8_quant_inter_{}", q.name()),
+            KernelId::WgmmaFp8Gemm2(d, q, t) => {
+                format!("wgmma_moe_fp8_gemm2_{}_{}_t{t}", d.suffix(), q.name())
+            }
         }
     }
 
@@ -558,6 +591,12 @@ impl KernelId {
             KernelId::SwapFp8StaticGemm2Sum(d, t) => {
                 190 + swap_fp8_slot(QuantScheme::Tensor, t) + 4 * usize::from(d == DType::F16)
             }
+            // One token tile (WGMMA_FP8_TOKEN_TILE).
+            KernelId::WgmmaFp8Gemm1(q, _, q8) => 198 + if q8 { 2 } else { q.code() as usize },
+            KernelId::WgmmaFp8QuantInter(q) => 201 + q.code() as usize,
+            KernelId::WgmmaFp8Gemm2(d, q, _) => {
+                203 + q.code() as usize + 2 * usize::from(d == DType::F16)
+            }
         }
     }
 
@@ -569,9 +608,10 @@ impl KernelId {
                 Some(mma_smem_bytes(tile))
             }
             KernelId::BulkGemm1Act(_) | KernelId::BulkGemm2Sum(_) => Some(BULK_SMEM_BYTES),
-            KernelId::WgmmaGemm1Act(_, tile, _) | KernelId::WgmmaGemm2(_, tile) => {
-                Some(wgmma_smem_bytes(tile))
-            }
+            KernelId::WgmmaGemm1Act(_, tile, _)
+            | KernelId::WgmmaGemm2(_, tile)
+            | KernelId::WgmmaFp8Gemm1(_, tile, _)
+            | KernelId::WgmmaFp8Gemm2(_, _, tile) => Some(wgmma_smem_bytes(tile)),
             KernelId::SwapGemm1Act(_, tile, k) => Some(swap_smem_bytes(tile, 2, k)),
             KernelId::SwapGemm2Sum(_, tile, k) => Some(swap_smem_bytes(tile, 1, k)),
             KernelId::SwapFp8Gemm1(_, tile) => Some(swap_fp8_smem_bytes(tile, 2, false)),
@@ -651,6 +691,15 @@ impl KernelId {
                 v.push(KernelId::SwapFp8StaticGemm2Sum(d, t));
             }
         }
+        let t = WGMMA_FP8_TOKEN_TILE;
+        for q in WGMMA_FP8_SCHEMES {
+            v.push(KernelId::WgmmaFp8QuantInter(q));
+            v.push(KernelId::WgmmaFp8Gemm1(q, t, false));
+            for d in [DType::BF16, DType::F16] {
+                v.push(KernelId::WgmmaFp8Gemm2(d, q, t));
+            }
+        }
+        v.push(KernelId::WgmmaFp8Gemm1(QuantScheme::Tensor, t, true));
         v
     }
 }
@@ -1073,15 +1122,28 @@ fn heuristic(c: &mut Candidates) -> Backend {
     c.reasons.push(format!(
         "cuda_decode: rejected, M*topk = {slots} (limit {DECODE_HEURISTIC_MAX_SLOTS}) with ~{per_expert:.1} slots per expert (limit {DECODE_HEURISTIC_MAX_SLOTS_PER_EXPERT}): its GEMM2 would re-read weight rows per slot"
     ));
+    let per_active = c.slots_per_expert();
     if p.quant.is_some() {
+        match c.eligible(Backend::CudaWgmma) {
+            Ok(()) if per_active >= WGMMA_FP8_HEURISTIC_MIN_SLOTS_PER_EXPERT => {
+                c.reasons.push(format!(
+                    "cuda_wgmma: FP8, {per_active:.1} slots per active expert on average (>= {WGMMA_FP8_HEURISTIC_MIN_SLOTS_PER_EXPERT}), so the e4m3 wgmma GEMMs win over the SIMT FP8 kernels; token tile {}",
+                    c.wgmma_token_tile()
+                ));
+                return Backend::CudaWgmma;
+            }
+            Ok(()) => c.reasons.push(format!(
+                "cuda_wgmma: not picked, FP8 with {per_active:.1} slots per active expert (< {WGMMA_FP8_HEURISTIC_MIN_SLOTS_PER_EXPERT})"
+            )),
+            Err(why) => c.reasons.push(format!("cuda_wgmma: rejected, {why}")),
+        }
         c.reasons
             .push("cuda_mma: rejected, it has no FP8 kernels in this build".into());
         c.reasons.push(
-            "cuda_generic: the FP8 path for every M beyond decode (SIMT, e4m3 weights as 16-byte vectors)".into(),
+            "cuda_generic: the FP8 path beyond decode where no tensor-core FP8 kernel runs (SIMT, e4m3 weights as 16-byte vectors)".into(),
         );
         return Backend::CudaGeneric;
     }
-    let per_active = c.slots_per_expert();
     match c.eligible(Backend::CudaWgmma) {
         Ok(()) if per_active >= WGMMA_HEURISTIC_MIN_SLOTS_PER_EXPERT => {
             c.reasons.push(format!(
@@ -1834,6 +1896,29 @@ impl<'a> Candidates<'a> {
                 }
                 Ok(())
             }
+            Backend::CudaWgmma if p.quant.is_some() => {
+                if self.hopper_sms.is_none() {
+                    return Err("its FP8 kernels need an sm_90 (Hopper) device: wgmma e4m3, TMA tensor maps and mbarriers".into());
+                }
+                if !matches!(p.dtype, DType::BF16 | DType::F16) {
+                    return Err(format!(
+                        "its FP8 kernels write bfloat16 or float16 outputs, got {}",
+                        p.dtype.name()
+                    ));
+                }
+                if let Some(q) = p.quant {
+                    if !WGMMA_FP8_SCHEMES.contains(&q.scheme) {
+                        return Err(format!(
+                            "its FP8 kernels take per-tensor or per-channel scales (applied in the epilogues), got {}: 128x128 block scales would need scaling inside the main loop, which is not built",
+                            q.scheme.name()
+                        ));
+                    }
+                }
+                if self.gemm1_vec == 1 || self.gemm2_vec == 1 {
+                    return Err(format!("its tensor maps need K, N and every w1/w2 stride to be multiples of {FP8_VEC} e4m3, with 16-byte aligned weights"));
+                }
+                Ok(())
+            }
             Backend::CudaWgmma => {
                 self.hopper_16bit("wgmma, TMA tensor maps and mbarriers", "its tensor maps")
             }
@@ -1912,7 +1997,9 @@ impl<'a> Candidates<'a> {
         };
         self.eligible(b)?;
         if let Some(t) = tile {
-            let built: &[usize] = if b == Backend::CudaWgmma {
+            let built: &[usize] = if b == Backend::CudaWgmma && self.p.quant.is_some() {
+                &[WGMMA_FP8_TOKEN_TILE]
+            } else if b == Backend::CudaWgmma {
                 &WGMMA_TOKEN_TILES
             } else {
                 &MMA_TOKEN_TILES
@@ -2083,6 +2170,32 @@ impl<'a> Candidates<'a> {
                     v.push(KernelId::SwapFp8Gemm2Sum(d, q.scheme, tile));
                 }
                 (v, SWAP_ROWS, tile, self.pdl_ok)
+            }
+            (Backend::CudaWgmma, Some(q)) => {
+                let tile = WGMMA_FP8_TOKEN_TILE;
+                if wgmma_tile != tile {
+                    reasons.push(format!(
+                        "cuda_wgmma: FP8 token tile {tile}, not {wgmma_tile}: the FP8 GEMMs are built for {tile} rows only (their promotion to f32 every 128 of K needs a second set of accumulators, which at 128 rows would spill)"
+                    ));
+                }
+                let q8 = q.static_intermediate();
+                reasons.push(format!(
+                    "cuda_wgmma: FP8, token tiles of {tile} rows in expert order, e4m3 weights by TMA, warp-specialized e4m3 wgmma GEMMs, 128 of K per stage ({WGMMA_GEMM1_COLUMNS} inter columns per GEMM1 CTA, {WGMMA_GEMM2_COLUMNS} output columns per GEMM2 CTA); x quantized first; {}",
+                    if q8 {
+                        "GEMM1 quantizes the intermediate with the static a2_scale"
+                    } else {
+                        "GEMM1 writes the f32 intermediate and its absmax, then one kernel quantizes it with the dynamic scale"
+                    }
+                ));
+                let mut v = vec![KernelId::RouteAlign];
+                fp8_front(&mut v);
+                v.push(KernelId::WgmmaFp8Gemm1(q.scheme, tile, q8));
+                if !q8 {
+                    v.push(KernelId::WgmmaFp8QuantInter(q.scheme));
+                }
+                v.push(KernelId::WgmmaFp8Gemm2(d, q.scheme, tile));
+                v.push(KernelId::WgmmaTopkReduce(d));
+                (v, WGMMA_GEMM2_COLUMNS, tile, false)
             }
             (Backend::CudaGeneric, Some(q)) => {
                 let mut v = vec![KernelId::RouteAlign];
@@ -3741,8 +3854,66 @@ mod tests {
                 &Request::default(),
             )
             .unwrap();
-            assert_eq!(p.backend, Backend::CudaGeneric);
-            assert!(p.kernels.contains(&KernelId::GenericFp8Gemm1(q, FP8_VEC)));
+            // M = 1024, 64 slots per expert: the e4m3 wgmma GEMMs for the schemes whose
+            // scales apply in the epilogue; 128x128 blocks stay on the SIMT kernels.
+            if WGMMA_FP8_SCHEMES.contains(&q) {
+                assert_eq!(p.backend, Backend::CudaWgmma, "{:?}", p.reasons);
+                assert!(has(&p, &["cuda_wgmma: FP8, 64.0 slots per active expert"]));
+                let q8 = q == QuantScheme::Tensor; // plan_for_shape: static scales for fp8_tensor
+                assert_eq!(
+                    p.kernels,
+                    [
+                        vec![KernelId::RouteAlign, KernelId::Fp8QuantX(DType::BF16)],
+                        vec![KernelId::WgmmaFp8Gemm1(q, 64, q8)],
+                        if q8 {
+                            vec![]
+                        } else {
+                            vec![KernelId::WgmmaFp8QuantInter(q)]
+                        },
+                        vec![
+                            KernelId::WgmmaFp8Gemm2(DType::BF16, q, 64),
+                            KernelId::WgmmaTopkReduce(DType::BF16)
+                        ],
+                    ]
+                    .concat()
+                );
+                // Dynamic per-tensor scales: GEMM1 writes f32 rows and their absmax, one
+                // kernel quantizes them; the wgmma FP8 GEMMs have token tile 64 only.
+                let dynamic = plan_for_shape(
+                    4096,
+                    8,
+                    2,
+                    4096,
+                    14336,
+                    DType::BF16,
+                    Some(q),
+                    Some(ActivationScales::Dynamic),
+                    &h200,
+                    &Request::default(),
+                )
+                .unwrap();
+                assert_eq!(dynamic.backend, Backend::CudaWgmma);
+                assert_eq!(dynamic.tokens_per_pass, WGMMA_FP8_TOKEN_TILE);
+                assert!(dynamic.kernels.contains(&KernelId::WgmmaFp8QuantInter(q)));
+                assert!(dynamic
+                    .kernels
+                    .contains(&KernelId::WgmmaFp8Gemm1(q, 64, false)));
+                assert!(has(&dynamic, &["cuda_wgmma: FP8 token tile 64, not 128"]));
+                // Ada: no wgmma
+                let ada = shape(1024, 2048, 768, DType::BF16, &l40s);
+                assert_eq!(ada.backend, Backend::CudaGeneric);
+                assert!(has(
+                    &ada,
+                    &["cuda_wgmma: rejected, its FP8 kernels need an sm_90 (Hopper) device"]
+                ));
+            } else {
+                assert_eq!(p.backend, Backend::CudaGeneric);
+                assert!(p.kernels.contains(&KernelId::GenericFp8Gemm1(q, FP8_VEC)));
+                assert!(has(
+                    &p,
+                    &["cuda_wgmma: rejected, its FP8 kernels take per-tensor or per-channel scales"]
+                ));
+            }
             // K = 200: 16-byte e4m3 vectors do not fit, scalar loads
             let p = plan_for_shape(
                 1024,

@@ -908,6 +908,9 @@ pub struct WorkspaceLayout {
     pub x_partials: usize,
     /// float32 [S, groups of N]: absmax of the intermediate (per tensor: element 0).
     pub inter_amax: usize,
+    /// FP8 only. e4m3 [S, N]: the intermediate in sorted order, quantized for cuda_wgmma's
+    /// GEMM2 (by its GEMM1 with a static scale, else by the quantize-intermediate kernel).
+    pub inter_q: usize,
     pub total: usize,
 }
 
@@ -970,19 +973,21 @@ impl WorkspaceLayout {
         };
         let intermediate = take((inter_elem * slots * n).max(swap_elem * swap_rows * n));
         let slot_out = take(4 * slots * k);
-        let (xq, xs, xp, ia) = match quant {
+        let (xq, xs, xp, ia, iq) = match quant {
             Some(q) => (
                 m * k.div_ceil(16) * 16,
                 4 * m * q.groups(k),
                 4 * FP8_AMAX_PARTIALS,
                 4 * slots.max(1) * q.groups(n),
+                slots * n,
             ),
-            None => (0, 0, 0, 0),
+            None => (0, 0, 0, 0, 0),
         };
         let x_q = take(xq);
         let x_scale = take(xs);
         let x_partials = take(xp);
         let inter_amax = take(ia);
+        let inter_q = take(iq);
         WorkspaceLayout {
             slot_expert,
             expert_offsets,
@@ -998,6 +1003,7 @@ impl WorkspaceLayout {
             x_scale,
             x_partials,
             inter_amax,
+            inter_q,
             total: at,
         }
     }

@@ -492,9 +492,19 @@ def test_select_backend_fp8(quant, monkeypatch):
     assert p.backend == "cuda_wgmma_swap" and p.swap_ab
     assert any(k.startswith("swap_moe_fp8_gemm1_") for k in p.tile["kernels"])
     assert any(r.startswith("fp8:") for r in p.reasons)
+    # M = 1024 (64 slots per expert): the e4m3 wgmma GEMMs for per-tensor and per-channel
+    # scales, the SIMT FP8 kernels for 128x128 blocks (scales inside the main loop).
     p = swapmoe.select_backend(1024, 128, 8, 2048, 768, quant=quant, device_name="NVIDIA H200")
+    if quant == "fp8_block128":
+        assert p.backend == "cuda_generic"
+        assert any("cuda_wgmma: rejected" in r and "128x128 block" in r for r in p.reasons)
+        assert any("cuda_mma: rejected" in r and "FP8" in r for r in p.reasons)
+    else:
+        assert p.backend == "cuda_wgmma" and not p.swap_ab
+        assert any(k.startswith("wgmma_moe_fp8_gemm1_") for k in p.tile["kernels"])
+    # On Ada (sm_89) there is no wgmma: the SIMT FP8 kernels.
+    p = swapmoe.select_backend(1024, 128, 8, 2048, 768, quant=quant, device_name="NVIDIA L40S")
     assert p.backend == "cuda_generic"
-    assert any("cuda_mma: rejected" in r and "FP8" in r for r in p.reasons)
     with pytest.raises(swapmoe.ArgumentError, match="sm_89"):
         swapmoe.select_backend(1, 128, 8, 2048, 768, quant=quant, device_name="NVIDIA A100-SXM4-80GB")
     p = swapmoe.select_backend(1, 128, 8, 2048, 768, quant=quant, device_name="NVIDIA L40S")
@@ -508,8 +518,9 @@ def test_workspace_bytes_fp8(rng):
     fp8 = swapmoe.workspace_bytes(inp["x"], inp["w1"], inp["ids"], "fp8_block128")
     (M, K), (E, two_n, _), topk = inp["x"].shape, inp["w1"].shape, inp["ids"].shape[1]
     S, N = M * topk, two_n // 2
-    # FP8: the float32 intermediate [S, N], the e4m3 input [M, K] and the per-slot output
-    assert fp8 >= 4 * S * N + M * K + 4 * S * K
+    # FP8: the float32 intermediate [S, N], the e4m3 input [M, K], the per-slot output and
+    # cuda_wgmma's e4m3 intermediate [S, N]
+    assert fp8 >= 4 * S * N + M * K + 4 * S * K + S * N
     # unquantized at M <= 64: the swap-AB path's per-(expert, token) rows [min(E, S), M, N]
     # in the activation dtype (float32 here) and the per-slot output
     assert plain >= 4 * min(E, S) * M * N + 4 * S * K

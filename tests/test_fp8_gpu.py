@@ -402,3 +402,141 @@ def test_first_kernel_without_pdl_gives_the_same_bits(scheme, backend, rng, monk
     on = snapshot(fp8_call(inp, case, backend=backend))
     monkeypatch.setenv("SWAPMOE_FIRST_KERNEL_PDL", "off")
     assert same_bits(snapshot(fp8_call(inp, case, backend=backend)), on)
+
+
+# The FP8 Hopper wgmma GEMMs (cuda_wgmma with use_fp8_w8a8; tokens in wgmma's 64-row slot,
+# e4m3 weights by TMA, 128 of K per stage): both token tiles, N and K tails of the 128-wide
+# stages and column blocks (N = 80, K = 336), ragged experts and experts with no token,
+# M = 1, invalid, duplicate and int64 ids, the expert map with -1, the router weight on the
+# input, gelu, strided operands, in-place output. Per-tensor scales dynamic and static (the
+# static intermediate scale makes GEMM1 write e4m3 itself), and per-channel scales.
+WGMMA_CASES = [
+    _case(1, E=8, topk=2),
+    _case(17, (80, 336), E=16, topk=4, act="gelu"),
+    _case(130, E=16, topk=4, ids="concentrated"),
+    _case(300, ids="concentrated", ep=True),
+    _case(300, (80, 336), E=8, topk=2, ids="invalid", id_dtype="int64"),
+    _case(600, E=8, topk=1, on_input=True, ep=True),
+    _case(200, E=64, topk=6, ids="dup", out="inplace"),
+    _case(257, (144, 384), E=8, topk=2, layout="strided"),
+]
+WGMMA_SCHEMES = [("tensor", False), ("tensor", True), ("channel", False)]
+
+
+@needs_sm90
+@pytest.mark.parametrize("case", WGMMA_CASES, ids=lambda c: c.id)
+@pytest.mark.parametrize("scheme", WGMMA_SCHEMES, ids=_scheme_id)
+def test_wgmma_backend(scheme, case, rng):
+    run_fp8_case(case, scheme[0], "torch", "bfloat16", rng, device=DEV, static=scheme[1], backend="cuda_wgmma")
+
+
+@needs_sm90
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("scheme", WGMMA_SCHEMES, ids=_scheme_id)
+def test_wgmma_output_dtypes(scheme, dtype, rng):
+    case = _case(400, E=16, topk=4, ids="concentrated")
+    run_fp8_case(case, scheme[0], "torch", dtype, rng, device=DEV, static=scheme[1], backend="cuda_wgmma")
+
+
+@needs_sm90
+@pytest.mark.parametrize("scheme", WGMMA_SCHEMES, ids=_scheme_id)
+def test_wgmma_no_expert_at_all(scheme, rng):
+    case = _case(300, E=64, topk=6, ids="none")
+    prob = make_fp8_problem(rng, case, scheme[0], static=scheme[1])
+    inp = to_fp8_inputs(prob, case, "torch", "bfloat16", DEV)
+    out = fp8_call(inp, case, out=poison(inp["x"]), backend="cuda_wgmma")
+    torch.cuda.synchronize()
+    assert (to_f64(out) == 0).all()
+
+
+@needs_sm90
+@pytest.mark.parametrize("scheme", WGMMA_SCHEMES, ids=_scheme_id)
+def test_wgmma_is_deterministic_and_graph_safe(scheme, rng):
+    """Bit-identical reruns (the absmax is an atomic max: order-free), and a CUDA graph of the
+    call replays right on fresh inputs copied into its buffers."""
+    case = _case(300, E=16, topk=4)
+    prob = make_fp8_problem(rng, case, scheme[0], static=scheme[1])
+    inp = to_fp8_inputs(prob, case, "torch", "bfloat16", DEV)
+    first = snapshot(fp8_call(inp, case, backend="cuda_wgmma"))
+    for _ in range(5):
+        assert same_bits(snapshot(fp8_call(inp, case, backend="cuda_wgmma")), first)
+    out_buf = torch.empty_like(inp["x"])
+    fp8_call(inp, case, out=out_buf, backend="cuda_wgmma")  # one eager call before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fp8_call(inp, case, out=out_buf, backend="cuda_wgmma")
+    for _ in range(2):
+        fresh = make_fp8_problem(rng, case, scheme[0])
+        for name in ("x", "tw", "ids"):
+            inp[name].copy_(torch.from_numpy(np.ascontiguousarray(fresh[name])).to(inp[name].dtype))
+        out_buf.fill_(math.nan)
+        graph.replay()
+        torch.cuda.synchronize()
+        ref, flips = fp8_reference(inp, case)
+        check_fp8_close(out_buf, ref, flips, "bfloat16", what="wgmma graph replay")
+
+
+@needs_sm90
+@pytest.mark.parametrize("bad", [math.nan, math.inf], ids=["nan", "inf"])
+@pytest.mark.parametrize("scheme", WGMMA_SCHEMES, ids=_scheme_id)
+def test_wgmma_nonfinite_input(scheme, bad, rng):
+    """NaN/inf in one token's input: that token's output row is NaN, every other row is
+    finite and matches the reference (the dynamic scales ignore it)."""
+    M = 150
+    case = _case(M, E=8, topk=2)
+    prob = make_fp8_problem(rng, case, scheme[0], static=scheme[1])
+    t = M // 2
+    prob["x"][t, 7] = bad
+    inp = to_fp8_inputs(prob, case, "torch", "bfloat16", DEV)
+    ref, flips = fp8_reference(inp, case)
+    o = to_f64(fp8_call(inp, case, out=poison(inp["x"]), backend="cuda_wgmma"))
+    assert np.isnan(o[t]).all()
+    keep = np.arange(M) != t
+    assert np.isfinite(o[keep]).all()
+    kept = [(m - (m > t), d) for m, d in flips if m != t]
+    assert rel_error_with_flips(o[keep], ref[keep], kept) <= FP8_TOLERANCE["bfloat16"]
+
+
+@needs_sm90
+@pytest.mark.parametrize("scheme", ["tensor", "channel"])
+def test_wgmma_zero_tokens_and_unused_nan_experts(scheme, rng):
+    case = _case(300, E=16, topk=2, ids="concentrated")
+    prob = make_fp8_problem(rng, case, scheme)
+    prob["x"][1] = 0.0
+    unused = sorted(set(range(case.E)) - set(prob["ids"].ravel().tolist()))
+    assert unused
+    prob["w1_codes"][unused] = 0x7F
+    prob["w2_codes"][unused] = 0x7F
+    inp = to_fp8_inputs(prob, case, "torch", "bfloat16", DEV)
+    ref, flips = fp8_reference(inp, case)
+    out = fp8_call(inp, case, out=poison(inp["x"]), backend="cuda_wgmma")
+    torch.cuda.synchronize()
+    assert (to_f64(out)[1] == 0).all()
+    check_fp8_close(out, ref, flips, "bfloat16")
+
+
+@needs_sm90
+@pytest.mark.parametrize("what", ["block", "float32", "K=200"])
+def test_wgmma_refuses_what_it_cannot_run(what, rng):
+    scheme = "block" if what == "block" else "tensor"
+    shape = ODD_SHAPE if what == "K=200" else VEC_SHAPE
+    dtype = "float32" if what == "float32" else "bfloat16"
+    case = _case(300, shape, E=8, topk=2)
+    inp = to_fp8_inputs(make_fp8_problem(rng, case, scheme), case, "torch", dtype, DEV)
+    why = {"block": "128x128 block", "float32": "bfloat16 or float16 outputs", "K=200": "multiples of 16 e4m3"}[what]
+    with pytest.raises(swapmoe.ArgumentError, match=why):
+        fp8_call(inp, case, backend="cuda_wgmma")
+
+
+@needs_sm90
+def test_wgmma_picked_for_fp8_prefill(rng, monkeypatch):
+    """The heuristic takes the e4m3 wgmma GEMMs for per-tensor FP8 with many slots per
+    expert, and the default call runs right."""
+    monkeypatch.setenv("SWAPMOE_TABLES", "off")
+    case = _case(600, E=8, topk=2)
+    plan = swapmoe.select_backend(600, 8, 2, case.K, case.N, quant="fp8_tensor", activation_scales="dynamic",
+                                  device_name=torch.cuda.get_device_name())
+    assert plan.backend == "cuda_wgmma", plan.reasons
+    assert "wgmma_moe_fp8_quant_inter_tensor" in plan.tile["kernels"]
+    run_fp8_case(case, "tensor", "torch", "bfloat16", rng, device=DEV)

@@ -368,7 +368,8 @@ def test_labels_and_candidates():
                                             "cuda_wgmma:t64", "cuda_wgmma:t128", "cuda_generic"]
     assert T.swapmoe_candidates("fp32") == ["cuda_decode", "cuda_generic"]
     for quant in ("fp8_tensor", "fp8_channel", "fp8_block128"):  # cuda_mma has no FP8 kernels
-        assert T.swapmoe_candidates("bf16", quant) == ["cuda_decode", "cuda_wgmma_swap", "cuda_generic"]
+        wgmma = ["cuda_wgmma:t64"] if quant != "fp8_block128" else []
+        assert T.swapmoe_candidates("bf16", quant) == ["cuda_decode", "cuda_wgmma_swap"] + wgmma + ["cuda_generic"]
         assert T.swapmoe_candidates("fp32", quant) == ["cuda_decode", "cuda_generic"]
 
 
@@ -706,16 +707,17 @@ FP8_QUANTS = ["fp8_tensor", "fp8_channel", "fp8_block128"]
 
 class FakeFp8Runner(FakeRunner):
     """FP8 candidates: decode wins at M = 1, generic at M = 8, vLLM's Triton from M = 64 (the
-    swap-AB kernels never)."""
+    swap-AB kernels and the wgmma GEMMs never)."""
 
-    def __init__(self, vllm=True):
+    def __init__(self, vllm=True, quant="fp8_tensor"):
         super().__init__(vllm=False)
-        self.labels = T.swapmoe_candidates("bf16", "fp8_tensor") + (["vllm_triton"] if vllm else [])
+        self.labels = T.swapmoe_candidates("bf16", quant) + (["vllm_triton"] if vllm else [])
 
     def time_us(self, label, M):
         self.timed.append((label, M))
         base = {"cuda_decode": 30.0 if M == 1 else 40.0 * M, "cuda_generic": 35.0 + 3.0 * M,
-                "cuda_wgmma_swap": 100.0 + 50.0 * M, "vllm_triton": 60.0 + 2.0 * M}
+                "cuda_wgmma_swap": 100.0 + 50.0 * M, "cuda_wgmma:t64": 300.0 + 1.0 * M,
+                "vllm_triton": 60.0 + 2.0 * M}
         return base[label], "graph"
 
 
@@ -726,9 +728,11 @@ def test_fp8_sweep_writes_a_table_the_oracle_follows(quant, tmp_path, monkeypatc
         [shape], str(tmp_path), [1, 8, 64], False,
         meta_of=lambda sh: T.table_metadata(sh, "bf16", H200, (9, 0), 8, 0, "fake timer", {}, quant),
         file_name=lambda sh: _core.table_file_name(sh.E, sh.N, H200, "bf16", quant))
-    runner = FakeFp8Runner()
+    runner = FakeFp8Runner(quant=quant)
     [s] = T.sweep(plans, runner)
-    assert {lb for lb, _ in runner.timed} == {"cuda_decode", "cuda_wgmma_swap", "cuda_generic", "vllm_triton"}
+    # cuda_wgmma's FP8 GEMMs take per-tensor and per-channel scales (the oracle refuses blocks)
+    wgmma = {"cuda_wgmma:t64"} if quant != "fp8_block128" else set()
+    assert {lb for lb, _ in runner.timed} == {"cuda_decode", "cuda_wgmma_swap", "cuda_generic", "vllm_triton"} | wgmma
     key = {"fp8_tensor": "dtype=fp8_w8a8.json", "fp8_channel": "dtype=fp8_w8a8;per_channel=true.json",
            "fp8_block128": "dtype=fp8_w8a8;block_shape=[128;128].json"}[quant]
     assert s["path"].endswith("E=16;N=512;device_name=NVIDIA_H200;" + key)
@@ -795,7 +799,8 @@ def test_fp8_gpu_runner_builds_bench_inputs_and_checks_on_the_cpu(quant, monkeyp
     shape = T.B.shard_shape("t", 8, 2, 256, 200, 1, 2)  # expert parallel, a partial 128-block
     runner = T.GpuRunner(torch, torch.device("cpu"), "bf16", 2, 0, H200, (9, 0), T.make_vllm_fp8_impl(fe, qc),
                          lambda s: None, quant)
-    assert runner.labels == ["cuda_decode", "cuda_wgmma_swap", "cuda_generic", "vllm_triton"]
+    wgmma = ["cuda_wgmma:t64"] if quant != "fp8_block128" else []
+    assert runner.labels == ["cuda_decode", "cuda_wgmma_swap"] + wgmma + ["cuda_generic", "vllm_triton"]
     runner.start_shape(shape)
     try:
         assert runner.weights[0][0].dtype == torch.float8_e4m3fn

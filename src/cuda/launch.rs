@@ -7,7 +7,7 @@ use crate::oracle::{
     Backend, KernelId, Plan, RouterPlacement, BULK_SMEM_BYTES, BULK_THREADS, REDUCE_THREADS,
     ROUTE_ALIGN_ROUTED_THREADS, ROUTE_ALIGN_THREADS, SWAP_FP8_GEMM2_THREADS, SWAP_ROWS,
     SWAP_THREADS, WGMMA_GATHER_THREADS, WGMMA_GEMM1_COLUMNS, WGMMA_GEMM2_COLUMNS,
-    WGMMA_RASTER_GROUP, WGMMA_REDUCE_THREADS, WGMMA_THREADS,
+    WGMMA_QUANT_INTER_THREADS, WGMMA_RASTER_GROUP, WGMMA_REDUCE_THREADS, WGMMA_THREADS,
 };
 
 /// Threads per CTA of the tensor-core kernels (`kThreads` in cuda/sm80_mma_moe.cu).
@@ -395,6 +395,9 @@ fn experts(
     }
 
     if p.quant.is_some() {
+        if plan.backend == Backend::CudaWgmma {
+            return wgmma_fp8(dev, p, plan, &layout, workspace, stream);
+        }
         fp8_generic(dev, p, plan, &layout, workspace, stream)?;
         return reduce(dev, p, plan, slot_out, slot_expert, stream);
     }
@@ -861,8 +864,29 @@ fn wgmma_gemms(
             &mut args,
         )?;
     }
-    let out = o.out as u64;
-    let out_row = s.out_row;
+    wgmma_topk_reduce(
+        dev,
+        p,
+        plan.kernels[first + 3],
+        slot_out,
+        slot_expert,
+        stream,
+    )
+}
+
+/// The wgmma path's top-k sum: out[t] = the sum over k of the per-slot outputs (in the
+/// activation dtype) of t's local slots.
+fn wgmma_topk_reduce(
+    dev: &DeviceState,
+    p: &MoeProblem,
+    id: KernelId,
+    slot_out: u64,
+    slot_expert: u64,
+    stream: usize,
+) -> Result<()> {
+    let (k, topk) = (p.k as i32, p.topk as i32);
+    let out = p.operands.out as u64;
+    let out_row = p.strides.out_row;
     let mut args = params!(slot_out, slot_expert, topk, k, out, out_row);
     let grid = (
         p.k.div_ceil(8).div_ceil(WGMMA_REDUCE_THREADS) as u32,
@@ -871,7 +895,7 @@ fn wgmma_gemms(
     );
     launch(
         dev,
-        plan.kernels[first + 3],
+        id,
         grid,
         WGMMA_REDUCE_THREADS as u32,
         0,
@@ -879,6 +903,206 @@ fn wgmma_gemms(
         false,
         &mut args,
     )
+}
+
+/// The scales an FP8 wgmma GEMM reads (`WgmmaFp8Scales` in cuda/sm90_wgmma_moe.cu), passed
+/// by value: pointers, then element strides of the weight scales.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct WgmmaFp8Scales {
+    x_scale: u64,
+    w_scale: u64,
+    w_scale_expert: i64,
+    w_scale_row: i64,
+    a2_static: u64,
+    inter_amax: u64,
+}
+
+/// The FP8 Hopper wgmma path after route_align (cuda/sm90_wgmma_moe.cu): quantize x, GEMM1
+/// (e4m3 wgmma over each token tile, gathering its quantized rows), the intermediate's
+/// quantization (dynamic scales; with a static a2_scale GEMM1 writes e4m3 itself), GEMM2 by
+/// TMA from the e4m3 intermediate into the per-slot outputs, then the top-k sum.
+fn wgmma_fp8(
+    dev: &DeviceState,
+    p: &MoeProblem,
+    plan: &Plan,
+    layout: &WorkspaceLayout,
+    workspace: usize,
+    stream: usize,
+) -> Result<()> {
+    // The align kernel ran first: PDL wherever the device has it.
+    let after_align = crate::oracle::first_kernel_uses_pdl(&dev.caps);
+    fp8_quantize_input(dev, p, plan, layout, workspace, after_align, stream)?;
+    let f = Fp8Args::new(p, layout, workspace);
+    let ws = |off: usize| (workspace + off) as u64;
+    let expert_offsets = ws(layout.expert_offsets);
+    let sorted_slots = ws(layout.sorted_slots);
+    let tile_expert = ws(layout.tile_expert);
+    let tile_start = ws(layout.tile_start);
+    let num_tiles = ws(layout.num_tiles);
+    let slot_expert = ws(layout.slot_expert);
+    let slot_out = ws(layout.slot_out);
+    let inter_q = ws(layout.inter_q);
+    let o = p.operands;
+    let s = p.strides;
+    let (k, n, topk) = (p.k as i32, p.n as i32, p.topk as i32);
+    let tw = o.topk_weights as u64;
+    let tw_code = p.topk_weights_dtype.scalar_code();
+    let tw_row = s.topk_weights_row;
+    let act = p.activation.code();
+    let on_input = i32::from(p.apply_router_weight_on_input);
+    let tile = plan.tokens_per_pass;
+    let smem = crate::oracle::wgmma_smem_bytes(tile) as u32;
+    let tiles_bound = WorkspaceLayout::max_tiles(p.slots(), p.local_experts, tile);
+    let tiles = tiles_bound as i32;
+    let raster = WGMMA_RASTER_GROUP as i32;
+    let (e, kk, nn) = (p.local_experts as u64, p.k as u64, p.n as u64);
+    let slots = p.slots() as u64;
+    let e4m3 = DType::F8E4M3;
+    // 128 e4m3 of K per stage: one 128-byte swizzle row.
+    let stage_k = 128u32;
+
+    let gemm1 = find(plan, |k| matches!(k, KernelId::WgmmaFp8Gemm1(..)))?;
+    let static_inter = matches!(gemm1, KernelId::WgmmaFp8Gemm1(_, _, true));
+    {
+        let w1_map = tensor_map(
+            e4m3,
+            o.w1 as u64,
+            &[kk, 2 * nn, e],
+            &[s.w1_row as u64, s.w1_expert as u64],
+            &[stage_k, crate::oracle::wgmma_gate_box(tile) as u32, 1],
+            "w1",
+        )?;
+        let (w1s_e, w1s_r, _) = f.w1s_strides;
+        let scales = WgmmaFp8Scales {
+            x_scale: f.x_scale,
+            w_scale: f.w1s,
+            w_scale_expert: w1s_e,
+            w_scale_row: w1s_r,
+            a2_static: f.a2,
+            inter_amax: f.inter_amax,
+        };
+        let inter = if static_inter { inter_q } else { f.inter };
+        let (xq, xq_row) = (f.xq, f.xq_row);
+        let mut args = params!(
+            xq,
+            xq_row,
+            w1_map,
+            scales,
+            tw,
+            tw_code,
+            tw_row,
+            expert_offsets,
+            sorted_slots,
+            tile_expert,
+            tile_start,
+            num_tiles,
+            tiles,
+            raster,
+            topk,
+            n,
+            k,
+            act,
+            on_input,
+            inter
+        );
+        let grid = tiles_bound * p.n.div_ceil(WGMMA_GEMM1_COLUMNS);
+        launch(
+            dev,
+            gemm1,
+            (grid as u32, 1, 1),
+            WGMMA_THREADS as u32,
+            smem,
+            stream,
+            false,
+            &mut args,
+        )?;
+    }
+    if !static_inter {
+        let id = find(plan, |k| matches!(k, KernelId::WgmmaFp8QuantInter(..)))?;
+        let (inter, inter_amax) = (f.inter, f.inter_amax);
+        let local_e = p.local_experts as i32;
+        let mut args = params!(
+            inter,
+            inter_amax,
+            sorted_slots,
+            expert_offsets,
+            local_e,
+            n,
+            inter_q
+        );
+        launch(
+            dev,
+            id,
+            (p.slots() as u32, 1, 1),
+            WGMMA_QUANT_INTER_THREADS as u32,
+            0,
+            stream,
+            false,
+            &mut args,
+        )?;
+    }
+    {
+        let inter_map = tensor_map(
+            e4m3,
+            inter_q,
+            &[nn, slots],
+            &[nn],
+            &[stage_k, tile as u32],
+            "the e4m3 intermediate",
+        )?;
+        let w2_map = tensor_map(
+            e4m3,
+            o.w2 as u64,
+            &[nn, kk, e],
+            &[s.w2_row as u64, s.w2_expert as u64],
+            &[stage_k, WGMMA_GEMM2_COLUMNS as u32, 1],
+            "w2",
+        )?;
+        let (w2s_e, w2s_r, _) = f.w2s_strides;
+        let scales = WgmmaFp8Scales {
+            x_scale: 0,
+            w_scale: f.w2s,
+            w_scale_expert: w2s_e,
+            w_scale_row: w2s_r,
+            a2_static: f.a2,
+            inter_amax: f.inter_amax,
+        };
+        let mut args = params!(
+            inter_map,
+            w2_map,
+            scales,
+            tw,
+            tw_code,
+            tw_row,
+            expert_offsets,
+            sorted_slots,
+            tile_expert,
+            tile_start,
+            num_tiles,
+            tiles,
+            raster,
+            topk,
+            n,
+            k,
+            on_input,
+            slot_out
+        );
+        let grid = tiles_bound * p.k.div_ceil(WGMMA_GEMM2_COLUMNS);
+        let id = find(plan, |k| matches!(k, KernelId::WgmmaFp8Gemm2(..)))?;
+        launch(
+            dev,
+            id,
+            (grid as u32, 1, 1),
+            WGMMA_THREADS as u32,
+            smem,
+            stream,
+            false,
+            &mut args,
+        )?;
+    }
+    let reduce = find(plan, |k| matches!(k, KernelId::WgmmaTopkReduce(..)))?;
+    wgmma_topk_reduce(dev, p, reduce, slot_out, slot_expert, stream)
 }
 
 /// The kernel arguments of the kernels that read topk_ids themselves (the decode, FP8 decode
@@ -1697,6 +1921,16 @@ fn fp8_generic(
 mod tests {
     use super::RouterArgs;
     use std::mem::{align_of, offset_of, size_of};
+
+    /// The layout cuda/sm90_wgmma_moe.cu's `WgmmaFp8Scales` has (6 eight-byte fields).
+    #[test]
+    fn wgmma_fp8_scales_layout_matches_the_cuda_struct() {
+        use super::WgmmaFp8Scales;
+        assert_eq!(size_of::<WgmmaFp8Scales>(), 48);
+        assert_eq!(align_of::<WgmmaFp8Scales>(), 8);
+        assert_eq!(offset_of!(WgmmaFp8Scales, w_scale_row), 24);
+        assert_eq!(offset_of!(WgmmaFp8Scales, inter_amax), 40);
+    }
 
     /// The layout cuda/common/router.cuh's `RouterArgs` has (7 eight-byte fields, then
     /// 10 four-byte ones): a kernel reads the struct by these offsets.
