@@ -60,9 +60,6 @@ pub const WGMMA_SMALL_TILE_MAX_SLOTS_PER_EXPERT: f64 = 192.0;
 /// 16 slots per expert on, cuda_wgmma won at every point of the three public shapes; below
 /// it cuda_mma's 16-token tile won most points (by 1-8%).
 pub const WGMMA_HEURISTIC_MIN_SLOTS_PER_EXPERT: f64 = 16.0;
-/// Fewest expected slots per active expert for which the heuristic takes cuda_wgmma's FP8
-/// (e4m3 wgmma) GEMMs over the SIMT FP8 kernels, past the swap-AB kernels' range.
-pub const WGMMA_FP8_HEURISTIC_MIN_SLOTS_PER_EXPERT: f64 = 16.0;
 /// Threads per CTA of cuda_wgmma's FP8 intermediate quantization (`kQuantInterThreads`).
 pub const WGMMA_QUANT_INTER_THREADS: usize = 128;
 /// Columns per CTA of the wgmma GEMMs: GEMM1 128 inter columns (128 gate + 128 up rows of
@@ -167,12 +164,18 @@ fn swap_stages_smem_bytes(stage: usize) -> usize {
 /// fp8_tensor`, benches/NOTES.md "FP8 swap v1"): against the FP8 SIMT kernels 1.1x at M = 1 and
 /// 1.9-3.3x at M = 8, on qwen3-30b-a3b and deepseek-v3-tp8; at M = 64 (token tile 64, one CTA
 /// per SM, the producer's rows spilling) 0.5-0.6x.
+/// It holds for the schemes cuda_wgmma has no FP8 kernels for (128x128 blocks).
 pub const SWAP_FP8_HEURISTIC_MAX_TOKENS: usize = 16;
-/// The same with per-tensor weights and a static intermediate scale (v2: GEMM1 writes the
-/// e4m3 intermediate, GEMM2 reads it by TMA): every M the swap-AB kernels hold, 64
-/// (`swapmoe tune --prune 0`, H200, benches/results/tune_fp8_v1.txt: 1.2-8.0x the fastest FP8
-/// SIMT kernel at M = 32 and 64 on the three public shapes).
-pub const SWAP_FP8_STATIC_HEURISTIC_MAX_TOKENS: usize = SWAP_MAX_TOKENS;
+/// The range where cuda_wgmma's FP8 GEMMs can run the call instead (per-tensor and
+/// per-channel scales; measured, H200, `swapmoe tune --quant`, benches/NOTES.md "FP8 wgmma
+/// v1"): per-tensor with static scales the swap-AB kernels win at M = 1-8 on qwen3-30b-a3b
+/// and deepseek-v3-tp8 by 8-25%, the wgmma GEMMs from M = 16 on all three public shapes
+/// (qwen3 M = 64: 183 against 552 µs); per-channel the wgmma GEMMs win from M = 8 (qwen3)
+/// and M = 32 (deepseek-v3-tp8).
+pub const SWAP_FP8_BEFORE_WGMMA_MAX_TOKENS: usize = 8;
+/// The same for wide experts (N >= SWAP_WIDE_MIN_N): the wgmma GEMMs from M = 2 (mixtral-8x7b,
+/// per-tensor: 157 against 166 µs at M = 2, 320 against 340 at M = 8).
+pub const SWAP_FP8_WIDE_BEFORE_WGMMA_MAX_TOKENS: usize = 1;
 /// Threads of the FP8 swap-AB GEMM2 (`kFp8Gemm2Threads`): the consumer warpgroup and a
 /// producer warpgroup that quantizes the intermediate into each stage.
 pub const SWAP_FP8_GEMM2_THREADS: usize = 256;
@@ -1065,11 +1068,16 @@ fn heuristic(c: &mut Candidates) -> Backend {
     // Where cuda_wgmma_swap measured fastest on the H200 (benches/NOTES.md, "swap v1"):
     // wide experts (N >= SWAP_WIDE_MIN_N) up to SWAP_WIDE_HEURISTIC_MAX_TOKENS tokens, and
     // beyond the decode kernels' range up to SWAP_HEURISTIC_MAX_TOKENS tokens.
-    // FP8: the e4m3 wgmma kernels against the SIMT ones, where they measured faster.
+    // FP8: the e4m3 wgmma swap-AB kernels up to where cuda_wgmma's FP8 GEMMs (or, for
+    // schemes they lack, the SIMT ones) measured faster.
     let fp8 = p.quant.is_some();
-    let fp8_max = match &p.quant {
-        Some(q) if q.static_intermediate() => SWAP_FP8_STATIC_HEURISTIC_MAX_TOKENS,
-        _ => SWAP_FP8_HEURISTIC_MAX_TOKENS,
+    let fp8_wgmma = fp8 && c.eligible(Backend::CudaWgmma).is_ok();
+    let fp8_max = if !fp8_wgmma {
+        SWAP_FP8_HEURISTIC_MAX_TOKENS
+    } else if p.n >= SWAP_WIDE_MIN_N {
+        SWAP_FP8_WIDE_BEFORE_WGMMA_MAX_TOKENS
+    } else {
+        SWAP_FP8_BEFORE_WGMMA_MAX_TOKENS
     };
     let swap_wins = if fp8 {
         p.m <= fp8_max
@@ -1082,19 +1090,24 @@ fn heuristic(c: &mut Candidates) -> Backend {
     match c.eligible(Backend::CudaWgmmaSwap) {
         Ok(()) if fp8 && swap_wins => {
             c.reasons.push(format!(
-                "cuda_wgmma_swap: M = {} <= {fp8_max}, FP8: the e4m3 wgmma (QGMMA) swap-AB kernels measured {} the FP8 SIMT kernels here on the H200",
+                "cuda_wgmma_swap: M = {} <= {fp8_max}, FP8: the e4m3 wgmma (QGMMA) swap-AB kernels measured fastest here on the H200 ({})",
                 p.m,
-                if fp8_max == SWAP_FP8_HEURISTIC_MAX_TOKENS {
-                    "1.1-3.3x faster than"
+                if fp8_wgmma {
+                    "against cuda_wgmma's FP8 GEMMs, which win beyond"
                 } else {
-                    "1.2-8.0x faster than (with a static intermediate scale, M = 1-64)"
+                    "1.1-3.3x the FP8 SIMT kernels"
                 }
             ));
             return Backend::CudaWgmmaSwap;
         }
         Ok(()) if fp8 => c.reasons.push(format!(
-            "cuda_wgmma_swap: not picked, FP8 at M = {} > {fp8_max}: with dynamic activation scales its 32- and 64-token tiles measured 0.4-0.9x the fastest FP8 SIMT kernel on qwen3-30b-a3b and deepseek-v3-tp8 (1.5-1.9x on mixtral-8x7b; a tuned table or backend= can pick it)",
-            p.m
+            "cuda_wgmma_swap: not picked, FP8 at M = {} > {fp8_max}: {}",
+            p.m,
+            if fp8_wgmma {
+                "cuda_wgmma's e4m3 GEMMs measured faster (a tuned table or backend= can pick it)"
+            } else {
+                "with dynamic activation scales its 32- and 64-token tiles measured 0.4-0.9x the fastest FP8 SIMT kernel on qwen3-30b-a3b and deepseek-v3-tp8 (1.5-1.9x on mixtral-8x7b; a tuned table or backend= can pick it)"
+            }
         )),
         Ok(()) if swap_wins && c.slots_per_expert() < WGMMA_HEURISTIC_MIN_SLOTS_PER_EXPERT => {
             c.reasons.push(format!(
@@ -1108,6 +1121,17 @@ fn heuristic(c: &mut Candidates) -> Backend {
             p.m, p.n
         )),
         Err(why) => c.reasons.push(format!("cuda_wgmma_swap: rejected, {why}")),
+    }
+    if fp8 && !fp8_wgmma {
+        if let Err(why) = c.eligible(Backend::CudaWgmma) {
+            c.reasons.push(format!("cuda_wgmma: rejected, {why}"));
+        }
+    }
+    if fp8_wgmma {
+        c.reasons.push(format!(
+            "cuda_wgmma: FP8 past the swap-AB kernels' range, so the e4m3 wgmma GEMMs (token tile {WGMMA_FP8_TOKEN_TILE}): they measured faster than the FP8 decode and SIMT kernels at every M of the three public shapes on the H200"
+        ));
+        return Backend::CudaWgmma;
     }
     if decode_range {
         c.reasons.push(format!(
@@ -1124,19 +1148,6 @@ fn heuristic(c: &mut Candidates) -> Backend {
     ));
     let per_active = c.slots_per_expert();
     if p.quant.is_some() {
-        match c.eligible(Backend::CudaWgmma) {
-            Ok(()) if per_active >= WGMMA_FP8_HEURISTIC_MIN_SLOTS_PER_EXPERT => {
-                c.reasons.push(format!(
-                    "cuda_wgmma: FP8, {per_active:.1} slots per active expert on average (>= {WGMMA_FP8_HEURISTIC_MIN_SLOTS_PER_EXPERT}), so the e4m3 wgmma GEMMs win over the SIMT FP8 kernels; token tile {}",
-                    c.wgmma_token_tile()
-                ));
-                return Backend::CudaWgmma;
-            }
-            Ok(()) => c.reasons.push(format!(
-                "cuda_wgmma: not picked, FP8 with {per_active:.1} slots per active expert (< {WGMMA_FP8_HEURISTIC_MIN_SLOTS_PER_EXPERT})"
-            )),
-            Err(why) => c.reasons.push(format!("cuda_wgmma: rejected, {why}")),
-        }
         c.reasons
             .push("cuda_mma: rejected, it has no FP8 kernels in this build".into());
         c.reasons.push(
@@ -3535,12 +3546,12 @@ mod tests {
         };
         let inside = ask(&[ExternalBackend::VllmTriton]);
         assert_eq!(inside.external, Some(ExternalBackend::VllmTriton));
-        // the fallback without vLLM: per-tensor with static scales, swap-AB up to M = 64
-        assert_eq!(inside.backend, Backend::CudaWgmmaSwap);
+        // the fallback without vLLM: per-tensor FP8 at M = 64, the e4m3 wgmma GEMMs
+        assert_eq!(inside.backend, Backend::CudaWgmma);
         assert!(inside.reasons.iter().any(|r| r.starts_with("vllm_triton:")));
         let alone = ask(&[]);
         assert_eq!(alone.external, None);
-        assert_eq!(alone.backend, Backend::CudaWgmmaSwap);
+        assert_eq!(alone.backend, Backend::CudaWgmma);
         let bf16 = plan_for_shape(
             64,
             128,
@@ -3747,7 +3758,7 @@ mod tests {
     }
 
     #[test]
-    fn fp8_plans_swap_decode_then_generic_and_needs_sm89() {
+    fn fp8_plans_swap_then_wgmma_or_generic_and_need_sm89() {
         let h200 = h200();
         let l40s = offline_caps(Some("NVIDIA L40S"), None, None).unwrap();
         for q in FP8_SCHEMES {
@@ -3766,9 +3777,20 @@ mod tests {
                 )
                 .unwrap()
             };
-            // Hopper, M <= 64: the e4m3 wgmma swap-AB kernels after the input quantization
-            for (m, tile) in [(1, 8), (9, 16), (16, 16)] {
+            // Hopper: the e4m3 wgmma swap-AB kernels after the input quantization, up to M = 8
+            // where cuda_wgmma's FP8 GEMMs take the call beyond (per-tensor, per-channel), M = 16
+            // otherwise (128x128 blocks)
+            let swap_max = if q == QuantScheme::Block { 16 } else { 8 };
+            for (m, tile) in [(1, 8), (8, 8), (9, 16), (16, 16)] {
                 let p = shape(m, 2048, 768, DType::BF16, &h200);
+                if m > swap_max {
+                    assert_eq!(p.backend, Backend::CudaWgmma, "{:?}", p.reasons);
+                    assert!(has(
+                        &p,
+                        &[&format!("cuda_wgmma_swap: not picked, FP8 at M = {m} > 8: cuda_wgmma's e4m3 GEMMs measured faster")]
+                    ));
+                    continue;
+                }
                 assert_eq!(p.backend, Backend::CudaWgmmaSwap, "{:?}", p.reasons);
                 assert_eq!(
                     p.kernels,
@@ -3817,30 +3839,34 @@ mod tests {
                     Some(true)
                 );
             }
-            // M = 64: with a static intermediate scale the swap-AB kernels still win (v2);
-            // the dynamic-scale ones stop at M = 16
+            // Wide experts (N >= 4096): cuda_wgmma's FP8 GEMMs from M = 2
+            if q != QuantScheme::Block {
+                assert_eq!(
+                    shape(1, 4096, 14336, DType::BF16, &h200).backend,
+                    Backend::CudaWgmmaSwap
+                );
+                assert_eq!(
+                    shape(2, 4096, 14336, DType::BF16, &h200).backend,
+                    Backend::CudaWgmma
+                );
+            }
+            // M = 64: the e4m3 wgmma GEMMs, or for blocks past the swap-AB range (M = 16)
+            // the decode kernels while the slots fit them, then the SIMT ones
             let p = shape(64, 2048, 768, DType::BF16, &h200);
-            if q == QuantScheme::Tensor {
-                assert_eq!(p.backend, Backend::CudaWgmmaSwap, "{:?}", p.reasons);
-                assert!(p.kernels.contains(&KernelId::SwapFp8StaticGemm1(64)));
-                assert!(has(
-                    &p,
-                    &[
-                        "cuda_wgmma_swap: M = 64 <= 64, FP8",
-                        "static intermediate scale"
-                    ]
-                ));
-            } else {
+            if q == QuantScheme::Block {
                 assert_ne!(p.backend, Backend::CudaWgmmaSwap);
                 assert!(has(
                     &p,
                     &["cuda_wgmma_swap: not picked, FP8 at M = 64 > 16: with dynamic activation scales"]
                 ));
+                assert_eq!(
+                    shape(65, 2048, 768, DType::BF16, &h200).backend,
+                    Backend::CudaGeneric
+                );
+            } else {
+                assert_eq!(p.backend, Backend::CudaWgmma, "{:?}", p.reasons);
+                assert!(has(&p, &["cuda_wgmma: FP8 past the swap-AB kernels' range"]));
             }
-            assert_eq!(
-                shape(65, 2048, 768, DType::BF16, &h200).backend,
-                Backend::CudaGeneric
-            );
             let p = plan_for_shape(
                 1024,
                 128,
@@ -3858,7 +3884,7 @@ mod tests {
             // scales apply in the epilogue; 128x128 blocks stay on the SIMT kernels.
             if WGMMA_FP8_SCHEMES.contains(&q) {
                 assert_eq!(p.backend, Backend::CudaWgmma, "{:?}", p.reasons);
-                assert!(has(&p, &["cuda_wgmma: FP8, 64.0 slots per active expert"]));
+                assert!(has(&p, &["cuda_wgmma: FP8 past the swap-AB kernels' range"]));
                 let q8 = q == QuantScheme::Tensor; // plan_for_shape: static scales for fp8_tensor
                 assert_eq!(
                     p.kernels,

@@ -321,16 +321,19 @@ def test_explain_fp8_shows_the_fp8_plan(quant, capsys, monkeypatch):
     # explain plans per-tensor FP8 with static activation scales: GEMM1 writes e4m3 rows (q8)
     gemm1 = "swap_moe_fp8_gemm1_tensor_q8_n8" if scheme == "tensor" else f"swap_moe_fp8_gemm1_{scheme}_n8"
     assert "M=1: cuda_wgmma_swap" in out and gemm1 in out
-    if scheme == "tensor":  # static scales: the swap-AB kernels up to M = 64
-        assert "M=64: cuda_wgmma_swap" in out and "swap_moe_fp8_gemm1_tensor_q8_n64" in out
-    else:
-        assert "M=64: cuda_generic" in out and f"generic_moe_fp8_gemm1_{scheme}" in out
+    if scheme == "block":  # cuda_wgmma has no FP8 kernels for 128x128 blocks
+        assert "M=64: cuda_generic" in out and "generic_moe_fp8_gemm1_block" in out
         assert "cuda_wgmma_swap: not picked, FP8 at M = 64 > 16" in out
-    # dynamic per-tensor scales: the dynamic kernels, and the static ones' range no longer holds
+    else:  # past M = 8 the e4m3 wgmma GEMMs (static per-tensor scales: GEMM1 writes e4m3)
+        gemm1 = "wgmma_moe_fp8_gemm1_tensor_q8_t64" if scheme == "tensor" else "wgmma_moe_fp8_gemm1_channel_t64"
+        assert "M=64: cuda_wgmma" in out and gemm1 in out
+        assert "cuda_wgmma_swap: not picked, FP8 at M = 64 > 8" in out
+    # dynamic per-tensor scales: the dynamic kernels (GEMM1's f32 rows quantized by one kernel)
     assert cli.main(argv + ["--activation-scales", "dynamic"]) == 0
     out = capsys.readouterr().out
     if scheme == "tensor":
-        assert "swap_moe_fp8_gemm1_tensor_n8" in out and "M=64: cuda_generic" in out
+        assert "swap_moe_fp8_gemm1_tensor_n8" in out and "M=64: cuda_wgmma" in out
+        assert "wgmma_moe_fp8_quant_inter_tensor" in out
     assert cli.main(argv + ["--activation-scales", "static"]) == (0 if scheme == "tensor" else 2)
     if scheme != "tensor":
         assert "--activation-scales: expected None or 'dynamic'" in capsys.readouterr().err
