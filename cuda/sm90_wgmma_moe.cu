@@ -86,15 +86,37 @@ struct TileCoord {
   int expert, start, count, block;
 };
 
+// The routing metadata of route_align that every wgmma GEMM reads.
+struct Tiles {
+  const int* expert_offsets;
+  const int* sorted_slots;
+  const int* tile_expert;
+  const int* tile_start;
+  const int* num_tiles;
+  int tiles_bound, raster_group;
+};
+
+// The CTA is persistent: it runs work items blockIdx.x, blockIdx.x + gridDim.x, ... through
+// one ring of stages, so the producer loads the next tile's first stages while the
+// consumers run the last tile's epilogue. `Ring::g` counts the stages this thread has
+// issued (producer) or consumed (consumer) over all its tiles; stage g lives in buffer
+// g % S, in phase (g / S) & 1.
+struct Ring {
+  unsigned char* stages;
+  uint64_t* full;
+  uint64_t* empty;
+  int g;
+};
+
 #ifdef SWAPMOE_SM90A
 constexpr int kGatherThreads = 128;  // producer threads that gather GEMM1's A rows
 
-// Decodes blockIdx.x into (token tile, column block), in raster groups; false when the tile
-// does not exist (route_align made fewer than the bound).
+// Decodes work item `bid` into (token tile, column block), in raster groups; false when the
+// tile does not exist (route_align made fewer than the bound).
 __device__ __forceinline__ bool tile_coord(const int* __restrict__ tile_expert, const int* __restrict__ tile_start,
                                            const int* __restrict__ num_tiles, const int* __restrict__ expert_offsets,
-                                           int tiles_bound, int blocks, int raster_group, int bm, TileCoord& c) {
-  const int bid = blockIdx.x;
+                                           int tiles_bound, int blocks, int raster_group, int bm, int bid,
+                                           TileCoord& c) {
   const int per_group = raster_group * blocks;
   const int group = bid / per_group;
   const int first = group * raster_group;
@@ -118,16 +140,18 @@ __device__ __forceinline__ bool tile_coord(const int* __restrict__ tile_expert, 
 // swap-AB kernels, DeepGEMM and CUTLASS do): the tensor core's FP8 accumulation keeps only
 // about 14 bits, too few for a long K.
 template <typename T, int BM, bool kGatherA, typename Load>
-__device__ __forceinline__ bool pipeline(int ktiles, unsigned char* stages, uint64_t* full, uint64_t* empty,
-                                         Load load, float (&acc)[Tile<BM>::kAccs]) {
+__device__ __forceinline__ bool pipeline(int ktiles, Ring& ring, Load load, float (&acc)[Tile<BM>::kAccs]) {
   using L = Tile<BM>;
   constexpr int S = L::kStages;
+  unsigned char* stages = ring.stages;
+  uint64_t* full = ring.full;
+  uint64_t* empty = ring.empty;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (warp < 4) {
     if (kGatherA || threadIdx.x == 0) {
-      for (int kt = 0; kt < ktiles; ++kt) {
-        const int st = kt % S;
-        if (kt >= S) mbar_wait(&empty[st], ((kt / S) - 1) & 1);
+      for (int kt = 0; kt < ktiles; ++kt, ++ring.g) {
+        const int st = ring.g % S;
+        if (ring.g >= S) mbar_wait(&empty[st], ((ring.g / S) - 1) & 1);
         unsigned char* a = stages + st * L::kStageBytes;
         load(kt, a, a + L::kABytes, &full[st]);
       }
@@ -138,9 +162,9 @@ __device__ __forceinline__ bool pipeline(int ktiles, unsigned char* stages, uint
 #pragma unroll
   for (int i = 0; i < L::kAccs; ++i) acc[i] = 0.f;
   if constexpr (std::is_same<T, __nv_fp8_e4m3>::value) {
-    for (int kt = 0; kt < ktiles; ++kt) {
-      const int st = kt % S;
-      mbar_wait(&full[st], (kt / S) & 1);
+    for (int kt = 0; kt < ktiles; ++kt, ++ring.g) {
+      const int st = ring.g % S;
+      mbar_wait(&full[st], (ring.g / S) & 1);
       if (kGatherA) fence_proxy_async_shared();  // the cp.async rows, seen by the wgmmas
       const uint32_t a = smem_u32(stages + st * L::kStageBytes) + L::a_offset(cw);
       const uint32_t b = smem_u32(stages + st * L::kStageBytes + L::kABytes) + L::b_offset(cw);
@@ -158,10 +182,10 @@ __device__ __forceinline__ bool pipeline(int ktiles, unsigned char* stages, uint
       for (int i = 0; i < L::kAccs; ++i) acc[i] += part[i];
     }
     return true;
-  }
-  for (int kt = 0; kt < ktiles; ++kt) {
-    const int st = kt % S;
-    mbar_wait(&full[st], (kt / S) & 1);
+  } else {
+  for (int kt = 0; kt < ktiles; ++kt, ++ring.g) {
+    const int st = ring.g % S;
+    mbar_wait(&full[st], (ring.g / S) & 1);
     if (kGatherA) fence_proxy_async_shared();  // the cp.async rows, seen by the wgmmas
     const uint32_t a = smem_u32(stages + st * L::kStageBytes) + L::a_offset(cw);
     const uint32_t b = smem_u32(stages + st * L::kStageBytes + L::kABytes) + L::b_offset(cw);
@@ -175,11 +199,13 @@ __device__ __forceinline__ bool pipeline(int ktiles, unsigned char* stages, uint
     // The previous stage's wgmmas are complete: hand its buffers back to the producer.
     wgmma_wait<1>();
     fence_accumulators(acc);
-    if (kt > 0 && lane == 0) mbar_arrive(&empty[(kt - 1) % S]);
+    if (kt > 0 && lane == 0) mbar_arrive(&empty[(ring.g - 1) % S]);
   }
   wgmma_wait<0>();
   fence_accumulators(acc);
+  if (lane == 0) mbar_arrive(&empty[(ring.g - 1) % S]);  // the tile's last stage
   return true;
+  }
 }
 
 __device__ __forceinline__ unsigned char* aligned_stages(unsigned char* smem) {
@@ -202,42 +228,49 @@ __device__ __forceinline__ void init_barriers(uint64_t* full, uint64_t* empty, i
   }
   __syncthreads();
 }
+
+// The CTA's ring: shared-memory stages and their barriers, initialized once per CTA.
+template <int BM>
+__device__ __forceinline__ Ring make_ring(int full_arrivals, const TensorMap* a, const TensorMap* b) {
+  extern __shared__ unsigned char smem_raw[];
+  __shared__ __align__(8) uint64_t full[Tile<BM>::kStages], empty[Tile<BM>::kStages];
+  init_barriers<Tile<BM>::kStages>(full, empty, full_arrivals, a, b);
+  return Ring{aligned_stages(smem_raw), full, empty, 0};
+}
+
 #endif
 
-// The routing metadata of route_align that every wgmma GEMM reads.
-struct Tiles {
-  const int* expert_offsets;
-  const int* sorted_slots;
-  const int* tile_expert;
-  const int* tile_start;
-  const int* num_tiles;
-  int tiles_bound, raster_group;
-};
+// Calls body(c) for each existing tile of this CTA's work items (CTA-uniform).
+template <typename Body>
+__device__ __forceinline__ void for_each_tile(const Tiles& tl, int blocks, int bm, Body body) {
+  const int items = tl.tiles_bound * blocks;
+#ifdef SWAPMOE_SM90A
+  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+    TileCoord c;
+    if (tile_coord(tl.tile_expert, tl.tile_start, tl.num_tiles, tl.expert_offsets, tl.tiles_bound, blocks,
+                   tl.raster_group, bm, item, c))
+      body(c);
+  }
+#else
+  (void)items;
+#endif
+}
 
-// GEMM1's main loop for one CTA tile (token tile, kBN / 2 inter columns): the consumer
+// GEMM1's main loop for one tile c (token tile, kBN / 2 inter columns): the consumer
 // warpgroups' gate and up accumulators. TA is the element type of both operands: bf16/f16,
 // or e4m3 (x quantized first, e4m3 weights). kGatherA: the producer warpgroup gathers the A
 // rows from x (cp.async); otherwise they were gathered before (wgmma_moe_gather into xs,
-// sorted order) and thread 0 copies them by TMA. False for the producer warpgroup and for a
-// tile that does not exist (CTA-uniform).
+// sorted order) and thread 0 copies them by TMA. False for the producer warpgroup, which
+// goes on to the next tile as soon as this one's loads are issued.
 template <typename TA, int BM, bool kGatherA>
 __device__ __forceinline__ bool gemm1_main(const TA* __restrict__ x, long long x_row_stride, const TensorMap* xs_map,
                                            const TensorMap* w1_map, const Tiles& tl, int topk, int N, int K,
-                                           TileCoord& c, float (&acc)[Tile<BM>::kAccs]) {
+                                           const TileCoord& c, Ring& ring, float (&acc)[Tile<BM>::kAccs]) {
 #ifdef SWAPMOE_SM90A
   using L = Tile<BM>;
-  extern __shared__ unsigned char smem_raw[];
-  __shared__ __align__(8) uint64_t full[L::kStages], empty[L::kStages];
-  constexpr int kCols = kBN / 2;  // inter columns per CTA
+  constexpr int kCols = kBN / 2;  // inter columns per CTA tile
   constexpr int kK = kStageK<TA>;
   constexpr int kChunkElems = 16 / (int)sizeof(TA);  // elements per 16-byte chunk
-  const int blocks = (N + kCols - 1) / kCols;
-  if (!tile_coord(tl.tile_expert, tl.tile_start, tl.num_tiles, tl.expert_offsets, tl.tiles_bound, blocks,
-                  tl.raster_group, BM, c))
-    return false;
-  init_barriers<L::kStages>(full, empty, kGatherA ? 1 + kGatherThreads : 1, kGatherA ? nullptr : xs_map,
-                            w1_map);
-  unsigned char* stages = aligned_stages(smem_raw);
   const int j0 = c.block * kCols;
   // The A rows are gathered straight from x: producer thread t copies 16-byte chunk t % 8
   // of tile rows t / 8 + 16 i, into the 128-byte swizzle layout the wgmma descriptors read.
@@ -276,28 +309,20 @@ __device__ __forceinline__ bool gemm1_main(const TA* __restrict__ x, long long x
     }
     cp_async_arrive_noinc(bar);
   };
-  return pipeline<TA, BM, kGatherA>((K + kK - 1) / kK, stages, full, empty, load, acc);
+  return pipeline<TA, BM, kGatherA>((K + kK - 1) / kK, ring, load, acc);
 #else
   return false;
 #endif
 }
 
-// GEMM2's main loop for one CTA tile (token tile, kBN output columns): A is the
-// intermediate in sorted order (a 2-D tensor map), B the expert's w2 rows.
+// GEMM2's main loop for one tile c (token tile, kBN output columns): A is the intermediate
+// in sorted order (a 2-D tensor map), B the expert's w2 rows.
 template <typename TA, int BM>
-__device__ __forceinline__ bool gemm2_main(const TensorMap* inter_map, const TensorMap* w2_map, const Tiles& tl,
-                                           int N, int K, TileCoord& c, float (&acc)[Tile<BM>::kAccs]) {
+__device__ __forceinline__ bool gemm2_main(const TensorMap* inter_map, const TensorMap* w2_map, int N,
+                                           const TileCoord& c, Ring& ring, float (&acc)[Tile<BM>::kAccs]) {
 #ifdef SWAPMOE_SM90A
   using L = Tile<BM>;
-  extern __shared__ unsigned char smem_raw[];
-  __shared__ __align__(8) uint64_t full[L::kStages], empty[L::kStages];
   constexpr int kK = kStageK<TA>;
-  const int blocks = (K + kBN - 1) / kBN;
-  if (!tile_coord(tl.tile_expert, tl.tile_start, tl.num_tiles, tl.expert_offsets, tl.tiles_bound, blocks,
-                  tl.raster_group, BM, c))
-    return false;
-  init_barriers<L::kStages>(full, empty, 1, inter_map, w2_map);
-  unsigned char* stages = aligned_stages(smem_raw);
   const int r0 = c.block * kBN;
   auto load = [&](int kt, unsigned char* a, unsigned char* b, uint64_t* bar) {
     const int k0 = kt * kK;
@@ -305,9 +330,27 @@ __device__ __forceinline__ bool gemm2_main(const TensorMap* inter_map, const Ten
     tma_load_2d(a, inter_map, k0, c.start, bar);
     tma_load_3d(b, w2_map, k0, r0, c.expert, bar);
   };
-  return pipeline<TA, BM, false>((N + kK - 1) / kK, stages, full, empty, load, acc);
+  return pipeline<TA, BM, false>((N + kK - 1) / kK, ring, load, acc);
 #else
   return false;
+#endif
+}
+
+// The CTA's ring for GEMM1 (full barriers: the TMA thread, plus the 128 gathering threads).
+template <int BM, bool kGatherA>
+__device__ __forceinline__ Ring gemm1_ring(const TensorMap* xs_map, const TensorMap* w1_map) {
+#ifdef SWAPMOE_SM90A
+  return make_ring<BM>(kGatherA ? 1 + kGatherThreads : 1, kGatherA ? nullptr : xs_map, w1_map);
+#else
+  return Ring{};
+#endif
+}
+template <int BM>
+__device__ __forceinline__ Ring gemm2_ring(const TensorMap* inter_map, const TensorMap* w2_map) {
+#ifdef SWAPMOE_SM90A
+  return make_ring<BM>(1, inter_map, w2_map);
+#else
+  return Ring{};
 #endif
 }
 
@@ -335,33 +378,35 @@ __device__ __forceinline__ void gemm1_act(const T* __restrict__ x, long long x_r
                                           int topk_weights_code, long long topk_weights_row_stride, const Tiles& tl,
                                           int topk, int N, int K, int act, int weight_on_input, T* __restrict__ inter) {
   using L = Tile<BM>;
-  TileCoord c;
-  float acc[L::kAccs];
-  if (!gemm1_main<T, BM, kGatherA>(x, x_row_stride, xs_map, w1_map, tl, topk, N, K, c, acc)) return;
-  const Frag<BM> f;
-  const int col0 = c.block * (kBN / 2) + L::gemm1_col_base(f.cw);
-  constexpr int kGateBlocks = L::kWgN / 16;
+  Ring ring = gemm1_ring<BM, kGatherA>(xs_map, w1_map);
+  for_each_tile(tl, (N + kBN / 2 - 1) / (kBN / 2), BM, [&](const TileCoord& c) {
+    float acc[L::kAccs];
+    if (!gemm1_main<T, BM, kGatherA>(x, x_row_stride, xs_map, w1_map, tl, topk, N, K, c, ring, acc)) return;
+    const Frag<BM> f;
+    const int col0 = c.block * (kBN / 2) + L::gemm1_col_base(f.cw);
+    constexpr int kGateBlocks = L::kWgN / 16;
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int r = f.row0 + half * 8;
-    if (r >= c.count) continue;
-    const int p = c.start + r;
-    float w = 1.f;
-    if (weight_on_input)
-      w = slot_router_weight(topk_weights, topk_weights_code, topk_weights_row_stride, topk, tl.sorted_slots[p]);
-    T* out = inter + (long long)p * N + col0;
+    for (int half = 0; half < 2; ++half) {
+      const int r = f.row0 + half * 8;
+      if (r >= c.count) continue;
+      const int p = c.start + r;
+      float w = 1.f;
+      if (weight_on_input)
+        w = slot_router_weight(topk_weights, topk_weights_code, topk_weights_row_stride, topk, tl.sorted_slots[p]);
+      T* out = inter + (long long)p * N + col0;
 #pragma unroll
-    for (int j = 0; j < kGateBlocks; ++j) {
-      const int col = f.col(j);
-      if (col0 + col >= N) continue;
-      const float g0 = acc[4 * j + 2 * half] * w, g1 = acc[4 * j + 2 * half + 1] * w;
-      const float u0 = acc[4 * (j + kGateBlocks) + 2 * half] * w;
-      const float u1 = acc[4 * (j + kGateBlocks) + 2 * half + 1] * w;
-      const T v0 = from_f32<T>(activate(act, g0) * u0), v1 = from_f32<T>(activate(act, g1) * u1);
-      T pair[2] = {v0, v1};
-      *reinterpret_cast<uint32_t*>(out + col) = *reinterpret_cast<const uint32_t*>(pair);
+      for (int j = 0; j < kGateBlocks; ++j) {
+        const int col = f.col(j);
+        if (col0 + col >= N) continue;
+        const float g0 = acc[4 * j + 2 * half] * w, g1 = acc[4 * j + 2 * half + 1] * w;
+        const float u0 = acc[4 * (j + kGateBlocks) + 2 * half] * w;
+        const float u1 = acc[4 * (j + kGateBlocks) + 2 * half + 1] * w;
+        const T v0 = from_f32<T>(activate(act, g0) * u0), v1 = from_f32<T>(activate(act, g1) * u1);
+        T pair[2] = {v0, v1};
+        *reinterpret_cast<uint32_t*>(out + col) = *reinterpret_cast<const uint32_t*>(pair);
+      }
     }
-  }
+  });
 }
 
 template <typename T, int BM>
@@ -370,28 +415,30 @@ __device__ __forceinline__ void gemm2(const TensorMap* inter_map, const TensorMa
                                       long long topk_weights_row_stride, const Tiles& tl, int topk, int N, int K,
                                       int weight_on_input, T* __restrict__ y) {
   using L = Tile<BM>;
-  TileCoord c;
-  float acc[L::kAccs];
-  if (!gemm2_main<T, BM>(inter_map, w2_map, tl, N, K, c, acc)) return;
-  const Frag<BM> f;
-  const int col0 = c.block * kBN + L::gemm2_col_base(f.cw);
+  Ring ring = gemm2_ring<BM>(inter_map, w2_map);
+  for_each_tile(tl, (K + kBN - 1) / kBN, BM, [&](const TileCoord& c) {
+    float acc[L::kAccs];
+    if (!gemm2_main<T, BM>(inter_map, w2_map, N, c, ring, acc)) return;
+    const Frag<BM> f;
+    const int col0 = c.block * kBN + L::gemm2_col_base(f.cw);
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int r = f.row0 + half * 8;
-    if (r >= c.count) continue;
-    const int slot = tl.sorted_slots[c.start + r];
-    const float w = weight_on_input
-                        ? 1.f
-                        : slot_router_weight(topk_weights, topk_weights_code, topk_weights_row_stride, topk, slot);
-    T* out = y + (long long)slot * K + col0;
+    for (int half = 0; half < 2; ++half) {
+      const int r = f.row0 + half * 8;
+      if (r >= c.count) continue;
+      const int slot = tl.sorted_slots[c.start + r];
+      const float w = weight_on_input
+                          ? 1.f
+                          : slot_router_weight(topk_weights, topk_weights_code, topk_weights_row_stride, topk, slot);
+      T* out = y + (long long)slot * K + col0;
 #pragma unroll
-    for (int j = 0; j < L::kWgN / 8; ++j) {
-      const int col = f.col(j);
-      if (col0 + col >= K) continue;
-      T pair[2] = {from_f32<T>(acc[4 * j + 2 * half] * w), from_f32<T>(acc[4 * j + 2 * half + 1] * w)};
-      *reinterpret_cast<uint32_t*>(out + col) = *reinterpret_cast<const uint32_t*>(pair);
+      for (int j = 0; j < L::kWgN / 8; ++j) {
+        const int col = f.col(j);
+        if (col0 + col >= K) continue;
+        T pair[2] = {from_f32<T>(acc[4 * j + 2 * half] * w), from_f32<T>(acc[4 * j + 2 * half + 1] * w)};
+        *reinterpret_cast<uint32_t*>(out + col) = *reinterpret_cast<const uint32_t*>(pair);
+      }
     }
-  }
+  });
 }
 
 // ---- FP8 (e4m3) W8A8 GEMMs: the same main loops over e4m3 operands (wgmma ... e4m3, 128 of K
@@ -412,19 +459,21 @@ struct WgmmaFp8Scales {
 // kQ8 (per tensor, static a2_scale): writes the e4m3 intermediate quantized with a2_scale.
 // Otherwise it writes it in f32 and folds |inter| into inter_amax (per tensor: element 0, per
 // channel: the slot's), which the quantize-intermediate kernel turns into the dynamic scale.
+// One tile of it (the kernel loops over its tiles).
 template <int SCHEME, int BM, bool kQ8>
-__device__ __forceinline__ void fp8_gemm1(const uint8_t* __restrict__ xq, long long xq_row, const TensorMap* w1_map,
-                                          WgmmaFp8Scales sc, const void* __restrict__ topk_weights,
-                                          int topk_weights_code, long long topk_weights_row_stride, const Tiles& tl,
-                                          int topk, int N, int K, int act, int weight_on_input,
-                                          void* __restrict__ inter) {
+__device__ __forceinline__ void fp8_gemm1_tile(const uint8_t* __restrict__ xq, long long xq_row,
+                                               const TensorMap* w1_map, const WgmmaFp8Scales& sc,
+                                               const void* __restrict__ topk_weights, int topk_weights_code,
+                                               long long topk_weights_row_stride, const Tiles& tl, int topk, int N,
+                                               int K, int act, int weight_on_input, void* __restrict__ inter,
+                                               const TileCoord& c, Ring& ring) {
   static_assert(SCHEME == kQTensor || SCHEME == kQChannel, "per-tensor or per-channel weight scales");
   static_assert(!kQ8 || SCHEME == kQTensor, "a static intermediate scale is per tensor");
   using L = Tile<BM>;
   using E4 = __nv_fp8_e4m3;
-  TileCoord c;
   float acc[L::kAccs];
-  if (!gemm1_main<E4, BM, true>(reinterpret_cast<const E4*>(xq), xq_row, nullptr, w1_map, tl, topk, N, K, c, acc))
+  if (!gemm1_main<E4, BM, true>(reinterpret_cast<const E4*>(xq), xq_row, nullptr, w1_map, tl, topk, N, K, c, ring,
+                                acc))
     return;
   const Frag<BM> f;
   const int col0 = c.block * (kBN / 2) + L::gemm1_col_base(f.cw);
@@ -496,6 +545,19 @@ __device__ __forceinline__ void fp8_gemm1(const uint8_t* __restrict__ xq, long l
   }
 }
 
+template <int SCHEME, int BM, bool kQ8>
+__device__ __forceinline__ void fp8_gemm1(const uint8_t* __restrict__ xq, long long xq_row, const TensorMap* w1_map,
+                                          WgmmaFp8Scales sc, const void* __restrict__ topk_weights,
+                                          int topk_weights_code, long long topk_weights_row_stride, const Tiles& tl,
+                                          int topk, int N, int K, int act, int weight_on_input,
+                                          void* __restrict__ inter) {
+  Ring ring = gemm1_ring<BM, true>(nullptr, w1_map);
+  for_each_tile(tl, (N + kBN / 2 - 1) / (kBN / 2), BM, [&](const TileCoord& c) {
+    fp8_gemm1_tile<SCHEME, BM, kQ8>(xq, xq_row, w1_map, sc, topk_weights, topk_weights_code, topk_weights_row_stride,
+                                    tl, topk, N, K, act, weight_on_input, inter, c, ring);
+  });
+}
+
 // inter_q[p, :] = e4m3(inter[p, :]) with the dynamic scale of GEMM1's absmax (per tensor:
 // one; per channel: the row's slot's), as SIMT GEMM2 quantizes its rows (load_inter_q).
 // One CTA of kQuantInterThreads per sorted row; 4 columns per thread and step.
@@ -524,15 +586,15 @@ __device__ __forceinline__ void fp8_quant_inter(const float* __restrict__ inter,
 // GEMM2: y[slot, r] = w(slot) * s2 * w2_scale * (inter_q[p] . w2_q[e, r]), s2 the
 // intermediate's scale (static, or from the absmax), in the activation dtype.
 template <typename T, int SCHEME, int BM>
-__device__ __forceinline__ void fp8_gemm2(const TensorMap* inter_map, const TensorMap* w2_map, WgmmaFp8Scales sc,
-                                          const void* __restrict__ topk_weights, int topk_weights_code,
-                                          long long topk_weights_row_stride, const Tiles& tl, int topk, int N, int K,
-                                          int weight_on_input, T* __restrict__ y) {
+__device__ __forceinline__ void fp8_gemm2_tile(const TensorMap* inter_map, const TensorMap* w2_map,
+                                               const WgmmaFp8Scales& sc, const void* __restrict__ topk_weights,
+                                               int topk_weights_code, long long topk_weights_row_stride,
+                                               const Tiles& tl, int topk, int N, int K, int weight_on_input,
+                                               T* __restrict__ y, const TileCoord& c, Ring& ring) {
   static_assert(SCHEME == kQTensor || SCHEME == kQChannel, "per-tensor or per-channel weight scales");
   using L = Tile<BM>;
-  TileCoord c;
   float acc[L::kAccs];
-  if (!gemm2_main<__nv_fp8_e4m3, BM>(inter_map, w2_map, tl, N, K, c, acc)) return;
+  if (!gemm2_main<__nv_fp8_e4m3, BM>(inter_map, w2_map, N, c, ring, acc)) return;
   const Frag<BM> f;
   const int col0 = c.block * kBN + L::gemm2_col_base(f.cw);
   const float* ws = sc.w_scale + (long long)c.expert * sc.w_scale_expert;
@@ -566,6 +628,18 @@ __device__ __forceinline__ void fp8_gemm2(const TensorMap* inter_map, const Tens
       *reinterpret_cast<uint32_t*>(out + col) = *reinterpret_cast<const uint32_t*>(pair);
     }
   }
+}
+
+template <typename T, int SCHEME, int BM>
+__device__ __forceinline__ void fp8_gemm2(const TensorMap* inter_map, const TensorMap* w2_map, WgmmaFp8Scales sc,
+                                          const void* __restrict__ topk_weights, int topk_weights_code,
+                                          long long topk_weights_row_stride, const Tiles& tl, int topk, int N, int K,
+                                          int weight_on_input, T* __restrict__ y) {
+  Ring ring = gemm2_ring<BM>(inter_map, w2_map);
+  for_each_tile(tl, (K + kBN - 1) / kBN, BM, [&](const TileCoord& c) {
+    fp8_gemm2_tile<T, SCHEME, BM>(inter_map, w2_map, sc, topk_weights, topk_weights_code, topk_weights_row_stride,
+                                  tl, topk, N, K, weight_on_input, y, c, ring);
+  });
 }
 
 // out[t, c .. c + 8) = sum over k, in k order, of y[t * topk + k, c .. c + 8) for the slots

@@ -66,6 +66,14 @@ pub const WGMMA_QUANT_INTER_THREADS: usize = 128;
 /// w1), GEMM2 256 output columns (`kBN`).
 pub const WGMMA_GEMM1_COLUMNS: usize = 128;
 pub const WGMMA_GEMM2_COLUMNS: usize = 256;
+/// Resident CTAs per SM of the wgmma GEMMs (their stages take ~200 KiB of shared memory):
+/// a persistent grid is this many CTAs per SM, each looping over work items.
+pub const WGMMA_CTAS_PER_SM: usize = 1;
+/// Most k-stages per work item for which a wgmma GEMM runs as a persistent grid (the next
+/// item's loads under the last one's epilogue) instead of one CTA per item. Measured (H200,
+/// benches/NOTES.md "wgmma v3"): deepseek-v3-tp8's GEMM2 (2-4 stages) 4-8% faster per layer;
+/// items of 16 and more stages (GEMM1s, Mixtral) within -4% to +4%.
+pub const WGMMA_PERSISTENT_MAX_STAGES: usize = 8;
 /// Threads per CTA of the wgmma GEMMs: a producer warpgroup and two consumer warpgroups.
 pub const WGMMA_THREADS: usize = 384;
 /// Dynamic shared memory of the wgmma GEMMs with token tile `tile`: 4 (tile 128) or 5
@@ -724,8 +732,12 @@ pub struct Plan {
     /// start overlaps whatever kernel ran before it in the stream (sm_90+; its kernels wait
     /// with `griddepcontrol.wait` before they read).
     pub first_kernel_pdl: bool,
-    /// CTAs of a persistent grid (the device's SM count; 0 for other backends).
+    /// CTAs of a persistent grid (cuda_bulk_decode, cuda_wgmma: the device's SM count; 0 for
+    /// other backends).
     pub ctas: usize,
+    /// cuda_wgmma: whether (GEMM1, GEMM2) run as the persistent grid of `ctas` CTAs, each
+    /// looping over work items, instead of one CTA per item.
+    pub wgmma_persistent: (bool, bool),
     /// cuda_wgmma_swap: thread-block cluster sizes, (GEMM1's split of K, GEMM2's split of
     /// the active experts); (1, 1) for other backends.
     pub splits: (usize, usize),
@@ -1050,6 +1062,36 @@ pub fn decide(p: &MoeProblem, caps: Option<&DeviceCaps>, req: &Request) -> Resul
     plan.external = external;
     plan.log = log;
     Ok(plan)
+}
+
+/// cuda_wgmma's grids for `p`: (persistent grid CTAs, (GEMM1, GEMM2) persistent), for stages
+/// of `stage_k` elements of K (64 bf16/fp16, 128 e4m3), with the reason.
+fn wgmma_grids(
+    p: &MoeProblem,
+    hopper_sms: Option<usize>,
+    stage_k: usize,
+    reasons: &mut Vec<String>,
+) -> (usize, (bool, bool)) {
+    let ctas = hopper_sms.unwrap_or(132) * WGMMA_CTAS_PER_SM;
+    let stages = (p.k.div_ceil(stage_k), p.n.div_ceil(stage_k));
+    let persistent = (
+        stages.0 <= WGMMA_PERSISTENT_MAX_STAGES,
+        stages.1 <= WGMMA_PERSISTENT_MAX_STAGES,
+    );
+    let grid = |name: &str, n: usize, on: bool| {
+        if on {
+            format!("{name} ({n} k-stages per item) a persistent grid of {ctas} CTAs, each looping over its items so the next one's loads run under the last one's epilogue")
+        } else {
+            format!("{name} ({n} k-stages per item) one CTA per item (> {WGMMA_PERSISTENT_MAX_STAGES} stages: a persistent grid measured no gain)")
+        }
+    };
+    reasons.push(format!(
+        "cuda_wgmma grids: {}; {}",
+        grid("GEMM1", stages.0, persistent.0),
+        grid("GEMM2", stages.1, persistent.1)
+    ));
+    let any = persistent.0 || persistent.1;
+    (if any { ctas } else { 0 }, persistent)
 }
 
 /// The heuristics: decode for few slots spread over experts, tensor cores when the call
@@ -2124,6 +2166,7 @@ impl<'a> Candidates<'a> {
         let active_experts = self.expected_active_experts();
         let mut reasons = self.reasons;
         let mut ctas = 0;
+        let mut wgmma_persistent = (false, false);
         let mut splits = (1, 1);
         // Set (with the reason) where the first kernel is launched without PDL.
         let mut first_kernel_pdl_off: Option<String> = None;
@@ -2183,6 +2226,7 @@ impl<'a> Candidates<'a> {
                 (v, SWAP_ROWS, tile, self.pdl_ok)
             }
             (Backend::CudaWgmma, Some(q)) => {
+                (ctas, wgmma_persistent) = wgmma_grids(self.p, self.hopper_sms, 128, &mut reasons);
                 let tile = WGMMA_FP8_TOKEN_TILE;
                 if wgmma_tile != tile {
                     reasons.push(format!(
@@ -2305,6 +2349,8 @@ impl<'a> Candidates<'a> {
                     )
                 }
                 Backend::CudaWgmma => {
+                    (ctas, wgmma_persistent) =
+                        wgmma_grids(self.p, self.hopper_sms, 64, &mut reasons);
                     let tile = wgmma_tile;
                     let pre = self.p.n >= WGMMA_PREGATHER_MIN_N;
                     reasons.push(format!(
@@ -2342,6 +2388,7 @@ impl<'a> Candidates<'a> {
             pdl,
             first_kernel_pdl,
             ctas,
+            wgmma_persistent,
             splits,
             reasons,
             source: Source::Heuristic,
@@ -2423,6 +2470,50 @@ mod tests {
             capability: (9, 0),
             sm_count: 132,
         }
+    }
+
+    #[test]
+    fn wgmma_grids_are_persistent_for_short_items_only() {
+        let h = h200();
+        let grids = |e: i64, topk: i64, k: i64, n: i64, quant: Option<QuantScheme>| {
+            let p = plan_for_shape(
+                4096,
+                e,
+                topk,
+                k,
+                n,
+                DType::BF16,
+                quant,
+                None,
+                &h,
+                &Request {
+                    backend: Some(Backend::CudaWgmma),
+                    ..Request::default()
+                },
+            )
+            .unwrap();
+            (p.ctas, p.wgmma_persistent, p.reasons)
+        };
+        // deepseek-v3-tp8: GEMM2's 4 bf16 (2 e4m3) k-stages per item -> persistent
+        let (ctas, on, why) = grids(256, 8, 7168, 256, None);
+        assert_eq!((ctas, on), (132, (false, true)));
+        assert!(why
+            .iter()
+            .any(|r| r.contains("GEMM2 (4 k-stages per item) a persistent grid of 132 CTAs")));
+        assert!(why
+            .iter()
+            .any(|r| r.contains("GEMM1 (112 k-stages per item) one CTA per item")));
+        let (_, on, _) = grids(256, 8, 7168, 256, Some(QuantScheme::Tensor));
+        assert_eq!(on, (false, true));
+        // qwen3: 12 bf16 stages in GEMM2 -> one CTA per item; FP8: 6 -> persistent
+        assert_eq!(grids(128, 8, 2048, 768, None).0, 0);
+        assert_eq!(
+            grids(128, 8, 2048, 768, Some(QuantScheme::Tensor)).1,
+            (false, true)
+        );
+        // Mixtral: long items everywhere
+        let (ctas, on, _) = grids(8, 2, 4096, 14336, None);
+        assert_eq!((ctas, on), (0, (false, false)));
     }
 
     #[test]
@@ -3865,7 +3956,10 @@ mod tests {
                 );
             } else {
                 assert_eq!(p.backend, Backend::CudaWgmma, "{:?}", p.reasons);
-                assert!(has(&p, &["cuda_wgmma: FP8 past the swap-AB kernels' range"]));
+                assert!(has(
+                    &p,
+                    &["cuda_wgmma: FP8 past the swap-AB kernels' range"]
+                ));
             }
             let p = plan_for_shape(
                 1024,
@@ -3884,7 +3978,10 @@ mod tests {
             // scales apply in the epilogue; 128x128 blocks stay on the SIMT kernels.
             if WGMMA_FP8_SCHEMES.contains(&q) {
                 assert_eq!(p.backend, Backend::CudaWgmma, "{:?}", p.reasons);
-                assert!(has(&p, &["cuda_wgmma: FP8 past the swap-AB kernels' range"]));
+                assert!(has(
+                    &p,
+                    &["cuda_wgmma: FP8 past the swap-AB kernels' range"]
+                ));
                 let q8 = q == QuantScheme::Tensor; // plan_for_shape: static scales for fp8_tensor
                 assert_eq!(
                     p.kernels,

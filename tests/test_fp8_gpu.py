@@ -431,6 +431,16 @@ def test_wgmma_backend(scheme, case, rng):
 
 
 @needs_sm90
+@pytest.mark.parametrize("shape", [(256, 2048), (1024, 256)], ids=["gemm2-persistent", "gemm1-gemm2-persistent"])
+@pytest.mark.parametrize("scheme", WGMMA_SCHEMES, ids=_scheme_id)
+def test_wgmma_persistent_grids(scheme, shape, rng):
+    """Persistent grids with several work items per CTA (~370 items): GEMM2 with 2 k-stages
+    (N = 256), and both GEMMs (K = 256: 2 stages; N = 1024: 8)."""
+    case = _case(1200, shape, E=8, topk=2, ids="concentrated")
+    run_fp8_case(case, scheme[0], "torch", "bfloat16", rng, device=DEV, static=scheme[1], backend="cuda_wgmma")
+
+
+@needs_sm90
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("scheme", WGMMA_SCHEMES, ids=_scheme_id)
 def test_wgmma_output_dtypes(scheme, dtype, rng):

@@ -190,6 +190,26 @@ def test_wgmma_backend(case, dtype, tile, rng, monkeypatch):
     assert (plan["backend"], plan["tokens_per_pass"]) == ("cuda_wgmma", tile)
 
 
+# Persistent grids with several work items per CTA (one CTA per SM, ~370 items): GEMM2 with
+# 4 k-stages (N = 256), then GEMM1 with 4 (K = 256); the ring's stages and phases run on
+# across tiles.
+PERSISTENT_CASES = [Case(1200, 8, 2, 256, 2048, out="poison"),
+                    Case(1200, 8, 2, 1024, 256, ids="concentrated", out="poison")]
+
+
+@pytest.mark.skipif(not HAS_BACKEND_ARG, reason="this build has no backend= argument")
+@pytest.mark.parametrize("tile", [64, 128])
+@pytest.mark.parametrize("case", PERSISTENT_CASES, ids=_ids(PERSISTENT_CASES))
+def test_wgmma_persistent_grids(case, tile, rng, monkeypatch):
+    _needs_hopper()
+    monkeypatch.setenv("SWAPMOE_MMA_TOKEN_TILE", str(tile))
+    monkeypatch.setenv("SWAPMOE_BACKEND", "cuda_wgmma")
+    _, _, inp = run_case(case, "torch", "bfloat16", rng, device=DEV)
+    plan = swapmoe._core.describe_plan(inp["x"], inp["w1"], inp["w2"], inp["tw"], inp["ids"])
+    assert plan["wgmma_persistent"] == ((False, True) if case.N == 256 else (True, False))
+    assert 0 < plan["ctas"] < 2 * torch.cuda.get_device_properties(0).multi_processor_count
+
+
 @pytest.mark.skipif(not HAS_BACKEND_ARG, reason="this build has no backend= argument")
 @pytest.mark.parametrize("M", DECODE_M)
 def test_wgmma_every_decode_size(M, rng):

@@ -804,7 +804,11 @@ fn wgmma_gemms(
             on_input,
             inter
         );
-        let grid = tiles_bound * p.n.div_ceil(WGMMA_GEMM1_COLUMNS);
+        let grid = wgmma_grid(
+            plan,
+            plan.wgmma_persistent.0,
+            tiles_bound * p.n.div_ceil(WGMMA_GEMM1_COLUMNS),
+        );
         launch(
             dev,
             plan.kernels[first + 1],
@@ -852,7 +856,11 @@ fn wgmma_gemms(
             on_input,
             slot_out
         );
-        let grid = tiles_bound * p.k.div_ceil(WGMMA_GEMM2_COLUMNS);
+        let grid = wgmma_grid(
+            plan,
+            plan.wgmma_persistent.1,
+            tiles_bound * p.k.div_ceil(WGMMA_GEMM2_COLUMNS),
+        );
         launch(
             dev,
             plan.kernels[first + 2],
@@ -872,6 +880,17 @@ fn wgmma_gemms(
         slot_expert,
         stream,
     )
+}
+
+/// CTAs of a wgmma GEMM (`persistent`: the plan's word for it) over `items` work items
+/// (token tile, column block): the plan's persistent grid (each CTA looping over items),
+/// at most one CTA per item; otherwise one CTA per item.
+fn wgmma_grid(plan: &Plan, persistent: bool, items: usize) -> usize {
+    if persistent && plan.ctas > 0 {
+        items.min(plan.ctas)
+    } else {
+        items
+    }
 }
 
 /// The wgmma path's top-k sum: out[t] = the sum over k of the per-slot outputs (in the
@@ -1006,7 +1025,11 @@ fn wgmma_fp8(
             on_input,
             inter
         );
-        let grid = tiles_bound * p.n.div_ceil(WGMMA_GEMM1_COLUMNS);
+        let grid = wgmma_grid(
+            plan,
+            plan.wgmma_persistent.0,
+            tiles_bound * p.n.div_ceil(WGMMA_GEMM1_COLUMNS),
+        );
         launch(
             dev,
             gemm1,
@@ -1088,7 +1111,11 @@ fn wgmma_fp8(
             on_input,
             slot_out
         );
-        let grid = tiles_bound * p.k.div_ceil(WGMMA_GEMM2_COLUMNS);
+        let grid = wgmma_grid(
+            plan,
+            plan.wgmma_persistent.1,
+            tiles_bound * p.k.div_ceil(WGMMA_GEMM2_COLUMNS),
+        );
         let id = find(plan, |k| matches!(k, KernelId::WgmmaFp8Gemm2(..)))?;
         launch(
             dev,

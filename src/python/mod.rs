@@ -718,6 +718,7 @@ fn select_backend<'py>(
     tile.set_item("rows_per_cta", plan.rows_per_cta)?;
     tile.set_item("tokens_per_pass", plan.tokens_per_pass)?;
     tile.set_item("ctas", plan.ctas)?;
+    tile.set_item("wgmma_persistent", plan.wgmma_persistent)?;
     tile.set_item("gemm1_vec", plan.gemm1_vec)?;
     tile.set_item("gemm2_vec", plan.gemm2_vec)?;
     tile.set_item("pdl", plan.pdl)?;
