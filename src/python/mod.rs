@@ -586,6 +586,8 @@ fn describe_plan<'py>(
     d.set_item("rows_per_cta", plan.rows_per_cta)?;
     d.set_item("tokens_per_pass", plan.tokens_per_pass)?;
     d.set_item("splits", plan.splits)?;
+    d.set_item("ctas", plan.ctas)?;
+    d.set_item("wgmma_persistent", plan.wgmma_persistent)?;
     d.set_item("reasons", plan.reasons)?;
     d.set_item(
         "workspace_bytes",
