@@ -403,22 +403,7 @@ fn experts(
     }
 
     if plan.backend == Backend::CudaWgmma {
-        return wgmma_gemms(
-            dev,
-            p,
-            plan,
-            [
-                expert_offsets,
-                sorted_slots,
-                tile_expert,
-                tile_start,
-                num_tiles,
-                inter,
-                slot_out,
-            ],
-            slot_expert,
-            stream,
-        );
+        return wgmma_gemms(dev, p, plan, &layout, workspace, stream);
     }
 
     if plan.backend == Backend::CudaMma {
@@ -698,37 +683,191 @@ fn tensor_map(
     Ok(map)
 }
 
+/// The arguments and launch shape every wgmma GEMM (cuda/sm90_wgmma_moe.cu) shares: the
+/// router weights, route_align's tile metadata (`SWAPMOE_WGMMA_TILES`), the sizes, and the
+/// token tile's shared memory and tile bound.
+struct WgmmaArgs {
+    tw: u64,
+    tw_code: i32,
+    tw_row: i64,
+    expert_offsets: u64,
+    sorted_slots: u64,
+    tile_expert: u64,
+    tile_start: u64,
+    num_tiles: u64,
+    tiles: i32,
+    raster: i32,
+    topk: i32,
+    n: i32,
+    k: i32,
+    act: i32,
+    on_input: i32,
+    tile: usize,
+    tiles_bound: usize,
+    smem: u32,
+}
+
+/// `params!` of a wgmma GEMM's arguments: `head`, the router weights (pointer, dtype code,
+/// row stride), the tile metadata (expert_offsets, sorted_slots, tile_expert, tile_start,
+/// num_tiles, tile bound, raster group), topk, N, K from a `WgmmaArgs`, then `tail`.
+macro_rules! wgmma_params {
+    ([$($head:expr),* $(,)?], $wa:expr, [$($tail:expr),* $(,)?]) => {
+        params!(
+            $($head,)*
+            $wa.tw, $wa.tw_code, $wa.tw_row, $wa.expert_offsets, $wa.sorted_slots,
+            $wa.tile_expert, $wa.tile_start, $wa.num_tiles, $wa.tiles, $wa.raster,
+            $wa.topk, $wa.n, $wa.k,
+            $($tail),*
+        )
+    };
+}
+
+impl WgmmaArgs {
+    fn new(p: &MoeProblem, plan: &Plan, layout: &WorkspaceLayout, workspace: usize) -> Self {
+        let ws = |off: usize| (workspace + off) as u64;
+        let tile = plan.tokens_per_pass;
+        let tiles_bound = WorkspaceLayout::max_tiles(p.slots(), p.local_experts, tile);
+        WgmmaArgs {
+            tw: p.operands.topk_weights as u64,
+            tw_code: p.topk_weights_dtype.scalar_code(),
+            tw_row: p.strides.topk_weights_row,
+            expert_offsets: ws(layout.expert_offsets),
+            sorted_slots: ws(layout.sorted_slots),
+            tile_expert: ws(layout.tile_expert),
+            tile_start: ws(layout.tile_start),
+            num_tiles: ws(layout.num_tiles),
+            tiles: tiles_bound as i32,
+            raster: WGMMA_RASTER_GROUP as i32,
+            topk: p.topk as i32,
+            n: p.n as i32,
+            k: p.k as i32,
+            act: p.activation.code(),
+            on_input: i32::from(p.apply_router_weight_on_input),
+            tile,
+            tiles_bound,
+            smem: crate::oracle::wgmma_smem_bytes(tile) as u32,
+        }
+    }
+
+    /// The 3-D tensor map over w1 [E][2N][K] (`esize`-byte elements, `stage_k` of K per box)
+    /// in gate/up boxes of the token tile's height.
+    fn w1_map(&self, p: &MoeProblem, dtype: DType, stage_k: u32) -> Result<sys::CUtensorMap> {
+        let (e, kk, nn, es) = self.dims(p, dtype);
+        let s = p.strides;
+        tensor_map(
+            dtype,
+            p.operands.w1 as u64,
+            &[kk, 2 * nn, e],
+            &[s.w1_row as u64 * es, s.w1_expert as u64 * es],
+            &[stage_k, crate::oracle::wgmma_gate_box(self.tile) as u32, 1],
+            "w1",
+        )
+    }
+
+    /// The 2-D tensor map over GEMM2's A rows (the intermediate [S][N], sorted order) and the
+    /// 3-D one over w2 [E][K][N].
+    fn gemm2_maps(
+        &self,
+        p: &MoeProblem,
+        dtype: DType,
+        stage_k: u32,
+        inter: u64,
+    ) -> Result<(sys::CUtensorMap, sys::CUtensorMap)> {
+        let (e, kk, nn, es) = self.dims(p, dtype);
+        let s = p.strides;
+        let inter_map = tensor_map(
+            dtype,
+            inter,
+            &[nn, p.slots() as u64],
+            &[nn * es],
+            &[stage_k, self.tile as u32],
+            "the intermediate",
+        )?;
+        let w2_map = tensor_map(
+            dtype,
+            p.operands.w2 as u64,
+            &[nn, kk, e],
+            &[s.w2_row as u64 * es, s.w2_expert as u64 * es],
+            &[stage_k, WGMMA_GEMM2_COLUMNS as u32, 1],
+            "w2",
+        )?;
+        Ok((inter_map, w2_map))
+    }
+
+    fn dims(&self, p: &MoeProblem, dtype: DType) -> (u64, u64, u64, u64) {
+        let es = dtype.size() as u64;
+        (p.local_experts as u64, p.k as u64, p.n as u64, es)
+    }
+
+    /// Launches wgmma GEMM `id` (GEMM1: N inter columns per token tile in blocks of
+    /// WGMMA_GEMM1_COLUMNS; GEMM2: K output columns in blocks of WGMMA_GEMM2_COLUMNS), as the
+    /// plan's persistent grid or one CTA per (token tile, column block) item.
+    fn launch(
+        &self,
+        dev: &DeviceState,
+        plan: &Plan,
+        id: KernelId,
+        gemm: WgmmaGemm,
+        stream: usize,
+        args: &mut [*mut c_void],
+    ) -> Result<()> {
+        let (columns, block, persistent) = match gemm {
+            WgmmaGemm::One => (
+                self.n as usize,
+                WGMMA_GEMM1_COLUMNS,
+                plan.wgmma_persistent.0,
+            ),
+            WgmmaGemm::Two => (
+                self.k as usize,
+                WGMMA_GEMM2_COLUMNS,
+                plan.wgmma_persistent.1,
+            ),
+        };
+        let items = self.tiles_bound * columns.div_ceil(block);
+        let grid = if persistent && plan.ctas > 0 {
+            items.min(plan.ctas)
+        } else {
+            items
+        };
+        launch(
+            dev,
+            id,
+            (grid as u32, 1, 1),
+            WGMMA_THREADS as u32,
+            self.smem,
+            stream,
+            false,
+            args,
+        )
+    }
+}
+
+#[derive(Clone, Copy)]
+enum WgmmaGemm {
+    One,
+    Two,
+}
+
 /// The Hopper wgmma GEMMs (cuda/sm90_wgmma_moe.cu) over the token tiles (64 or 128 rows) of
 /// route_align: GEMM1 gathers each tile's rows of hidden_states and writes the intermediate
 /// in sorted order, GEMM2 writes each row's output to its slot (in the activation dtype, in
 /// the slot-output space), then the top-k sum.
-/// `bufs` = [expert_offsets, sorted_slots, tile_expert, tile_start, num_tiles, inter, y].
 fn wgmma_gemms(
     dev: &DeviceState,
     p: &MoeProblem,
     plan: &Plan,
-    bufs: [u64; 7],
-    slot_expert: u64,
+    layout: &WorkspaceLayout,
+    workspace: usize,
     stream: usize,
 ) -> Result<()> {
-    let [expert_offsets, sorted_slots, tile_expert, tile_start, num_tiles, inter, slot_out] = bufs;
+    let wa = WgmmaArgs::new(p, plan, layout, workspace);
+    let ws = |off: usize| (workspace + off) as u64;
+    let (inter, slot_out) = (ws(layout.intermediate), ws(layout.slot_out));
     let o = p.operands;
     let s = p.strides;
-    let esize = p.dtype.size() as u64;
-    let (k, n, topk) = (p.k as i32, p.n as i32, p.topk as i32);
-    let slots = p.slots() as u64;
-    let tw = o.topk_weights as u64;
-    let tw_code = p.topk_weights_dtype.scalar_code();
-    let tw_row = s.topk_weights_row;
-    let act = p.activation.code();
-    let on_input = i32::from(p.apply_router_weight_on_input);
-    let tile = plan.tokens_per_pass;
-    let smem = crate::oracle::wgmma_smem_bytes(tile) as u32;
-    let tiles_bound = WorkspaceLayout::max_tiles(p.slots(), p.local_experts, tile);
-    let tiles = tiles_bound as i32;
-    let raster = WGMMA_RASTER_GROUP as i32;
-    let (e, kk, nn) = (p.local_experts as u64, p.k as u64, p.n as u64);
-    let box_tokens = [64u32, tile as u32];
+    let d = p.dtype;
+    let esize = d.size() as u64;
+    let stage_k = (128 / esize) as u32;
     // GEMM1's token rows: gathered inside GEMM1, or (a plan with the gather kernel) first
     // copied in sorted order into the slot-output space, which GEMM2 only writes after
     // GEMM1 has read them.
@@ -737,9 +876,10 @@ fn wgmma_gemms(
     let pre_gathered = plan.kernels[1] == KernelId::WgmmaGather;
     let xs = slot_out;
     let xs_map = if pre_gathered {
-        let row_vectors = (p.k * p.dtype.size() / 16) as i32;
+        let row_vectors = (p.k * d.size() / 16) as i32;
         let x_row_vectors = s.hidden_row * esize as i64 / 16;
         let local_e = p.local_experts as i32;
+        let (sorted_slots, expert_offsets, topk) = (wa.sorted_slots, wa.expert_offsets, wa.topk);
         let mut args = params!(
             x,
             x_row_vectors,
@@ -761,11 +901,11 @@ fn wgmma_gemms(
             &mut args,
         )?;
         tensor_map(
-            p.dtype,
+            d,
             xs,
-            &[kk, slots],
-            &[kk * esize],
-            &box_tokens,
+            &[p.k as u64, p.slots() as u64],
+            &[p.k as u64 * esize],
+            &[stage_k, wa.tile as u32],
             "the gathered hidden_states",
         )?
     } else {
@@ -774,104 +914,18 @@ fn wgmma_gemms(
     };
     let first = usize::from(pre_gathered);
     {
-        let w1_map = tensor_map(
-            p.dtype,
-            o.w1 as u64,
-            &[kk, 2 * nn, e],
-            &[s.w1_row as u64 * esize, s.w1_expert as u64 * esize],
-            &[64, crate::oracle::wgmma_gate_box(tile) as u32, 1],
-            "w1",
-        )?;
-        let mut args = params!(
-            x,
-            x_row,
-            xs_map,
-            w1_map,
-            tw,
-            tw_code,
-            tw_row,
-            expert_offsets,
-            sorted_slots,
-            tile_expert,
-            tile_start,
-            num_tiles,
-            tiles,
-            raster,
-            topk,
-            n,
-            k,
-            act,
-            on_input,
-            inter
-        );
-        let grid = wgmma_grid(
-            plan,
-            plan.wgmma_persistent.0,
-            tiles_bound * p.n.div_ceil(WGMMA_GEMM1_COLUMNS),
-        );
-        launch(
-            dev,
-            plan.kernels[first + 1],
-            (grid as u32, 1, 1),
-            WGMMA_THREADS as u32,
-            smem,
-            stream,
-            false,
-            &mut args,
-        )?;
+        let w1_map = wa.w1_map(p, d, stage_k)?;
+        let mut args = wgmma_params!([x, x_row, xs_map, w1_map], wa, [wa.act, wa.on_input, inter]);
+        let id = plan.kernels[first + 1];
+        wa.launch(dev, plan, id, WgmmaGemm::One, stream, &mut args)?;
     }
     {
-        let inter_map = tensor_map(
-            p.dtype,
-            inter,
-            &[nn, slots],
-            &[nn * esize],
-            &box_tokens,
-            "the intermediate",
-        )?;
-        let w2_map = tensor_map(
-            p.dtype,
-            o.w2 as u64,
-            &[nn, kk, e],
-            &[s.w2_row as u64 * esize, s.w2_expert as u64 * esize],
-            &[64, WGMMA_GEMM2_COLUMNS as u32, 1],
-            "w2",
-        )?;
-        let mut args = params!(
-            inter_map,
-            w2_map,
-            tw,
-            tw_code,
-            tw_row,
-            expert_offsets,
-            sorted_slots,
-            tile_expert,
-            tile_start,
-            num_tiles,
-            tiles,
-            raster,
-            topk,
-            n,
-            k,
-            on_input,
-            slot_out
-        );
-        let grid = wgmma_grid(
-            plan,
-            plan.wgmma_persistent.1,
-            tiles_bound * p.k.div_ceil(WGMMA_GEMM2_COLUMNS),
-        );
-        launch(
-            dev,
-            plan.kernels[first + 2],
-            (grid as u32, 1, 1),
-            WGMMA_THREADS as u32,
-            smem,
-            stream,
-            false,
-            &mut args,
-        )?;
+        let (inter_map, w2_map) = wa.gemm2_maps(p, d, stage_k, inter)?;
+        let mut args = wgmma_params!([inter_map, w2_map], wa, [wa.on_input, slot_out]);
+        let id = plan.kernels[first + 2];
+        wa.launch(dev, plan, id, WgmmaGemm::Two, stream, &mut args)?;
     }
+    let slot_expert = ws(layout.slot_expert);
     wgmma_topk_reduce(
         dev,
         p,
@@ -880,17 +934,6 @@ fn wgmma_gemms(
         slot_expert,
         stream,
     )
-}
-
-/// CTAs of a wgmma GEMM (`persistent`: the plan's word for it) over `items` work items
-/// (token tile, column block): the plan's persistent grid (each CTA looping over items),
-/// at most one CTA per item; otherwise one CTA per item.
-fn wgmma_grid(plan: &Plan, persistent: bool, items: usize) -> usize {
-    if persistent && plan.ctas > 0 {
-        items.min(plan.ctas)
-    } else {
-        items
-    }
 }
 
 /// The wgmma path's top-k sum: out[t] = the sum over k of the per-slot outputs (in the
@@ -949,34 +992,10 @@ fn wgmma_fp8(
     workspace: usize,
     stream: usize,
 ) -> Result<()> {
-    // The align kernel ran first: PDL wherever the device has it.
-    let after_align = crate::oracle::first_kernel_uses_pdl(&dev.caps);
-    fp8_quantize_input(dev, p, plan, layout, workspace, after_align, stream)?;
-    let f = Fp8Args::new(p, layout, workspace);
+    let f = fp8_quantize_after_align(dev, p, plan, layout, workspace, stream)?;
+    let wa = WgmmaArgs::new(p, plan, layout, workspace);
     let ws = |off: usize| (workspace + off) as u64;
-    let expert_offsets = ws(layout.expert_offsets);
-    let sorted_slots = ws(layout.sorted_slots);
-    let tile_expert = ws(layout.tile_expert);
-    let tile_start = ws(layout.tile_start);
-    let num_tiles = ws(layout.num_tiles);
-    let slot_expert = ws(layout.slot_expert);
-    let slot_out = ws(layout.slot_out);
     let inter_q = ws(layout.inter_q);
-    let o = p.operands;
-    let s = p.strides;
-    let (k, n, topk) = (p.k as i32, p.n as i32, p.topk as i32);
-    let tw = o.topk_weights as u64;
-    let tw_code = p.topk_weights_dtype.scalar_code();
-    let tw_row = s.topk_weights_row;
-    let act = p.activation.code();
-    let on_input = i32::from(p.apply_router_weight_on_input);
-    let tile = plan.tokens_per_pass;
-    let smem = crate::oracle::wgmma_smem_bytes(tile) as u32;
-    let tiles_bound = WorkspaceLayout::max_tiles(p.slots(), p.local_experts, tile);
-    let tiles = tiles_bound as i32;
-    let raster = WGMMA_RASTER_GROUP as i32;
-    let (e, kk, nn) = (p.local_experts as u64, p.k as u64, p.n as u64);
-    let slots = p.slots() as u64;
     let e4m3 = DType::F8E4M3;
     // 128 e4m3 of K per stage: one 128-byte swizzle row.
     let stage_k = 128u32;
@@ -984,14 +1003,7 @@ fn wgmma_fp8(
     let gemm1 = find(plan, |k| matches!(k, KernelId::WgmmaFp8Gemm1(..)))?;
     let static_inter = matches!(gemm1, KernelId::WgmmaFp8Gemm1(_, _, true));
     {
-        let w1_map = tensor_map(
-            e4m3,
-            o.w1 as u64,
-            &[kk, 2 * nn, e],
-            &[s.w1_row as u64, s.w1_expert as u64],
-            &[stage_k, crate::oracle::wgmma_gate_box(tile) as u32, 1],
-            "w1",
-        )?;
+        let w1_map = wa.w1_map(p, e4m3, stage_k)?;
         let (w1s_e, w1s_r, _) = f.w1s_strides;
         let scales = WgmmaFp8Scales {
             x_scale: f.x_scale,
@@ -1002,56 +1014,23 @@ fn wgmma_fp8(
             inter_amax: f.inter_amax,
         };
         let inter = if static_inter { inter_q } else { f.inter };
-        let (xq, xq_row) = (f.xq, f.xq_row);
-        let mut args = params!(
-            xq,
-            xq_row,
-            w1_map,
-            scales,
-            tw,
-            tw_code,
-            tw_row,
-            expert_offsets,
-            sorted_slots,
-            tile_expert,
-            tile_start,
-            num_tiles,
-            tiles,
-            raster,
-            topk,
-            n,
-            k,
-            act,
-            on_input,
-            inter
+        let mut args = wgmma_params!(
+            [f.xq, f.xq_row, w1_map, scales],
+            wa,
+            [wa.act, wa.on_input, inter]
         );
-        let grid = wgmma_grid(
-            plan,
-            plan.wgmma_persistent.0,
-            tiles_bound * p.n.div_ceil(WGMMA_GEMM1_COLUMNS),
-        );
-        launch(
-            dev,
-            gemm1,
-            (grid as u32, 1, 1),
-            WGMMA_THREADS as u32,
-            smem,
-            stream,
-            false,
-            &mut args,
-        )?;
+        wa.launch(dev, plan, gemm1, WgmmaGemm::One, stream, &mut args)?;
     }
     if !static_inter {
         let id = find(plan, |k| matches!(k, KernelId::WgmmaFp8QuantInter(..)))?;
-        let (inter, inter_amax) = (f.inter, f.inter_amax);
         let local_e = p.local_experts as i32;
         let mut args = params!(
-            inter,
-            inter_amax,
-            sorted_slots,
-            expert_offsets,
+            f.inter,
+            f.inter_amax,
+            wa.sorted_slots,
+            wa.expert_offsets,
             local_e,
-            n,
+            wa.n,
             inter_q
         );
         launch(
@@ -1065,23 +1044,9 @@ fn wgmma_fp8(
             &mut args,
         )?;
     }
+    let slot_out = ws(layout.slot_out);
     {
-        let inter_map = tensor_map(
-            e4m3,
-            inter_q,
-            &[nn, slots],
-            &[nn],
-            &[stage_k, tile as u32],
-            "the e4m3 intermediate",
-        )?;
-        let w2_map = tensor_map(
-            e4m3,
-            o.w2 as u64,
-            &[nn, kk, e],
-            &[s.w2_row as u64, s.w2_expert as u64],
-            &[stage_k, WGMMA_GEMM2_COLUMNS as u32, 1],
-            "w2",
-        )?;
+        let (inter_map, w2_map) = wa.gemm2_maps(p, e4m3, stage_k, inter_q)?;
         let (w2s_e, w2s_r, _) = f.w2s_strides;
         let scales = WgmmaFp8Scales {
             x_scale: 0,
@@ -1091,45 +1056,12 @@ fn wgmma_fp8(
             a2_static: f.a2,
             inter_amax: f.inter_amax,
         };
-        let mut args = params!(
-            inter_map,
-            w2_map,
-            scales,
-            tw,
-            tw_code,
-            tw_row,
-            expert_offsets,
-            sorted_slots,
-            tile_expert,
-            tile_start,
-            num_tiles,
-            tiles,
-            raster,
-            topk,
-            n,
-            k,
-            on_input,
-            slot_out
-        );
-        let grid = wgmma_grid(
-            plan,
-            plan.wgmma_persistent.1,
-            tiles_bound * p.k.div_ceil(WGMMA_GEMM2_COLUMNS),
-        );
+        let mut args = wgmma_params!([inter_map, w2_map, scales], wa, [wa.on_input, slot_out]);
         let id = find(plan, |k| matches!(k, KernelId::WgmmaFp8Gemm2(..)))?;
-        launch(
-            dev,
-            id,
-            (grid as u32, 1, 1),
-            WGMMA_THREADS as u32,
-            smem,
-            stream,
-            false,
-            &mut args,
-        )?;
+        wa.launch(dev, plan, id, WgmmaGemm::Two, stream, &mut args)?;
     }
     let reduce = find(plan, |k| matches!(k, KernelId::WgmmaTopkReduce(..)))?;
-    wgmma_topk_reduce(dev, p, reduce, slot_out, slot_expert, stream)
+    wgmma_topk_reduce(dev, p, reduce, slot_out, ws(layout.slot_expert), stream)
 }
 
 /// The kernel arguments of the kernels that read topk_ids themselves (the decode, FP8 decode
@@ -1828,6 +1760,21 @@ fn fp8_decode(
     Ok(())
 }
 
+/// The FP8 paths after route_align start by quantizing x: launched with PDL wherever the
+/// device has it (the align kernel ran first). Returns the FP8 GEMMs' arguments.
+fn fp8_quantize_after_align(
+    dev: &DeviceState,
+    p: &MoeProblem,
+    plan: &Plan,
+    layout: &WorkspaceLayout,
+    workspace: usize,
+    stream: usize,
+) -> Result<Fp8Args> {
+    let after_align = crate::oracle::first_kernel_uses_pdl(&dev.caps);
+    fp8_quantize_input(dev, p, plan, layout, workspace, after_align, stream)?;
+    Ok(Fp8Args::new(p, layout, workspace))
+}
+
 /// The FP8 generic path after route_align: quantize x, GEMM1, GEMM2 into the per-slot
 /// outputs (the caller then runs the top-k reduction).
 fn fp8_generic(
@@ -1838,10 +1785,7 @@ fn fp8_generic(
     workspace: usize,
     stream: usize,
 ) -> Result<()> {
-    // The align kernel ran first: PDL wherever the device has it.
-    let after_align = crate::oracle::first_kernel_uses_pdl(&dev.caps);
-    fp8_quantize_input(dev, p, plan, layout, workspace, after_align, stream)?;
-    let f = Fp8Args::new(p, layout, workspace);
+    let f = fp8_quantize_after_align(dev, p, plan, layout, workspace, stream)?;
     let ws = |off: usize| (workspace + off) as u64;
     let expert_offsets = ws(layout.expert_offsets);
     let sorted_slots = ws(layout.sorted_slots);
@@ -1948,6 +1892,58 @@ fn fp8_generic(
 mod tests {
     use super::RouterArgs;
     use std::mem::{align_of, offset_of, size_of};
+
+    /// `wgmma_params!` passes the arguments every wgmma GEMM takes after its head in the
+    /// order of the kernels' signatures (cuda/sm90_wgmma_moe.cu): topk_weights, its dtype code
+    /// and row stride, then `SWAPMOE_WGMMA_TILES` (expert_offsets, sorted_slots, tile_expert,
+    /// tile_start, num_tiles, tiles_bound, raster_group), then topk, N, K.
+    #[test]
+    fn wgmma_params_follow_the_kernel_signatures() {
+        use super::{c_void, WgmmaArgs};
+        let wa = WgmmaArgs {
+            tw: 1,
+            tw_code: 2,
+            tw_row: 3,
+            expert_offsets: 4,
+            sorted_slots: 5,
+            tile_expert: 6,
+            tile_start: 7,
+            num_tiles: 8,
+            tiles: 9,
+            raster: 10,
+            topk: 11,
+            n: 12,
+            k: 13,
+            act: 14,
+            on_input: 15,
+            tile: 64,
+            tiles_bound: 9,
+            smem: 0,
+        };
+        let (head, tail) = (100u64, 200i32);
+        let args = wgmma_params!([head], wa, [tail]);
+        assert_eq!(args.len(), 15);
+        let addr = |r: *const c_void| r as usize;
+        let want = [
+            addr(&head as *const u64 as *const c_void),
+            addr(&wa.tw as *const u64 as *const c_void),
+            addr(&wa.tw_code as *const i32 as *const c_void),
+            addr(&wa.tw_row as *const i64 as *const c_void),
+            addr(&wa.expert_offsets as *const u64 as *const c_void),
+            addr(&wa.sorted_slots as *const u64 as *const c_void),
+            addr(&wa.tile_expert as *const u64 as *const c_void),
+            addr(&wa.tile_start as *const u64 as *const c_void),
+            addr(&wa.num_tiles as *const u64 as *const c_void),
+            addr(&wa.tiles as *const i32 as *const c_void),
+            addr(&wa.raster as *const i32 as *const c_void),
+            addr(&wa.topk as *const i32 as *const c_void),
+            addr(&wa.n as *const i32 as *const c_void),
+            addr(&wa.k as *const i32 as *const c_void),
+            addr(&tail as *const i32 as *const c_void),
+        ];
+        let got: Vec<usize> = args.iter().map(|p| *p as usize).collect();
+        assert_eq!(got, want);
+    }
 
     /// The layout cuda/sm90_wgmma_moe.cu's `WgmmaFp8Scales` has (6 eight-byte fields).
     #[test]
