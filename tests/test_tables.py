@@ -102,8 +102,9 @@ def test_shipped_tables_pick_the_measured_decode_backend():
 
 
 def test_shipped_fp8_tables_route_between_swapmoe_and_vllm():
-    """`swapmoe tune --quant` on the H200 (benches/results/tune_fp8_v1.txt) plus vLLM's times
-    from the anchor (benches/merge_anchor.py: GEMMs + 5 x 1.6 µs)."""
+    """`swapmoe tune --quant` on the H200 (benches/results/tune_fp8_v2_wgmma.txt for
+    per-tensor, tune_fp8_v1.txt for blocks) plus vLLM's times from the anchor
+    (benches/merge_anchor.py: GEMMs + 5 x 1.6 µs)."""
     inside_vllm = {"external_backends": ["vllm_triton"]}
     # qwen3 per-tensor (static scales): swap-AB 23.6 µs against vLLM's ~25.0 at M = 1;
     # vLLM's Triton from M = 4 on (swap 56.5 against ~49)
@@ -114,9 +115,12 @@ def test_shipped_fp8_tables_route_between_swapmoe_and_vllm():
     assert (p.backend, p.fallback) == ("vllm_triton", "cuda_wgmma_swap")
     # outside vLLM the table's fastest swapmoe kernel
     assert plan(8, QWEN3, quant="fp8_tensor").backend == "cuda_wgmma_swap"
-    # prefill: only the SIMT kernels run it (no FP8 tensor-core prefill kernel yet)
+    # prefill: vLLM's Triton (2626 µs est.), swapmoe's fallback the e4m3 wgmma GEMMs (4142 µs)
     p = plan(4096, MIXTRAL, quant="fp8_tensor", **inside_vllm)
-    assert (p.backend, p.fallback) == ("vllm_triton", "cuda_generic")
+    assert (p.backend, p.fallback) == ("vllm_triton", "cuda_wgmma")
+    # Mixtral M = 2: the wgmma GEMMs (157 µs) against vLLM's ~183
+    p = plan(2, MIXTRAL, quant="fp8_tensor", **inside_vllm)
+    assert (p.backend, p.source, p.tile["tokens_per_pass"]) == ("cuda_wgmma", "table", 64), p.reasons
     # measured with static activation scales: a dynamic per-tensor call is not described
     p = plan(1, QWEN3, quant="fp8_tensor", activation_scales="dynamic", **inside_vllm)
     assert p.source == "heuristic" and any("measured with static activation scales" in r for r in p.reasons)
