@@ -1113,7 +1113,9 @@ fn heuristic(c: &mut Candidates) -> Backend {
     // FP8: the e4m3 wgmma swap-AB kernels up to where cuda_wgmma's FP8 GEMMs (or, for
     // schemes they lack, the SIMT ones) measured faster.
     let fp8 = p.quant.is_some();
-    let fp8_wgmma = fp8 && c.eligible(Backend::CudaWgmma).is_ok();
+    // Whether cuda_wgmma's FP8 GEMMs can run the call (asked once; None without FP8).
+    let fp8_wgmma_check = fp8.then(|| c.eligible(Backend::CudaWgmma));
+    let fp8_wgmma = matches!(fp8_wgmma_check, Some(Ok(())));
     let fp8_max = if !fp8_wgmma {
         SWAP_FP8_HEURISTIC_MAX_TOKENS
     } else if p.n >= SWAP_WIDE_MIN_N {
@@ -1164,10 +1166,8 @@ fn heuristic(c: &mut Candidates) -> Backend {
         )),
         Err(why) => c.reasons.push(format!("cuda_wgmma_swap: rejected, {why}")),
     }
-    if fp8 && !fp8_wgmma {
-        if let Err(why) = c.eligible(Backend::CudaWgmma) {
-            c.reasons.push(format!("cuda_wgmma: rejected, {why}"));
-        }
+    if let Some(Err(why)) = fp8_wgmma_check {
+        c.reasons.push(format!("cuda_wgmma: rejected, {why}"));
     }
     if fp8_wgmma {
         c.reasons.push(format!(
@@ -1919,6 +1919,31 @@ impl<'a> Candidates<'a> {
         }
     }
 
+    /// The Hopper FP8 (e4m3 wgmma) kernels' device and output dtype; `needs` names what they use.
+    fn hopper_fp8(&self, needs: &str) -> std::result::Result<(), String> {
+        if self.hopper_sms.is_none() {
+            Err(format!(
+                "its FP8 kernels need an sm_90 (Hopper) device: {needs}"
+            ))
+        } else if !matches!(self.p.dtype, DType::BF16 | DType::F16) {
+            Err(format!(
+                "its FP8 kernels write bfloat16 or float16 outputs, got {}",
+                self.p.dtype.name()
+            ))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The FP8 kernels' tensor maps over the e4m3 weights and rows.
+    fn fp8_tensor_maps(&self) -> std::result::Result<(), String> {
+        if self.gemm1_vec == 1 || self.gemm2_vec == 1 {
+            Err(format!("its tensor maps need K, N and every w1/w2 stride to be multiples of {FP8_VEC} e4m3, with 16-byte aligned weights"))
+        } else {
+            Ok(())
+        }
+    }
+
     /// Whether `b` can run the problem, and why not.
     fn eligible(&self, b: Backend) -> std::result::Result<(), String> {
         let p = self.p;
@@ -1950,15 +1975,7 @@ impl<'a> Candidates<'a> {
                 Ok(())
             }
             Backend::CudaWgmma if p.quant.is_some() => {
-                if self.hopper_sms.is_none() {
-                    return Err("its FP8 kernels need an sm_90 (Hopper) device: wgmma e4m3, TMA tensor maps and mbarriers".into());
-                }
-                if !matches!(p.dtype, DType::BF16 | DType::F16) {
-                    return Err(format!(
-                        "its FP8 kernels write bfloat16 or float16 outputs, got {}",
-                        p.dtype.name()
-                    ));
-                }
+                self.hopper_fp8("wgmma e4m3, TMA tensor maps and mbarriers")?;
                 if let Some(q) = p.quant {
                     if !WGMMA_FP8_SCHEMES.contains(&q.scheme) {
                         return Err(format!(
@@ -1967,27 +1984,16 @@ impl<'a> Candidates<'a> {
                         ));
                     }
                 }
-                if self.gemm1_vec == 1 || self.gemm2_vec == 1 {
-                    return Err(format!("its tensor maps need K, N and every w1/w2 stride to be multiples of {FP8_VEC} e4m3, with 16-byte aligned weights"));
-                }
-                Ok(())
+                self.fp8_tensor_maps()
             }
             Backend::CudaWgmma => {
                 self.hopper_16bit("wgmma, TMA tensor maps and mbarriers", "its tensor maps")
             }
             Backend::CudaWgmmaSwap if p.quant.is_some() => {
-                if self.hopper_sms.is_none() {
-                    return Err("its FP8 kernels need an sm_90 (Hopper) device: wgmma e4m3, TMA tensor maps, mbarriers and thread-block clusters".into());
-                }
-                if !matches!(p.dtype, DType::BF16 | DType::F16) {
-                    return Err(format!(
-                        "its FP8 kernels write bfloat16 or float16 outputs, got {}",
-                        p.dtype.name()
-                    ));
-                }
-                if self.gemm1_vec == 1 || self.gemm2_vec == 1 {
-                    return Err(format!("its tensor maps need K, N and every w1/w2 stride to be multiples of {FP8_VEC} e4m3, with 16-byte aligned weights"));
-                }
+                self.hopper_fp8(
+                    "wgmma e4m3, TMA tensor maps, mbarriers and thread-block clusters",
+                )?;
+                self.fp8_tensor_maps()?;
                 self.swap_limits()
             }
             Backend::CudaWgmmaSwap => {
