@@ -134,61 +134,37 @@ __device__ __forceinline__ bool tile_coord(const int* __restrict__ tile_expert, 
 // The pipeline. The producer loads stage after stage with `load(kt, a_dst, b_dst, bar)`:
 // without kGatherA one thread (TMA for both operands), with kGatherA all 128 threads of
 // warpgroup 0 (cp.async gathers of the A rows, and thread 0's TMA of B), each of which then
-// arrives on the stage's full barrier (`full_arrivals`). Each consumer warpgroup
-// accumulates its 64 rows x kWgN into acc. For e4m3 each stage's wgmmas go into fresh
-// accumulators that are then added to acc in f32 ("promotion", every 128 of K, as the FP8
-// swap-AB kernels, DeepGEMM and CUTLASS do): the tensor core's FP8 accumulation keeps only
-// about 14 bits, too few for a long K.
-template <typename T, int BM, bool kGatherA, typename Load>
-__device__ __forceinline__ bool pipeline(int ktiles, Ring& ring, Load load, float (&acc)[Tile<BM>::kAccs]) {
+// arrives on the stage's full barrier (`full_arrivals`).
+template <int BM, bool kGatherA, typename Load>
+__device__ __forceinline__ void produce(int ktiles, Ring& ring, Load load) {
   using L = Tile<BM>;
   constexpr int S = L::kStages;
-  unsigned char* stages = ring.stages;
-  uint64_t* full = ring.full;
-  uint64_t* empty = ring.empty;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (warp < 4) {
-    if (kGatherA || threadIdx.x == 0) {
-      for (int kt = 0; kt < ktiles; ++kt, ++ring.g) {
-        const int st = ring.g % S;
-        if (ring.g >= S) mbar_wait(&empty[st], ((ring.g / S) - 1) & 1);
-        unsigned char* a = stages + st * L::kStageBytes;
-        load(kt, a, a + L::kABytes, &full[st]);
-      }
-    }
-    return false;
-  }
-  const int cw = (warp - 4) >> 2;  // consumer warpgroup
-#pragma unroll
-  for (int i = 0; i < L::kAccs; ++i) acc[i] = 0.f;
-  if constexpr (std::is_same<T, __nv_fp8_e4m3>::value) {
+  if (kGatherA || threadIdx.x == 0) {
     for (int kt = 0; kt < ktiles; ++kt, ++ring.g) {
       const int st = ring.g % S;
-      mbar_wait(&full[st], (ring.g / S) & 1);
-      if (kGatherA) fence_proxy_async_shared();  // the cp.async rows, seen by the wgmmas
-      const uint32_t a = smem_u32(stages + st * L::kStageBytes) + L::a_offset(cw);
-      const uint32_t b = smem_u32(stages + st * L::kStageBytes + L::kABytes) + L::b_offset(cw);
-      float part[L::kAccs];
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kMmaSteps; ++kk)
-        wgmma::Mma<L::kWgN, T>::run(part, wgmma_desc_sw128(a + kk * 32), wgmma_desc_sw128(b + kk * 32), kk > 0);
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_accumulators(part);
-      // This stage's wgmmas are complete: hand its buffers back, then promote.
-      if (lane == 0) mbar_arrive(&empty[st]);
-#pragma unroll
-      for (int i = 0; i < L::kAccs; ++i) acc[i] += part[i];
+      if (ring.g >= S) mbar_wait(&ring.empty[st], ((ring.g / S) - 1) & 1);
+      unsigned char* a = ring.stages + st * L::kStageBytes;
+      load(kt, a, a + L::kABytes, &ring.full[st]);
     }
-    return true;
-  } else {
+  }
+}
+
+// Each consumer warpgroup accumulates its 64 rows x kWgN into acc (bf16/f16: in the
+// wgmma accumulators, releasing each stage once the next one's wgmmas are issued).
+template <typename T, int BM, bool kGatherA>
+__device__ __forceinline__ void consume(int ktiles, Ring& ring, float (&acc)[Tile<BM>::kAccs]) {
+  using L = Tile<BM>;
+  constexpr int S = L::kStages;
+  const int lane = threadIdx.x & 31;
+  const int cw = ((threadIdx.x >> 5) - 4) >> 2;  // consumer warpgroup
+#pragma unroll
+  for (int i = 0; i < L::kAccs; ++i) acc[i] = 0.f;
   for (int kt = 0; kt < ktiles; ++kt, ++ring.g) {
     const int st = ring.g % S;
-    mbar_wait(&full[st], (ring.g / S) & 1);
+    mbar_wait(&ring.full[st], (ring.g / S) & 1);
     if (kGatherA) fence_proxy_async_shared();  // the cp.async rows, seen by the wgmmas
-    const uint32_t a = smem_u32(stages + st * L::kStageBytes) + L::a_offset(cw);
-    const uint32_t b = smem_u32(stages + st * L::kStageBytes + L::kABytes) + L::b_offset(cw);
+    const uint32_t a = smem_u32(ring.stages + st * L::kStageBytes) + L::a_offset(cw);
+    const uint32_t b = smem_u32(ring.stages + st * L::kStageBytes + L::kABytes) + L::b_offset(cw);
     fence_accumulators(acc);
     wgmma_fence();
 #pragma unroll
@@ -199,14 +175,119 @@ __device__ __forceinline__ bool pipeline(int ktiles, Ring& ring, Load load, floa
     // The previous stage's wgmmas are complete: hand its buffers back to the producer.
     wgmma_wait<1>();
     fence_accumulators(acc);
-    if (kt > 0 && lane == 0) mbar_arrive(&empty[(ring.g - 1) % S]);
+    if (kt > 0 && lane == 0) mbar_arrive(&ring.empty[(ring.g - 1) % S]);
   }
   wgmma_wait<0>();
   fence_accumulators(acc);
-  if (lane == 0) mbar_arrive(&empty[(ring.g - 1) % S]);  // the tile's last stage
-  return true;
+  if (lane == 0) mbar_arrive(&ring.empty[(ring.g - 1) % S]);  // the tile's last stage
+}
+
+// e4m3: each stage's wgmmas go into fresh accumulators that are then added to acc in f32
+// ("promotion", every 128 of K, as the FP8 swap-AB kernels, DeepGEMM and CUTLASS do): the
+// tensor core's FP8 accumulation keeps only about 14 bits, too few for a long K. Two sets
+// of them alternate, so stage kt's wgmmas run while stage kt - 1's set is promoted and its
+// buffers released (one set drained the tensor core at every stage: 1030 cycles a stage
+// of 512 cycles of MMA, ncu at Mixtral M = 4096). 64 + 2 x 64 registers of accumulators
+// per thread: the kernels that call it give the consumers `kFp8ConsumerRegs`.
+//
+// At BM = 128 a warpgroup's 64 rows x 256 columns take 128 accumulators, so a second full
+// set does not fit: each stage runs as two halves of 128 columns (GEMM1: gate, then up)
+// through one set of 64, drained before its promotion; the other warpgroup's wgmmas keep
+// the tensor core busy meanwhile. The larger tile reads 40% fewer bytes from L2 per MMA
+// than BM = 64, whose FP8 GEMMs ran at 60-74% of L2 throughput (ncu, Mixtral M = 4096).
+template <int BM, bool kGatherA>
+__device__ __forceinline__ void consume_fp8(int ktiles, Ring& ring, float (&acc)[Tile<BM>::kAccs]) {
+  using L = Tile<BM>;
+  constexpr int S = L::kStages;
+  const int lane = threadIdx.x & 31;
+  const int cw = ((threadIdx.x >> 5) - 4) >> 2;
+  if constexpr (BM == 128) {
+    constexpr int kHalf = L::kAccs / 2;  // accumulators of 128 columns
+    float part[kHalf];
+#pragma unroll
+    for (int i = 0; i < L::kAccs; ++i) acc[i] = 0.f;
+    for (int kt = 0; kt < ktiles; ++kt, ++ring.g) {
+      const int st = ring.g % S;
+      mbar_wait(&ring.full[st], (ring.g / S) & 1);
+      if (kGatherA) fence_proxy_async_shared();
+      const uint32_t a = smem_u32(ring.stages + st * L::kStageBytes) + L::a_offset(cw);
+      const uint32_t b = smem_u32(ring.stages + st * L::kStageBytes + L::kABytes) + L::b_offset(cw);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        fence_accumulators(part);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kMmaSteps; ++kk)
+          wgmma::Mma<L::kWgN / 2, __nv_fp8_e4m3>::run(part, wgmma_desc_sw128(a + kk * 32),
+                                                      wgmma_desc_sw128(b + h * (kBN / 2) * kRowBytes + kk * 32),
+                                                      kk > 0);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_accumulators(part);
+        if (h == 1 && lane == 0) mbar_arrive(&ring.empty[st]);
+#pragma unroll
+        for (int i = 0; i < kHalf; ++i) acc[h * kHalf + i] += part[i];
+      }
+    }
+    return;
+  }
+  float part0[L::kAccs], part1[L::kAccs];
+#pragma unroll
+  for (int i = 0; i < L::kAccs; ++i) acc[i] = 0.f;
+  // Issues stage ring.g's wgmmas into p (one commit group).
+  auto issue = [&](float (&p)[L::kAccs]) {
+    const int st = ring.g % S;
+    mbar_wait(&ring.full[st], (ring.g / S) & 1);
+    if (kGatherA) fence_proxy_async_shared();
+    const uint32_t a = smem_u32(ring.stages + st * L::kStageBytes) + L::a_offset(cw);
+    const uint32_t b = smem_u32(ring.stages + st * L::kStageBytes + L::kABytes) + L::b_offset(cw);
+    fence_accumulators(p);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kMmaSteps; ++kk)
+      wgmma::Mma<L::kWgN, __nv_fp8_e4m3>::run(p, wgmma_desc_sw128(a + kk * 32), wgmma_desc_sw128(b + kk * 32),
+                                              kk > 0);
+    wgmma_commit();
+    fence_accumulators(p);
+    ++ring.g;
+  };
+  // Stage g's wgmmas (in p) are complete: hand its buffers back, then promote.
+  auto retire = [&](float (&p)[L::kAccs], int g) {
+    fence_accumulators(p);
+    if (lane == 0) mbar_arrive(&ring.empty[g % S]);
+#pragma unroll
+    for (int i = 0; i < L::kAccs; ++i) acc[i] += p[i];
+  };
+  if (ktiles <= 0) return;
+  // Unrolled by two without branches on the parity, so that ptxas can see which set each
+  // instruction touches (with a branch per stage it serialized every wgmma).
+  issue(part0);  // stage 0
+  int kt = 1;
+  for (; kt + 1 < ktiles; kt += 2) {
+    issue(part1);     // stage kt
+    wgmma_wait<1>();  // stage kt - 1 (part0) is complete
+    retire(part0, ring.g - 2);
+    issue(part0);  // stage kt + 1
+    wgmma_wait<1>();
+    retire(part1, ring.g - 2);
+  }
+  if (kt < ktiles) {  // an even number of stages: the last one goes into part1
+    issue(part1);
+    wgmma_wait<1>();
+    retire(part0, ring.g - 2);
+    wgmma_wait<0>();
+    retire(part1, ring.g - 1);
+  } else {
+    wgmma_wait<0>();
+    retire(part0, ring.g - 1);
   }
 }
+
+// Register budgets of the FP8 kernels' roles (setmaxnreg): 128 x 40 + 256 x 232 = 64512 of
+// an SM's 65536, the 168 x 384 they launch with.
+constexpr int kFp8ProducerRegs = 40;
+constexpr int kFp8ConsumerRegs = 232;
+static_assert(128 * kFp8ProducerRegs + 256 * kFp8ConsumerRegs <= 168 * kThreads, "register budget");
 
 __device__ __forceinline__ unsigned char* aligned_stages(unsigned char* smem) {
   const uint32_t base = smem_u32(smem);
@@ -256,16 +337,15 @@ __device__ __forceinline__ void for_each_tile(const Tiles& tl, int blocks, int b
 #endif
 }
 
-// GEMM1's main loop for one tile c (token tile, kBN / 2 inter columns): the consumer
-// warpgroups' gate and up accumulators. TA is the element type of both operands: bf16/f16,
-// or e4m3 (x quantized first, e4m3 weights). kGatherA: the producer warpgroup gathers the A
-// rows from x (cp.async); otherwise they were gathered before (wgmma_moe_gather into xs,
-// sorted order) and thread 0 copies them by TMA. False for the producer warpgroup, which
-// goes on to the next tile as soon as this one's loads are issued.
+// GEMM1's loads for one tile c (token tile, kBN / 2 inter columns; the producer
+// warpgroup). TA is the element type of both operands: bf16/f16, or e4m3 (x quantized
+// first, e4m3 weights). kGatherA: the producer warpgroup gathers the A rows from x
+// (cp.async); otherwise they were gathered before (wgmma_moe_gather into xs, sorted order)
+// and thread 0 copies them by TMA.
 template <typename TA, int BM, bool kGatherA>
-__device__ __forceinline__ bool gemm1_main(const TA* __restrict__ x, long long x_row_stride, const TensorMap* xs_map,
-                                           const TensorMap* w1_map, const Tiles& tl, int topk, int N, int K,
-                                           const TileCoord& c, Ring& ring, float (&acc)[Tile<BM>::kAccs]) {
+__device__ __forceinline__ void gemm1_produce(const TA* __restrict__ x, long long x_row_stride,
+                                              const TensorMap* xs_map, const TensorMap* w1_map, const Tiles& tl,
+                                              int topk, int N, int K, const TileCoord& c, Ring& ring) {
 #ifdef SWAPMOE_SM90A
   using L = Tile<BM>;
   constexpr int kCols = kBN / 2;  // inter columns per CTA tile
@@ -309,17 +389,15 @@ __device__ __forceinline__ bool gemm1_main(const TA* __restrict__ x, long long x
     }
     cp_async_arrive_noinc(bar);
   };
-  return pipeline<TA, BM, kGatherA>((K + kK - 1) / kK, ring, load, acc);
-#else
-  return false;
+  produce<BM, kGatherA>((K + kK - 1) / kK, ring, load);
 #endif
 }
 
-// GEMM2's main loop for one tile c (token tile, kBN output columns): A is the intermediate
-// in sorted order (a 2-D tensor map), B the expert's w2 rows.
+// GEMM2's loads for one tile c (token tile, kBN output columns): A is the intermediate in
+// sorted order (a 2-D tensor map), B the expert's w2 rows.
 template <typename TA, int BM>
-__device__ __forceinline__ bool gemm2_main(const TensorMap* inter_map, const TensorMap* w2_map, int N,
-                                           const TileCoord& c, Ring& ring, float (&acc)[Tile<BM>::kAccs]) {
+__device__ __forceinline__ void gemm2_produce(const TensorMap* inter_map, const TensorMap* w2_map, int N,
+                                              const TileCoord& c, Ring& ring) {
 #ifdef SWAPMOE_SM90A
   using L = Tile<BM>;
   constexpr int kK = kStageK<TA>;
@@ -330,9 +408,57 @@ __device__ __forceinline__ bool gemm2_main(const TensorMap* inter_map, const Ten
     tma_load_2d(a, inter_map, k0, c.start, bar);
     tma_load_3d(b, w2_map, k0, r0, c.expert, bar);
   };
-  return pipeline<TA, BM, false>((N + kK - 1) / kK, ring, load, acc);
+  produce<BM, false>((N + kK - 1) / kK, ring, load);
+#endif
+}
+
+// The main loops of the bf16/f16 GEMMs for one tile, both roles: the consumer warpgroups'
+// accumulators (GEMM1: gate and up), or false for the producer warpgroup, which goes on to
+// the next tile as soon as this one's loads are issued.
+template <typename T, int BM, bool kGatherA>
+__device__ __forceinline__ bool gemm1_main(const T* __restrict__ x, long long x_row_stride, const TensorMap* xs_map,
+                                           const TensorMap* w1_map, const Tiles& tl, int topk, int N, int K,
+                                           const TileCoord& c, Ring& ring, float (&acc)[Tile<BM>::kAccs]) {
+#ifdef SWAPMOE_SM90A
+  if (threadIdx.x < 128) {
+    gemm1_produce<T, BM, kGatherA>(x, x_row_stride, xs_map, w1_map, tl, topk, N, K, c, ring);
+    return false;
+  }
+  consume<T, BM, kGatherA>((K + kStageK<T> - 1) / kStageK<T>, ring, acc);
+  return true;
 #else
   return false;
+#endif
+}
+template <typename T, int BM>
+__device__ __forceinline__ bool gemm2_main(const TensorMap* inter_map, const TensorMap* w2_map, int N,
+                                           const TileCoord& c, Ring& ring, float (&acc)[Tile<BM>::kAccs]) {
+#ifdef SWAPMOE_SM90A
+  if (threadIdx.x < 128) {
+    gemm2_produce<T, BM>(inter_map, w2_map, N, c, ring);
+    return false;
+  }
+  consume<T, BM, false>((N + kStageK<T> - 1) / kStageK<T>, ring, acc);
+  return true;
+#else
+  return false;
+#endif
+}
+
+// The FP8 kernels' roles, split once per CTA so that each can take its register budget
+// (setmaxnreg): the producer warpgroup runs produce_tile(c) for each of the CTA's tiles, the
+// consumers consume_tile(c) (main loop and epilogue), in the same tile order.
+template <typename Produce, typename Consume>
+__device__ __forceinline__ void fp8_roles(const Tiles& tl, int blocks, int bm, Produce produce_tile,
+                                          Consume consume_tile) {
+#ifdef SWAPMOE_SM90A
+  if (threadIdx.x < 128) {
+    setmaxnreg_dec<kFp8ProducerRegs>();
+    for_each_tile(tl, blocks, bm, produce_tile);
+  } else {
+    setmaxnreg_inc<kFp8ConsumerRegs>();
+    for_each_tile(tl, blocks, bm, consume_tile);
+  }
 #endif
 }
 
@@ -459,22 +585,20 @@ struct WgmmaFp8Scales {
 // kQ8 (per tensor, static a2_scale): writes the e4m3 intermediate quantized with a2_scale.
 // Otherwise it writes it in f32 and folds |inter| into inter_amax (per tensor: element 0, per
 // channel: the slot's), which the quantize-intermediate kernel turns into the dynamic scale.
-// One tile of it (the kernel loops over its tiles).
+// The consumer warpgroups' side of one tile: main loop and epilogue.
 template <int SCHEME, int BM, bool kQ8>
-__device__ __forceinline__ void fp8_gemm1_tile(const uint8_t* __restrict__ xq, long long xq_row,
-                                               const TensorMap* w1_map, const WgmmaFp8Scales& sc,
+__device__ __forceinline__ void fp8_gemm1_tile(const WgmmaFp8Scales& sc,
                                                const void* __restrict__ topk_weights, int topk_weights_code,
                                                long long topk_weights_row_stride, const Tiles& tl, int topk, int N,
                                                int K, int act, int weight_on_input, void* __restrict__ inter,
                                                const TileCoord& c, Ring& ring) {
+#ifdef SWAPMOE_SM90A  // consume_fp8 is sm_90a code
   static_assert(SCHEME == kQTensor || SCHEME == kQChannel, "per-tensor or per-channel weight scales");
   static_assert(!kQ8 || SCHEME == kQTensor, "a static intermediate scale is per tensor");
   using L = Tile<BM>;
   using E4 = __nv_fp8_e4m3;
   float acc[L::kAccs];
-  if (!gemm1_main<E4, BM, true>(reinterpret_cast<const E4*>(xq), xq_row, nullptr, w1_map, tl, topk, N, K, c, ring,
-                                acc))
-    return;
+  consume_fp8<BM, true>((K + kStageK<E4> - 1) / kStageK<E4>, ring, acc);
   const Frag<BM> f;
   const int col0 = c.block * (kBN / 2) + L::gemm1_col_base(f.cw);
   constexpr int kGateBlocks = L::kWgN / 16;
@@ -543,6 +667,7 @@ __device__ __forceinline__ void fp8_gemm1_tile(const uint8_t* __restrict__ xq, l
     amax = __reduce_max_sync(0xffffffffu, amax);
     if (f.lane == 0 && amax) atomicMax(reinterpret_cast<unsigned*>(sc.inter_amax), amax);
   }
+#endif
 }
 
 template <int SCHEME, int BM, bool kQ8>
@@ -552,10 +677,16 @@ __device__ __forceinline__ void fp8_gemm1(const uint8_t* __restrict__ xq, long l
                                           int topk, int N, int K, int act, int weight_on_input,
                                           void* __restrict__ inter) {
   Ring ring = gemm1_ring<BM, true>(nullptr, w1_map);
-  for_each_tile(tl, (N + kBN / 2 - 1) / (kBN / 2), BM, [&](const TileCoord& c) {
-    fp8_gemm1_tile<SCHEME, BM, kQ8>(xq, xq_row, w1_map, sc, topk_weights, topk_weights_code, topk_weights_row_stride,
-                                    tl, topk, N, K, act, weight_on_input, inter, c, ring);
-  });
+  fp8_roles(
+      tl, (N + kBN / 2 - 1) / (kBN / 2), BM,
+      [&](const TileCoord& c) {
+        gemm1_produce<__nv_fp8_e4m3, BM, true>(reinterpret_cast<const __nv_fp8_e4m3*>(xq), xq_row, nullptr, w1_map,
+                                               tl, topk, N, K, c, ring);
+      },
+      [&](const TileCoord& c) {
+        fp8_gemm1_tile<SCHEME, BM, kQ8>(sc, topk_weights, topk_weights_code, topk_weights_row_stride, tl, topk, N, K,
+                                        act, weight_on_input, inter, c, ring);
+      });
 }
 
 // inter_q[p, :] = e4m3(inter[p, :]) with the dynamic scale of GEMM1's absmax (per tensor:
@@ -584,17 +715,18 @@ __device__ __forceinline__ void fp8_quant_inter(const float* __restrict__ inter,
 }
 
 // GEMM2: y[slot, r] = w(slot) * s2 * w2_scale * (inter_q[p] . w2_q[e, r]), s2 the
-// intermediate's scale (static, or from the absmax), in the activation dtype.
+// intermediate's scale (static, or from the absmax), in the activation dtype. The consumer
+// warpgroups' side of one tile.
 template <typename T, int SCHEME, int BM>
-__device__ __forceinline__ void fp8_gemm2_tile(const TensorMap* inter_map, const TensorMap* w2_map,
-                                               const WgmmaFp8Scales& sc, const void* __restrict__ topk_weights,
+__device__ __forceinline__ void fp8_gemm2_tile(const WgmmaFp8Scales& sc, const void* __restrict__ topk_weights,
                                                int topk_weights_code, long long topk_weights_row_stride,
                                                const Tiles& tl, int topk, int N, int K, int weight_on_input,
                                                T* __restrict__ y, const TileCoord& c, Ring& ring) {
+#ifdef SWAPMOE_SM90A  // consume_fp8 is sm_90a code
   static_assert(SCHEME == kQTensor || SCHEME == kQChannel, "per-tensor or per-channel weight scales");
   using L = Tile<BM>;
   float acc[L::kAccs];
-  if (!gemm2_main<__nv_fp8_e4m3, BM>(inter_map, w2_map, N, c, ring, acc)) return;
+  consume_fp8<BM, false>((N + kStageK<__nv_fp8_e4m3> - 1) / kStageK<__nv_fp8_e4m3>, ring, acc);
   const Frag<BM> f;
   const int col0 = c.block * kBN + L::gemm2_col_base(f.cw);
   const float* ws = sc.w_scale + (long long)c.expert * sc.w_scale_expert;
@@ -628,6 +760,7 @@ __device__ __forceinline__ void fp8_gemm2_tile(const TensorMap* inter_map, const
       *reinterpret_cast<uint32_t*>(out + col) = *reinterpret_cast<const uint32_t*>(pair);
     }
   }
+#endif
 }
 
 template <typename T, int SCHEME, int BM>
@@ -636,10 +769,13 @@ __device__ __forceinline__ void fp8_gemm2(const TensorMap* inter_map, const Tens
                                           long long topk_weights_row_stride, const Tiles& tl, int topk, int N, int K,
                                           int weight_on_input, T* __restrict__ y) {
   Ring ring = gemm2_ring<BM>(inter_map, w2_map);
-  for_each_tile(tl, (K + kBN - 1) / kBN, BM, [&](const TileCoord& c) {
-    fp8_gemm2_tile<T, SCHEME, BM>(inter_map, w2_map, sc, topk_weights, topk_weights_code, topk_weights_row_stride,
-                                  tl, topk, N, K, weight_on_input, y, c, ring);
-  });
+  fp8_roles(
+      tl, (K + kBN - 1) / kBN, BM,
+      [&](const TileCoord& c) { gemm2_produce<__nv_fp8_e4m3, BM>(inter_map, w2_map, N, c, ring); },
+      [&](const TileCoord& c) {
+        fp8_gemm2_tile<T, SCHEME, BM>(sc, topk_weights, topk_weights_code, topk_weights_row_stride, tl, topk, N, K,
+                                      weight_on_input, y, c, ring);
+      });
 }
 
 // out[t, c .. c + 8) = sum over k, in k order, of y[t * topk + k, c .. c + 8) for the slots
@@ -743,9 +879,8 @@ SWAPMOE_WGMMA_INSTANTIATE(f16, __half, 128)
 // FP8 W8A8: wgmma_moe_fp8_gemm1_{tensor,channel}_t<BM> (f32 intermediate and its absmax),
 // wgmma_moe_fp8_gemm1_tensor_q8_t<BM> (e4m3 intermediate, static a2_scale),
 // wgmma_moe_fp8_quant_inter_{tensor,channel}, and wgmma_moe_fp8_gemm2_{bf16,f16}_{scheme}_t<BM>.
-// Token tile 64 only (`WGMMA_FP8_TOKEN_TILE`): the promotion's second set of accumulators
-// takes 144 registers per thread there; at 128 (m64n256 per warpgroup) it would need 256
-// and spills at the 168 that 384 threads leave.
+// Token tiles 64 and 128 (`WGMMA_FP8_TOKEN_TILES`); the consumers run with 232 registers
+// per thread (setmaxnreg) for the promotion's accumulators (consume_fp8).
 #define SWAPMOE_WGMMA_FP8_GEMM1(NAME, SCHEME, BM, Q8)                                                             \
   extern "C" __global__ void __launch_bounds__(swapmoe::kThreads, 1) NAME(                                       \
       const uint8_t* xq, long long xq_row, const __grid_constant__ swapmoe::TensorMap w1_map,                     \
@@ -774,6 +909,7 @@ SWAPMOE_WGMMA_INSTANTIATE(f16, __half, 128)
   SWAPMOE_WGMMA_FP8_GEMM2(f16, __half, tensor, swapmoe::kQTensor, BM)                                             \
   SWAPMOE_WGMMA_FP8_GEMM2(f16, __half, channel, swapmoe::kQChannel, BM)
 SWAPMOE_WGMMA_FP8_TILE(64)
+SWAPMOE_WGMMA_FP8_TILE(128)
 
 #define SWAPMOE_WGMMA_FP8_QUANT_INTER(NAME, SCHEME)                                                               \
   extern "C" __global__ void __launch_bounds__(swapmoe::kQuantInterThreads) wgmma_moe_fp8_quant_inter_##NAME(     \

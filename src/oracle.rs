@@ -384,10 +384,10 @@ pub enum KernelId {
     WgmmaFp8Gemm2(DType, QuantScheme, usize),
 }
 
-/// The token tile of cuda_wgmma's FP8 GEMMs (the only one built): each stage's e4m3 wgmmas
-/// go into a second set of accumulators that is added to the f32 sums (promotion), which at
-/// 64 rows takes 144 registers per thread and at 128 would spill.
-pub const WGMMA_FP8_TOKEN_TILE: usize = 64;
+/// The token tiles of cuda_wgmma's FP8 GEMMs (the bf16 ones': `WGMMA_TOKEN_TILES`). Each
+/// stage's e4m3 wgmmas go into a second set of accumulators that is added to the f32 sums
+/// (promotion); the consumer warpgroups take 232 registers per thread for them (setmaxnreg).
+pub const WGMMA_FP8_TOKEN_TILES: [usize; 2] = WGMMA_TOKEN_TILES;
 /// The FP8 schemes cuda_wgmma is built for: the scales apply in its epilogues.
 pub const WGMMA_FP8_SCHEMES: [QuantScheme; 2] = [QuantScheme::Tensor, QuantScheme::Channel];
 
@@ -469,6 +469,8 @@ impl KernelId {
         + 2 * 4
         + 3
         + 2
+        + 2 * 2
+        + 3
         + 2 * 2;
 
     pub fn module(&self) -> &'static str {
@@ -602,11 +604,14 @@ impl KernelId {
             KernelId::SwapFp8StaticGemm2Sum(d, t) => {
                 190 + swap_fp8_slot(QuantScheme::Tensor, t) + 4 * usize::from(d == DType::F16)
             }
-            // One token tile (WGMMA_FP8_TOKEN_TILE).
-            KernelId::WgmmaFp8Gemm1(q, _, q8) => 198 + if q8 { 2 } else { q.code() as usize },
+            KernelId::WgmmaFp8Gemm1(q, t, q8) => {
+                198 + if q8 { 2 } else { q.code() as usize } + 9 * usize::from(t == 128)
+            }
             KernelId::WgmmaFp8QuantInter(q) => 201 + q.code() as usize,
-            KernelId::WgmmaFp8Gemm2(d, q, _) => {
-                203 + q.code() as usize + 2 * usize::from(d == DType::F16)
+            KernelId::WgmmaFp8Gemm2(d, q, t) => {
+                203 + q.code() as usize
+                    + 2 * usize::from(d == DType::F16)
+                    + 7 * usize::from(t == 128)
             }
         }
     }
@@ -702,15 +707,18 @@ impl KernelId {
                 v.push(KernelId::SwapFp8StaticGemm2Sum(d, t));
             }
         }
-        let t = WGMMA_FP8_TOKEN_TILE;
         for q in WGMMA_FP8_SCHEMES {
             v.push(KernelId::WgmmaFp8QuantInter(q));
-            v.push(KernelId::WgmmaFp8Gemm1(q, t, false));
-            for d in [DType::BF16, DType::F16] {
-                v.push(KernelId::WgmmaFp8Gemm2(d, q, t));
-            }
         }
-        v.push(KernelId::WgmmaFp8Gemm1(QuantScheme::Tensor, t, true));
+        for t in WGMMA_FP8_TOKEN_TILES {
+            for q in WGMMA_FP8_SCHEMES {
+                v.push(KernelId::WgmmaFp8Gemm1(q, t, false));
+                for d in [DType::BF16, DType::F16] {
+                    v.push(KernelId::WgmmaFp8Gemm2(d, q, t));
+                }
+            }
+            v.push(KernelId::WgmmaFp8Gemm1(QuantScheme::Tensor, t, true));
+        }
         v
     }
 }
@@ -1170,9 +1178,9 @@ fn heuristic(c: &mut Candidates) -> Backend {
         c.reasons.push(format!("cuda_wgmma: rejected, {why}"));
     }
     if fp8_wgmma {
-        c.reasons.push(format!(
-            "cuda_wgmma: FP8 past the swap-AB kernels' range, so the e4m3 wgmma GEMMs (token tile {WGMMA_FP8_TOKEN_TILE}): they measured faster than the FP8 decode and SIMT kernels at every M of the three public shapes on the H200"
-        ));
+        c.reasons.push(
+            "cuda_wgmma: FP8 past the swap-AB kernels' range, so the e4m3 wgmma GEMMs: they measured faster than the FP8 decode and SIMT kernels at every M of the three public shapes on the H200".into(),
+        );
         return Backend::CudaWgmma;
     }
     if decode_range {
@@ -2057,7 +2065,7 @@ impl<'a> Candidates<'a> {
         self.eligible(b)?;
         if let Some(t) = tile {
             let built: &[usize] = if b == Backend::CudaWgmma && self.p.quant.is_some() {
-                &[WGMMA_FP8_TOKEN_TILE]
+                &WGMMA_FP8_TOKEN_TILES
             } else if b == Backend::CudaWgmma {
                 &WGMMA_TOKEN_TILES
             } else {
@@ -2233,12 +2241,7 @@ impl<'a> Candidates<'a> {
             }
             (Backend::CudaWgmma, Some(q)) => {
                 (ctas, wgmma_persistent) = wgmma_grids(self.p, self.hopper_sms, 128, &mut reasons);
-                let tile = WGMMA_FP8_TOKEN_TILE;
-                if wgmma_tile != tile {
-                    reasons.push(format!(
-                        "cuda_wgmma: FP8 token tile {tile}, not {wgmma_tile}: the FP8 GEMMs are built for {tile} rows only (their promotion to f32 every 128 of K needs a second set of accumulators, which at 128 rows would spill)"
-                    ));
-                }
+                let tile = wgmma_tile;
                 let q8 = q.static_intermediate();
                 reasons.push(format!(
                     "cuda_wgmma: FP8, token tiles of {tile} rows in expert order, e4m3 weights by TMA, warp-specialized e4m3 wgmma GEMMs, 128 of K per stage ({WGMMA_GEMM1_COLUMNS} inter columns per GEMM1 CTA, {WGMMA_GEMM2_COLUMNS} output columns per GEMM2 CTA); x quantized first; {}",
@@ -4007,7 +4010,7 @@ mod tests {
                     .concat()
                 );
                 // Dynamic per-tensor scales: GEMM1 writes f32 rows and their absmax, one
-                // kernel quantizes them; the wgmma FP8 GEMMs have token tile 64 only.
+                // kernel quantizes them; 1024 slots per expert take token tile 128.
                 let dynamic = plan_for_shape(
                     4096,
                     8,
@@ -4022,12 +4025,14 @@ mod tests {
                 )
                 .unwrap();
                 assert_eq!(dynamic.backend, Backend::CudaWgmma);
-                assert_eq!(dynamic.tokens_per_pass, WGMMA_FP8_TOKEN_TILE);
+                assert_eq!(dynamic.tokens_per_pass, 128);
                 assert!(dynamic.kernels.contains(&KernelId::WgmmaFp8QuantInter(q)));
                 assert!(dynamic
                     .kernels
-                    .contains(&KernelId::WgmmaFp8Gemm1(q, 64, false)));
-                assert!(has(&dynamic, &["cuda_wgmma: FP8 token tile 64, not 128"]));
+                    .contains(&KernelId::WgmmaFp8Gemm1(q, 128, false)));
+                assert!(dynamic
+                    .kernels
+                    .contains(&KernelId::WgmmaFp8Gemm2(DType::BF16, q, 128)));
                 // Ada: no wgmma
                 let ada = shape(1024, 2048, 768, DType::BF16, &l40s);
                 assert_eq!(ada.backend, Backend::CudaGeneric);

@@ -375,7 +375,7 @@ def test_labels_and_candidates():
                                             "cuda_wgmma:t64", "cuda_wgmma:t128", "cuda_generic"]
     assert T.swapmoe_candidates("fp32") == ["cuda_decode", "cuda_generic"]
     for quant in ("fp8_tensor", "fp8_channel", "fp8_block128"):  # cuda_mma has no FP8 kernels
-        wgmma = ["cuda_wgmma:t64"] if quant != "fp8_block128" else []
+        wgmma = ["cuda_wgmma:t64", "cuda_wgmma:t128"] if quant != "fp8_block128" else []
         assert T.swapmoe_candidates("bf16", quant) == ["cuda_decode", "cuda_wgmma_swap"] + wgmma + ["cuda_generic"]
         assert T.swapmoe_candidates("fp32", quant) == ["cuda_decode", "cuda_generic"]
 
@@ -724,6 +724,7 @@ class FakeFp8Runner(FakeRunner):
         self.timed.append((label, M))
         base = {"cuda_decode": 30.0 if M == 1 else 40.0 * M, "cuda_generic": 35.0 + 3.0 * M,
                 "cuda_wgmma_swap": 100.0 + 50.0 * M, "cuda_wgmma:t64": 300.0 + 1.0 * M,
+                "cuda_wgmma:t128": 310.0 + 1.0 * M,
                 "vllm_triton": 60.0 + 2.0 * M}
         return base[label], "graph"
 
@@ -738,7 +739,7 @@ def test_fp8_sweep_writes_a_table_the_oracle_follows(quant, tmp_path, monkeypatc
     runner = FakeFp8Runner(quant=quant)
     [s] = T.sweep(plans, runner)
     # cuda_wgmma's FP8 GEMMs take per-tensor and per-channel scales (the oracle refuses blocks)
-    wgmma = {"cuda_wgmma:t64"} if quant != "fp8_block128" else set()
+    wgmma = {"cuda_wgmma:t64", "cuda_wgmma:t128"} if quant != "fp8_block128" else set()
     assert {lb for lb, _ in runner.timed} == {"cuda_decode", "cuda_wgmma_swap", "cuda_generic", "vllm_triton"} | wgmma
     key = {"fp8_tensor": "dtype=fp8_w8a8.json", "fp8_channel": "dtype=fp8_w8a8;per_channel=true.json",
            "fp8_block128": "dtype=fp8_w8a8;block_shape=[128;128].json"}[quant]
@@ -806,7 +807,7 @@ def test_fp8_gpu_runner_builds_bench_inputs_and_checks_on_the_cpu(quant, monkeyp
     shape = T.B.shard_shape("t", 8, 2, 256, 200, 1, 2)  # expert parallel, a partial 128-block
     runner = T.GpuRunner(torch, torch.device("cpu"), "bf16", 2, 0, H200, (9, 0), T.make_vllm_fp8_impl(fe, qc),
                          lambda s: None, quant)
-    wgmma = ["cuda_wgmma:t64"] if quant != "fp8_block128" else []
+    wgmma = ["cuda_wgmma:t64", "cuda_wgmma:t128"] if quant != "fp8_block128" else []
     assert runner.labels == ["cuda_decode", "cuda_wgmma_swap"] + wgmma + ["cuda_generic", "vllm_triton"]
     runner.start_shape(shape)
     try:

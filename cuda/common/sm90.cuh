@@ -145,6 +145,16 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
+// Sets this warpgroup's registers per thread (a multiple of 8, 24-256); every warp of the
+// warpgroup executes it. dec gives registers back to the SM's pool, inc waits for them.
+template <int R>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(R));
+}
+template <int R>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(R));
+}
 #endif
 
 // Keeps the compiler from moving accumulator reads or writes across an asynchronous wgmma.

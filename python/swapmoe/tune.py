@@ -61,7 +61,6 @@ ENV_TABLES = "SWAPMOE_TABLES_DIR"
 #: takes per-tensor and per-channel scales only (FP8_WGMMA_QUANTS)
 FP8_BACKENDS: Tuple[str, ...] = ("cuda_decode", "cuda_wgmma_swap", "cuda_wgmma", "cuda_generic")
 FP8_WGMMA_QUANTS: Tuple[str, ...] = ("fp8_tensor", "fp8_channel")
-FP8_WGMMA_TILE = 64
 #: FP8 needs native e4m3 conversions (the oracle refuses FP8 below sm_89)
 FP8_MIN_CAPABILITY = (8, 9)
 #: where vLLM 0.33 builds the quant config its fused_experts takes for FP8 W8A8
@@ -113,8 +112,8 @@ def swapmoe_candidates(dtype: str, quant: str = "none") -> List[str]:
         labels = ["cuda_decode"]
         if dtype in ("bf16", "fp16"):
             labels.append("cuda_wgmma_swap")
-            if quant in FP8_WGMMA_QUANTS:  # its FP8 GEMMs are built for token tile 64 only
-                labels.append(candidate_label("cuda_wgmma", FP8_WGMMA_TILE))
+            if quant in FP8_WGMMA_QUANTS:  # its FP8 GEMMs: both token tiles
+                labels += [candidate_label("cuda_wgmma", t) for t in WGMMA_TILES]
         labels.append("cuda_generic")
         return labels
     labels = ["cuda_decode"]
