@@ -79,6 +79,20 @@ for step in "$@"; do
           -k regex:'fp8|swap' python3 benches/profile_case.py $m ${PROFILE_SHAPE:-qwen3} > "$OUT/ncu_fp8_m$m.txt" 2>&1
         echo "ncu fp8 M=$m: exit $?"; grep -E "swap_moe|swapmoe_fp8|Duration|DRAM Throughput|Registers Per|Grid Size" "$OUT/ncu_fp8_m$m.txt" | head -40
       done ;;
+    ncu-wgmma)
+      # the prefill wgmma GEMMs per "shape:M:quant" of $NCU_WGMMA_CASES (quant none = bf16): speed of
+      # light, compute (tensor pipe), shared memory, warp stalls; a summary to stdout
+      for c in ${NCU_WGMMA_CASES:-mixtral:4096:fp8_tensor mixtral:4096:none}; do
+        IFS=: read -r shape m quant <<< "$c"
+        f="/tmp/ncu_wgmma_${shape}_m${m}_${quant}.txt"
+        env $([ "$quant" != none ] && echo PROFILE_QUANT=$quant) PROFILE_BACKENDS=cuda_wgmma PROFILE_ROUTER=0 \
+          ncu --clock-control none --section SpeedOfLight --section ComputeWorkloadAnalysis \
+          --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section LaunchStats \
+          --section Occupancy -k regex:'wgmma_moe_.*gemm' -c 4 python3 benches/profile_case.py $m $shape > "$f" 2>&1
+        echo "ncu $c: exit $?"
+        grep -E "wgmma_moe_|Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Registers Per|Local Memory|Shared Memory Throughput|Issue Slots Busy|No Eligible|Stall|Tensor" "$f" | head -60
+      done
+      tar czf "$OUT/ncu_wgmma.tgz" -C /tmp $(cd /tmp && ls ncu_wgmma_*.txt) ;;
     routing) python3 benches/routing_bench.py --m ${ROUTING_M:-1,8,64} --json "$OUT/routing.json" 2>&1 | tee "$OUT/routing.txt" ;;
     pytest) python3 -m pytest -m gpu -q -p no:cacheprovider ${PYTEST_FILES:-tests} 2>&1 | tee "$OUT/pytest_gpu.txt" | tail -25 ;;
     pytest-all) python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest_all.txt" | tail -25 ;;

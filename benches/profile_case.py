@@ -1,5 +1,5 @@
-"""One MoE layer per decode backend, for Nsight Compute (issue 5's next step: what limits
-the decode kernels), plus fused_moe's router. Shape: qwen3 (default) or deepseek.
+"""One MoE layer per backend, for Nsight Compute (what limits the decode kernels and the
+prefill wgmma GEMMs), plus fused_moe's router. Shape: qwen3 (default), deepseek or mixtral.
 $PROFILE_BACKENDS (comma-separated, default cuda_decode,cuda_bulk_decode) picks the backends;
 $PROFILE_ROUTER=0 leaves out fused_moe. $PROFILE_QUANT=fp8_tensor|fp8_channel|fp8_block128 runs FP8
 weights instead (static per-tensor activation scales, as `swapmoe bench` calibrates them).
@@ -15,7 +15,8 @@ import torch
 import swapmoe
 
 M = int(sys.argv[1]) if len(sys.argv) > 1 else 1
-SHAPES = {"qwen3": (128, 8, 2048, 768), "deepseek": (256, 8, 7168, 256)}
+SHAPES = {"qwen3": (128, 8, 2048, 768), "deepseek": (256, 8, 7168, 256), "mixtral": (8, 2, 4096, 14336)}
+SLOT_CAPS = {"cuda_bulk_decode": 64, "cuda_decode": 512}  # the decode backends' largest M * topk
 E, TOPK, K, N = SHAPES[sys.argv[2] if len(sys.argv) > 2 else "qwen3"]
 g = torch.Generator(device="cuda").manual_seed(0)
 w1 = (torch.randn(E, 2 * N, K, device="cuda", generator=g) / K**0.5).to(torch.bfloat16)
@@ -37,7 +38,7 @@ if QUANT:
     fp8 = B.fp8_kwargs(QUANT, s1, s2, static, static)
 
 for backend in os.environ.get("PROFILE_BACKENDS", "cuda_decode,cuda_bulk_decode").split(","):
-    if M * TOPK > (64 if backend == "cuda_bulk_decode" else 512):
+    if M * TOPK > SLOT_CAPS.get(backend, M * TOPK):
         continue
     for _ in range(2):
         flush.zero_()  # L2 cold, as in the benchmark
