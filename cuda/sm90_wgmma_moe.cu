@@ -586,7 +586,7 @@ struct WgmmaFp8Scales {
 // Otherwise it writes it in f32 and folds |inter| into inter_amax (per tensor: element 0, per
 // channel: the slot's), which the quantize-intermediate kernel turns into the dynamic scale.
 // The consumer warpgroups' side of one tile: main loop and epilogue.
-template <int SCHEME, int BM, bool kQ8>
+template <int SCHEME, int BM, bool kQ8, bool kGatherA>
 __device__ __forceinline__ void fp8_gemm1_tile(const WgmmaFp8Scales& sc,
                                                const void* __restrict__ topk_weights, int topk_weights_code,
                                                long long topk_weights_row_stride, const Tiles& tl, int topk, int N,
@@ -598,7 +598,7 @@ __device__ __forceinline__ void fp8_gemm1_tile(const WgmmaFp8Scales& sc,
   using L = Tile<BM>;
   using E4 = __nv_fp8_e4m3;
   float acc[L::kAccs];
-  consume_fp8<BM, true>((K + kStageK<E4> - 1) / kStageK<E4>, ring, acc);
+  consume_fp8<BM, kGatherA>((K + kStageK<E4> - 1) / kStageK<E4>, ring, acc);
   const Frag<BM> f;
   const int col0 = c.block * (kBN / 2) + L::gemm1_col_base(f.cw);
   constexpr int kGateBlocks = L::kWgN / 16;
@@ -670,22 +670,24 @@ __device__ __forceinline__ void fp8_gemm1_tile(const WgmmaFp8Scales& sc,
 #endif
 }
 
-template <int SCHEME, int BM, bool kQ8>
-__device__ __forceinline__ void fp8_gemm1(const uint8_t* __restrict__ xq, long long xq_row, const TensorMap* w1_map,
-                                          WgmmaFp8Scales sc, const void* __restrict__ topk_weights,
-                                          int topk_weights_code, long long topk_weights_row_stride, const Tiles& tl,
-                                          int topk, int N, int K, int act, int weight_on_input,
-                                          void* __restrict__ inter) {
-  Ring ring = gemm1_ring<BM, true>(nullptr, w1_map);
+// kGatherA: the producer gathers the tile's rows of xq (cp.async); otherwise they were
+// gathered into sorted order before (wgmma_moe_gather over xq) and come by TMA (xs_map).
+template <int SCHEME, int BM, bool kQ8, bool kGatherA>
+__device__ __forceinline__ void fp8_gemm1(const uint8_t* __restrict__ xq, long long xq_row, const TensorMap* xs_map,
+                                          const TensorMap* w1_map, WgmmaFp8Scales sc,
+                                          const void* __restrict__ topk_weights, int topk_weights_code,
+                                          long long topk_weights_row_stride, const Tiles& tl, int topk, int N, int K,
+                                          int act, int weight_on_input, void* __restrict__ inter) {
+  Ring ring = gemm1_ring<BM, kGatherA>(xs_map, w1_map);
   fp8_roles(
       tl, (N + kBN / 2 - 1) / (kBN / 2), BM,
       [&](const TileCoord& c) {
-        gemm1_produce<__nv_fp8_e4m3, BM, true>(reinterpret_cast<const __nv_fp8_e4m3*>(xq), xq_row, nullptr, w1_map,
-                                               tl, topk, N, K, c, ring);
+        gemm1_produce<__nv_fp8_e4m3, BM, kGatherA>(reinterpret_cast<const __nv_fp8_e4m3*>(xq), xq_row, xs_map,
+                                                   w1_map, tl, topk, N, K, c, ring);
       },
       [&](const TileCoord& c) {
-        fp8_gemm1_tile<SCHEME, BM, kQ8>(sc, topk_weights, topk_weights_code, topk_weights_row_stride, tl, topk, N, K,
-                                        act, weight_on_input, inter, c, ring);
+        fp8_gemm1_tile<SCHEME, BM, kQ8, kGatherA>(sc, topk_weights, topk_weights_code, topk_weights_row_stride, tl,
+                                                  topk, N, K, act, weight_on_input, inter, c, ring);
       });
 }
 
@@ -881,16 +883,22 @@ SWAPMOE_WGMMA_INSTANTIATE(f16, __half, 128)
 // wgmma_moe_fp8_quant_inter_{tensor,channel}, and wgmma_moe_fp8_gemm2_{bf16,f16}_{scheme}_t<BM>.
 // Token tiles 64 and 128 (`WGMMA_FP8_TOKEN_TILES`); the consumers run with 232 registers
 // per thread (setmaxnreg) for the promotion's accumulators (consume_fp8).
-#define SWAPMOE_WGMMA_FP8_GEMM1(NAME, SCHEME, BM, Q8)                                                             \
+// GEMM1 in both A modes: ..._t<BM> gathers the rows of xq in the kernel, ..._t<BM>_xs reads
+// them gathered before (xs_map).
+#define SWAPMOE_WGMMA_FP8_GEMM1_ONE(NAME, SCHEME, BM, Q8, GATHER)                                                 \
   extern "C" __global__ void __launch_bounds__(swapmoe::kThreads, 1) NAME(                                       \
-      const uint8_t* xq, long long xq_row, const __grid_constant__ swapmoe::TensorMap w1_map,                     \
-      swapmoe::WgmmaFp8Scales scales, const void* topk_weights, int topk_weights_code,                            \
-      long long topk_weights_row_stride, SWAPMOE_WGMMA_TILES, int topk, int N, int K, int act,                    \
-      int weight_on_input, void* inter) {                                                                         \
+      const uint8_t* xq, long long xq_row, const __grid_constant__ swapmoe::TensorMap xs_map,                     \
+      const __grid_constant__ swapmoe::TensorMap w1_map, swapmoe::WgmmaFp8Scales scales, const void* topk_weights, \
+      int topk_weights_code, long long topk_weights_row_stride, SWAPMOE_WGMMA_TILES, int topk, int N, int K,      \
+      int act, int weight_on_input, void* inter) {                                                                \
     SWAPMOE_WGMMA_MAKE_TILES;                                                                                     \
-    swapmoe::fp8_gemm1<SCHEME, BM, Q8>(xq, xq_row, &w1_map, scales, topk_weights, topk_weights_code,              \
-                                       topk_weights_row_stride, tl, topk, N, K, act, weight_on_input, inter);     \
+    swapmoe::fp8_gemm1<SCHEME, BM, Q8, GATHER>(xq, xq_row, &xs_map, &w1_map, scales, topk_weights,                \
+                                               topk_weights_code, topk_weights_row_stride, tl, topk, N, K, act,   \
+                                               weight_on_input, inter);                                           \
   }
+#define SWAPMOE_WGMMA_FP8_GEMM1(NAME, SCHEME, BM, Q8)                                                             \
+  SWAPMOE_WGMMA_FP8_GEMM1_ONE(NAME, SCHEME, BM, Q8, true)                                                         \
+  SWAPMOE_WGMMA_FP8_GEMM1_ONE(NAME##_xs, SCHEME, BM, Q8, false)
 #define SWAPMOE_WGMMA_FP8_GEMM2(SUFFIX, T, NAME, SCHEME, BM)                                                      \
   extern "C" __global__ void __launch_bounds__(swapmoe::kThreads, 1) wgmma_moe_fp8_gemm2_##SUFFIX##_##NAME##_t##BM( \
       const __grid_constant__ swapmoe::TensorMap inter_map, const __grid_constant__ swapmoe::TensorMap w2_map,    \

@@ -147,6 +147,9 @@ pub fn resident_ctas_per_sm(smem: usize) -> usize {
 /// (H200, fused_experts back to back in a graph of 8 layers, benches/NOTES.md "First-kernel
 /// PDL"); where it takes more waves, PDL measured 0.2-0.9 us faster (qwen3-30b-a3b M = 4, 8).
 const SWAP_ONE_WAVE_FIRST_PDL_MEASURED: &str = "deepseek-v3-tp8 M = 8 took 124.0 us per layer against 141.6 with PDL (routing bench) and 162.3 against 166.2 (swapmoe bench), M = 1 31.7-32.0 against 32.0-32.1";
+/// `$SWAPMOE_WGMMA_PREGATHER` = "on" | "off" (else the N rule): whether cuda_wgmma's GEMM1
+/// reads token rows gathered beforehand (by TMA) or gathers them itself; for tuning.
+pub const WGMMA_PREGATHER_ENV: &str = "SWAPMOE_WGMMA_PREGATHER";
 /// `$SWAPMOE_SWAP_SLICES` = "g1,g2": force the K slices per stage of GEMM1 and GEMM2; for tuning.
 pub const SWAP_SLICES_ENV: &str = "SWAPMOE_SWAP_SLICES";
 /// Dynamic shared memory of a swap-AB kernel (`Stages<NT, kBoxes, kSub>::kSmemBytes`): stages
@@ -377,9 +380,10 @@ pub enum KernelId {
     SwapFp8StaticGemm1(usize),
     SwapFp8StaticGemm2Sum(DType, usize),
     /// FP8 Hopper wgmma GEMMs (cuda/sm90_wgmma_moe.cu), per-tensor or per-channel scales:
-    /// GEMM1 by (scheme, token tile, static intermediate scale: it then writes e4m3 rows);
+    /// GEMM1 by (scheme, token tile, static intermediate scale: it then writes e4m3 rows,
+    /// pre-gathered rows of the quantized input: it then reads them by TMA);
     /// the intermediate's quantization with a dynamic scale; GEMM2 also by output dtype.
-    WgmmaFp8Gemm1(QuantScheme, usize, bool),
+    WgmmaFp8Gemm1(QuantScheme, usize, bool, bool),
     WgmmaFp8QuantInter(QuantScheme),
     WgmmaFp8Gemm2(DType, QuantScheme, usize),
 }
@@ -471,7 +475,8 @@ impl KernelId {
         + 2
         + 2 * 2
         + 3
-        + 2 * 2;
+        + 2 * 2
+        + 2 * 3;
 
     pub fn module(&self) -> &'static str {
         match self {
@@ -553,10 +558,11 @@ impl KernelId {
             KernelId::SwapFp8StaticGemm2Sum(d, t) => {
                 format!("swap_moe_fp8_gemm2_sum_{}_tensor_q8_n{t}", d.suffix())
             }
-            KernelId::WgmmaFp8Gemm1(q, t, q8) => format!(
-                "wgmma_moe_fp8_gemm1_{}{}_t{t}",
+            KernelId::WgmmaFp8Gemm1(q, t, q8, pre) => format!(
+                "wgmma_moe_fp8_gemm1_{}{}_t{t}{}",
                 q.name(),
-                if q8 { "_q8" } else { "" }
+                if q8 { "_q8" } else { "" },
+                if pre { "_xs" } else { "" }
             ),
             KernelId::WgmmaFp8QuantInter(q) => format!("wgmma_moe_fp8_quant_inter_{}", q.name()),
             KernelId::WgmmaFp8Gemm2(d, q, t) => {
@@ -604,8 +610,13 @@ impl KernelId {
             KernelId::SwapFp8StaticGemm2Sum(d, t) => {
                 190 + swap_fp8_slot(QuantScheme::Tensor, t) + 4 * usize::from(d == DType::F16)
             }
-            KernelId::WgmmaFp8Gemm1(q, t, q8) => {
-                198 + if q8 { 2 } else { q.code() as usize } + 9 * usize::from(t == 128)
+            KernelId::WgmmaFp8Gemm1(q, t, q8, pre) => {
+                let variant = if q8 { 2 } else { q.code() as usize } + 3 * usize::from(t == 128);
+                if pre {
+                    214 + variant
+                } else {
+                    198 + variant % 3 + 9 * usize::from(t == 128)
+                }
             }
             KernelId::WgmmaFp8QuantInter(q) => 201 + q.code() as usize,
             KernelId::WgmmaFp8Gemm2(d, q, t) => {
@@ -626,7 +637,7 @@ impl KernelId {
             KernelId::BulkGemm1Act(_) | KernelId::BulkGemm2Sum(_) => Some(BULK_SMEM_BYTES),
             KernelId::WgmmaGemm1Act(_, tile, _)
             | KernelId::WgmmaGemm2(_, tile)
-            | KernelId::WgmmaFp8Gemm1(_, tile, _)
+            | KernelId::WgmmaFp8Gemm1(_, tile, _, _)
             | KernelId::WgmmaFp8Gemm2(_, _, tile) => Some(wgmma_smem_bytes(tile)),
             KernelId::SwapGemm1Act(_, tile, k) => Some(swap_smem_bytes(tile, 2, k)),
             KernelId::SwapGemm2Sum(_, tile, k) => Some(swap_smem_bytes(tile, 1, k)),
@@ -712,12 +723,16 @@ impl KernelId {
         }
         for t in WGMMA_FP8_TOKEN_TILES {
             for q in WGMMA_FP8_SCHEMES {
-                v.push(KernelId::WgmmaFp8Gemm1(q, t, false));
+                for pre in [false, true] {
+                    v.push(KernelId::WgmmaFp8Gemm1(q, t, false, pre));
+                }
                 for d in [DType::BF16, DType::F16] {
                     v.push(KernelId::WgmmaFp8Gemm2(d, q, t));
                 }
             }
-            v.push(KernelId::WgmmaFp8Gemm1(QuantScheme::Tensor, t, true));
+            for pre in [false, true] {
+                v.push(KernelId::WgmmaFp8Gemm1(QuantScheme::Tensor, t, true, pre));
+            }
         }
         v
     }
@@ -1100,6 +1115,25 @@ fn wgmma_grids(
     ));
     let any = persistent.0 || persistent.1;
     (if any { ctas } else { 0 }, persistent)
+}
+
+/// Whether cuda_wgmma's GEMM1 reads its token rows gathered beforehand (the gather
+/// kernel, then TMA) or gathers them itself (cp.async), with the reason:
+/// `$SWAPMOE_WGMMA_PREGATHER`, else N >= WGMMA_PREGATHER_MIN_N. `rows`: what is gathered.
+fn wgmma_pregather(p: &MoeProblem, rows: &str) -> (bool, String) {
+    let n = p.n;
+    let rule = n >= WGMMA_PREGATHER_MIN_N;
+    let why = if rule {
+        format!("gemm1: N={n} >= {WGMMA_PREGATHER_MIN_N}: {rows} are gathered once beforehand and read by TMA (the copy is small against 6N flops per element; TMA feeds the compute-bound loop better)")
+    } else {
+        format!("gemm1: N={n} < {WGMMA_PREGATHER_MIN_N}: GEMM1 gathers {rows} itself with cp.async (no gathered copy to write and read back)")
+    };
+    match std::env::var(WGMMA_PREGATHER_ENV).as_deref().map(str::trim) {
+        Ok("on") => (true, format!("gemm1: {rows} gathered beforehand and read by TMA (forced by ${WGMMA_PREGATHER_ENV}=on)")),
+        Ok("off") => (false, format!("gemm1: GEMM1 gathers {rows} itself with cp.async (forced by ${WGMMA_PREGATHER_ENV}=off)")),
+        Ok(v) if !v.is_empty() && v != "auto" => (rule, format!("{why}; ${WGMMA_PREGATHER_ENV}={v:?} ignored (expected on, off or auto)")),
+        _ => (rule, why),
+    }
 }
 
 /// The heuristics: decode for few slots spread over experts, tensor cores when the call
@@ -2251,9 +2285,14 @@ impl<'a> Candidates<'a> {
                         "GEMM1 writes the f32 intermediate and its absmax, then one kernel quantizes it with the dynamic scale"
                     }
                 ));
+                let (pre, why) = wgmma_pregather(self.p, "the quantized token rows");
+                reasons.push(why);
                 let mut v = vec![KernelId::RouteAlign];
                 fp8_front(&mut v);
-                v.push(KernelId::WgmmaFp8Gemm1(q.scheme, tile, q8));
+                if pre {
+                    v.push(KernelId::WgmmaGather);
+                }
+                v.push(KernelId::WgmmaFp8Gemm1(q.scheme, tile, q8, pre));
                 if !q8 {
                     v.push(KernelId::WgmmaFp8QuantInter(q.scheme));
                 }
@@ -2361,15 +2400,11 @@ impl<'a> Candidates<'a> {
                     (ctas, wgmma_persistent) =
                         wgmma_grids(self.p, self.hopper_sms, 64, &mut reasons);
                     let tile = wgmma_tile;
-                    let pre = self.p.n >= WGMMA_PREGATHER_MIN_N;
+                    let (pre, why) = wgmma_pregather(self.p, "the token rows");
                     reasons.push(format!(
                         "cuda_wgmma: token tiles of {tile} rows in expert order, weights by TMA, warp-specialized wgmma GEMMs ({WGMMA_GEMM1_COLUMNS} inter columns per GEMM1 CTA, {WGMMA_GEMM2_COLUMNS} output columns per GEMM2 CTA), {WGMMA_RASTER_GROUP} token tiles per raster group"
                     ));
-                    reasons.push(if pre {
-                        format!("gemm1: N={} >= {WGMMA_PREGATHER_MIN_N}: the token rows are gathered once beforehand and read by TMA (the copy is small against 6N flops per element; TMA feeds the compute-bound loop better)", self.p.n)
-                    } else {
-                        format!("gemm1: N={} < {WGMMA_PREGATHER_MIN_N}: GEMM1 gathers its token rows itself with cp.async (no gathered copy of hidden_states to write and read back)", self.p.n)
-                    });
+                    reasons.push(why);
                     let mut v = vec![KernelId::RouteAlign];
                     if pre {
                         v.push(KernelId::WgmmaGather);
@@ -3996,7 +4031,7 @@ mod tests {
                     p.kernels,
                     [
                         vec![KernelId::RouteAlign, KernelId::Fp8QuantX(DType::BF16)],
-                        vec![KernelId::WgmmaFp8Gemm1(q, 64, q8)],
+                        vec![KernelId::WgmmaFp8Gemm1(q, 64, q8, false)],
                         if q8 {
                             vec![]
                         } else {
@@ -4029,7 +4064,7 @@ mod tests {
                 assert!(dynamic.kernels.contains(&KernelId::WgmmaFp8QuantInter(q)));
                 assert!(dynamic
                     .kernels
-                    .contains(&KernelId::WgmmaFp8Gemm1(q, 128, false)));
+                    .contains(&KernelId::WgmmaFp8Gemm1(q, 128, false, true)));
                 assert!(dynamic
                     .kernels
                     .contains(&KernelId::WgmmaFp8Gemm2(DType::BF16, q, 128)));

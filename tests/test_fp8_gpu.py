@@ -443,43 +443,35 @@ WGMMA_SCHEMES = [("tensor", False), ("tensor", True), ("channel", False)]
 WGMMA_FP8_TILES = [64, 128]  # the token tiles of the FP8 wgmma GEMMs
 
 
-def _wgmma_tile(monkeypatch, tile):
+WGMMA_A_MODES = ["gather", "pregathered"]  # GEMM1 gathers xq's rows itself, or reads them gathered by TMA
+
+
+def _wgmma_tile(monkeypatch, tile, a_mode="gather"):
     """Forces cuda_wgmma's token tile (64: two sets of promotion accumulators alternate;
-    128: each stage in two halves of columns)."""
+    128: each stage in two halves of columns) and GEMM1's A mode."""
     monkeypatch.setenv("SWAPMOE_MMA_TOKEN_TILE", str(tile))
+    monkeypatch.setenv("SWAPMOE_WGMMA_PREGATHER", "on" if a_mode == "pregathered" else "off")
 
 
 @needs_sm90
+@pytest.mark.parametrize("a_mode", WGMMA_A_MODES)
 @pytest.mark.parametrize("tile", WGMMA_FP8_TILES, ids=lambda t: f"t{t}")
 @pytest.mark.parametrize("case", WGMMA_CASES, ids=lambda c: c.id)
 @pytest.mark.parametrize("scheme", WGMMA_SCHEMES, ids=_scheme_id)
-def test_wgmma_backend(scheme, case, tile, rng, monkeypatch):
-    _wgmma_tile(monkeypatch, tile)
+def test_wgmma_backend(scheme, case, tile, a_mode, rng, monkeypatch):
+    _wgmma_tile(monkeypatch, tile, a_mode)
     run_fp8_case(case, scheme[0], "torch", "bfloat16", rng, device=DEV, static=scheme[1], backend="cuda_wgmma")
 
 
 @needs_sm90
-@pytest.mark.parametrize("tile", WGMMA_FP8_TILES, ids=lambda t: f"t{t}")
-@pytest.mark.parametrize("scheme", WGMMA_SCHEMES, ids=_scheme_id)
-def test_wgmma_token_tile_in_plan(scheme, tile, monkeypatch):
-    """The forced token tile reaches the plan's kernels (so the tests above run both)."""
-    _wgmma_tile(monkeypatch, tile)
-    quant = "fp8_" + scheme[0]
-    scales = "static" if scheme[1] else "dynamic"
-    plan = swapmoe.select_backend(300, 16, 4, 512, 256, quant=quant, activation_scales=scales,
-                                  backend="cuda_wgmma", device_name=torch.cuda.get_device_name())
-    assert plan.tile["tokens_per_pass"] == tile, plan.tile
-    assert all(k.endswith(f"_t{tile}") for k in plan.tile["kernels"] if "_gemm" in k), plan.tile["kernels"]
-
-
-@needs_sm90
+@pytest.mark.parametrize("a_mode", WGMMA_A_MODES)
 @pytest.mark.parametrize("tile", WGMMA_FP8_TILES, ids=lambda t: f"t{t}")
 @pytest.mark.parametrize("shape", [(256, 2048), (1024, 256)], ids=["gemm2-persistent", "gemm1-gemm2-persistent"])
 @pytest.mark.parametrize("scheme", WGMMA_SCHEMES, ids=_scheme_id)
-def test_wgmma_persistent_grids(scheme, shape, tile, rng, monkeypatch):
+def test_wgmma_persistent_grids(scheme, shape, tile, a_mode, rng, monkeypatch):
     """Persistent grids with several work items per CTA (~370 items at tile 64): GEMM2 with 2
     k-stages (N = 256), and both GEMMs (K = 256: 2 stages; N = 1024: 8)."""
-    _wgmma_tile(monkeypatch, tile)
+    _wgmma_tile(monkeypatch, tile, a_mode)
     case = _case(1200, shape, E=8, topk=2, ids="concentrated")
     run_fp8_case(case, scheme[0], "torch", "bfloat16", rng, device=DEV, static=scheme[1], backend="cuda_wgmma")
 
@@ -504,12 +496,14 @@ def test_wgmma_no_expert_at_all(scheme, rng):
 
 
 @needs_sm90
+@pytest.mark.parametrize("a_mode", WGMMA_A_MODES)
 @pytest.mark.parametrize("tile", WGMMA_FP8_TILES, ids=lambda t: f"t{t}")
 @pytest.mark.parametrize("scheme", WGMMA_SCHEMES, ids=_scheme_id)
-def test_wgmma_is_deterministic_and_graph_safe(scheme, tile, rng, monkeypatch):
+def test_wgmma_is_deterministic_and_graph_safe(scheme, tile, a_mode, rng, monkeypatch):
     """Bit-identical reruns (the absmax is an atomic max: order-free), and a CUDA graph of the
-    call replays right on fresh inputs copied into its buffers."""
-    _wgmma_tile(monkeypatch, tile)
+    call (with the gather kernel, pregathered) replays right on fresh inputs copied into its
+    buffers."""
+    _wgmma_tile(monkeypatch, tile, a_mode)
     case = _case(300, E=16, topk=4)
     prob = make_fp8_problem(rng, case, scheme[0], static=scheme[1])
     inp = to_fp8_inputs(prob, case, "torch", "bfloat16", DEV)

@@ -15,6 +15,9 @@ def _heuristics_only(monkeypatch):
     monkeypatch.delenv("SWAPMOE_BACKEND", raising=False)
     monkeypatch.delenv("SWAPMOE_MMA_TOKEN_TILE", raising=False)
     monkeypatch.delenv("SWAPMOE_FIRST_KERNEL_PDL", raising=False)
+    monkeypatch.delenv("SWAPMOE_WGMMA_PREGATHER", raising=False)
+
+
 QWEN3 = (128, 8, 2048, 768)  # E, topk, K, N
 
 
@@ -57,6 +60,41 @@ def test_tensor_cores_at_prefill_with_token_tile_from_slots_per_expert():
     p = swapmoe.select_backend(1024, *QWEN3, device_capability=(8, 0), device_name="NVIDIA A100-SXM4-80GB")
     assert p.backend == "cuda_mma" and p.tile["tokens_per_pass"] == 64
     assert any(r.startswith("cuda_wgmma: rejected") and "sm_90" in r for r in p.reasons)
+
+
+MIXTRAL = (8, 2, 4096, 14336)
+
+
+@pytest.mark.parametrize("quant", [None, "fp8_tensor", "fp8_channel"])
+def test_wgmma_token_tile_and_gemm1_a_mode(quant, monkeypatch):
+    """cuda_wgmma (bf16 and FP8): tile 128 past 192 slots per expert, GEMM1's rows gathered
+    beforehand (the gather kernel, then TMA) for N >= 4096, both forced by the environment."""
+    kw = {"quant": quant, "activation_scales": "static" if quant == "fp8_tensor" else None} if quant else {}
+    gemm1 = "wgmma_moe_fp8_gemm1" if quant else "wgmma_moe_gemm1_act"
+
+    def kernels(m, shape):
+        p = plan(m, shape, **kw)
+        assert p.backend == "cuda_wgmma", p.reasons
+        return p, [k for k in p.tile["kernels"] if k.startswith(gemm1) or k == "wgmma_moe_gather"]
+
+    p, k = kernels(4096, MIXTRAL)  # 1024 slots per expert, N = 14336
+    assert p.tile["tokens_per_pass"] == 128
+    assert k[0] == "wgmma_moe_gather" and k[1].endswith("_t128_xs"), k
+    assert any(r.startswith("gemm1: N=14336 >= 4096") for r in p.reasons)
+    p, k = kernels(1024, QWEN3)  # 64 slots per expert, N = 768
+    assert p.tile["tokens_per_pass"] == 64 and k[0].endswith("_t64"), k
+    monkeypatch.setenv("SWAPMOE_WGMMA_PREGATHER", "on")
+    monkeypatch.setenv("SWAPMOE_MMA_TOKEN_TILE", "128")
+    p, k = kernels(1024, QWEN3)
+    assert k[0] == "wgmma_moe_gather" and k[1].endswith("_t128_xs"), k
+    assert any("forced by $SWAPMOE_WGMMA_PREGATHER=on" in r for r in p.reasons)
+    monkeypatch.setenv("SWAPMOE_WGMMA_PREGATHER", "off")
+    p, k = kernels(4096, MIXTRAL)
+    assert k == [f"{k[0]}"] and k[0].endswith("_t128"), k
+    monkeypatch.setenv("SWAPMOE_WGMMA_PREGATHER", "sometimes")
+    p, k = kernels(4096, MIXTRAL)
+    assert k[0] == "wgmma_moe_gather"
+    assert any('$SWAPMOE_WGMMA_PREGATHER="sometimes" ignored' in r for r in p.reasons)
 
 
 def test_fp32_falls_back_to_generic_with_reason():

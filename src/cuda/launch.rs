@@ -874,40 +874,15 @@ fn wgmma_gemms(
     let x = o.hidden_states as u64;
     let x_row = s.hidden_row;
     let pre_gathered = plan.kernels[1] == KernelId::WgmmaGather;
-    let xs = slot_out;
     let xs_map = if pre_gathered {
-        let row_vectors = (p.k * d.size() / 16) as i32;
-        let x_row_vectors = s.hidden_row * esize as i64 / 16;
-        let local_e = p.local_experts as i32;
-        let (sorted_slots, expert_offsets, topk) = (wa.sorted_slots, wa.expert_offsets, wa.topk);
-        let mut args = params!(
-            x,
-            x_row_vectors,
-            sorted_slots,
-            expert_offsets,
-            local_e,
-            topk,
-            row_vectors,
-            xs
-        );
-        launch(
-            dev,
-            plan.kernels[1],
-            (p.slots() as u32, 1, 1),
-            WGMMA_GATHER_THREADS as u32,
-            0,
-            stream,
-            false,
-            &mut args,
-        )?;
-        tensor_map(
-            d,
-            xs,
-            &[p.k as u64, p.slots() as u64],
-            &[p.k as u64 * esize],
-            &[stage_k, wa.tile as u32],
-            "the gathered hidden_states",
-        )?
+        let rows = SortedRows {
+            src: x,
+            src_row_bytes: s.hidden_row * esize as i64,
+            dtype: d,
+            stage_k,
+            dst: slot_out,
+        };
+        rows.gather(dev, p, &wa, plan.kernels[1], stream)?
     } else {
         // unused by the kernel that gathers for itself
         unsafe { std::mem::zeroed() }
@@ -980,6 +955,66 @@ struct WgmmaFp8Scales {
     inter_amax: u64,
 }
 
+/// GEMM1's token rows copied into sorted order by the gather kernel before GEMM1 (plans
+/// that take it: wide N), into the slot-output space, which GEMM2 writes only after GEMM1
+/// has read them; GEMM1 then reads them by TMA.
+struct SortedRows {
+    /// the rows to gather: hidden_states, or (FP8) its quantized copy
+    src: u64,
+    src_row_bytes: i64,
+    dtype: DType,
+    /// elements of K per TMA box (128 bytes)
+    stage_k: u32,
+    dst: u64,
+}
+
+impl SortedRows {
+    /// Launches the gather and returns the tensor map over the gathered [S][K] rows.
+    fn gather(
+        &self,
+        dev: &DeviceState,
+        p: &MoeProblem,
+        wa: &WgmmaArgs,
+        id: KernelId,
+        stream: usize,
+    ) -> Result<sys::CUtensorMap> {
+        let esize = self.dtype.size();
+        let row_vectors = (p.k * esize / 16) as i32;
+        let src_row_vectors = self.src_row_bytes / 16;
+        let local_e = p.local_experts as i32;
+        let (src, dst) = (self.src, self.dst);
+        let (sorted_slots, expert_offsets, topk) = (wa.sorted_slots, wa.expert_offsets, wa.topk);
+        let mut args = params!(
+            src,
+            src_row_vectors,
+            sorted_slots,
+            expert_offsets,
+            local_e,
+            topk,
+            row_vectors,
+            dst
+        );
+        launch(
+            dev,
+            id,
+            (p.slots() as u32, 1, 1),
+            WGMMA_GATHER_THREADS as u32,
+            0,
+            stream,
+            false,
+            &mut args,
+        )?;
+        tensor_map(
+            self.dtype,
+            dst,
+            &[p.k as u64, p.slots() as u64],
+            &[(p.k * esize) as u64],
+            &[self.stage_k, wa.tile as u32],
+            "the gathered hidden_states",
+        )
+    }
+}
+
 /// The FP8 Hopper wgmma path after route_align (cuda/sm90_wgmma_moe.cu): quantize x, GEMM1
 /// (e4m3 wgmma over each token tile, gathering its quantized rows), the intermediate's
 /// quantization (dynamic scales; with a static a2_scale GEMM1 writes e4m3 itself), GEMM2 by
@@ -1001,7 +1036,20 @@ fn wgmma_fp8(
     let stage_k = 128u32;
 
     let gemm1 = find(plan, |k| matches!(k, KernelId::WgmmaFp8Gemm1(..)))?;
-    let static_inter = matches!(gemm1, KernelId::WgmmaFp8Gemm1(_, _, true));
+    let static_inter = matches!(gemm1, KernelId::WgmmaFp8Gemm1(_, _, true, _));
+    let xs_map = if plan.kernels.contains(&KernelId::WgmmaGather) {
+        let rows = SortedRows {
+            src: f.xq,
+            src_row_bytes: f.xq_row,
+            dtype: e4m3,
+            stage_k,
+            dst: ws(layout.slot_out),
+        };
+        rows.gather(dev, p, &wa, KernelId::WgmmaGather, stream)?
+    } else {
+        // unused by the kernel that gathers for itself
+        unsafe { std::mem::zeroed() }
+    };
     {
         let w1_map = wa.w1_map(p, e4m3, stage_k)?;
         let (w1s_e, w1s_r, _) = f.w1s_strides;
@@ -1015,7 +1063,7 @@ fn wgmma_fp8(
         };
         let inter = if static_inter { inter_q } else { f.inter };
         let mut args = wgmma_params!(
-            [f.xq, f.xq_row, w1_map, scales],
+            [f.xq, f.xq_row, xs_map, w1_map, scales],
             wa,
             [wa.act, wa.on_input, inter]
         );
