@@ -908,8 +908,9 @@ pub struct WorkspaceLayout {
     pub x_partials: usize,
     /// float32 [S, groups of N]: absmax of the intermediate (per tensor: element 0).
     pub inter_amax: usize,
-    /// FP8 only. e4m3 [S, N]: the intermediate in sorted order, quantized for cuda_wgmma's
-    /// GEMM2 (by its GEMM1 with a static scale, else by the quantize-intermediate kernel).
+    /// FP8 per-tensor and per-channel only (the schemes cuda_wgmma runs). e4m3 [S, N]: the
+    /// intermediate in sorted order, quantized for cuda_wgmma's GEMM2 (by its GEMM1 with a
+    /// static scale, else by the quantize-intermediate kernel).
     pub inter_q: usize,
     pub total: usize,
 }
@@ -979,7 +980,12 @@ impl WorkspaceLayout {
                 4 * m * q.groups(k),
                 4 * FP8_AMAX_PARTIALS,
                 4 * slots.max(1) * q.groups(n),
-                slots * n,
+                // cuda_wgmma's e4m3 intermediate: only for the schemes it runs
+                if crate::oracle::WGMMA_FP8_SCHEMES.contains(&q) {
+                    slots * n
+                } else {
+                    0
+                },
             ),
             None => (0, 0, 0, 0, 0),
         };
