@@ -229,57 +229,57 @@ __device__ __forceinline__ void consume_fp8(int ktiles, Ring& ring, float (&acc)
         for (int i = 0; i < kHalf; ++i) acc[h * kHalf + i] += part[i];
       }
     }
-    return;
-  }
-  float part0[L::kAccs], part1[L::kAccs];
-#pragma unroll
-  for (int i = 0; i < L::kAccs; ++i) acc[i] = 0.f;
-  // Issues stage ring.g's wgmmas into p (one commit group).
-  auto issue = [&](float (&p)[L::kAccs]) {
-    const int st = ring.g % S;
-    mbar_wait(&ring.full[st], (ring.g / S) & 1);
-    if (kGatherA) fence_proxy_async_shared();
-    const uint32_t a = smem_u32(ring.stages + st * L::kStageBytes) + L::a_offset(cw);
-    const uint32_t b = smem_u32(ring.stages + st * L::kStageBytes + L::kABytes) + L::b_offset(cw);
-    fence_accumulators(p);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kMmaSteps; ++kk)
-      wgmma::Mma<L::kWgN, __nv_fp8_e4m3>::run(p, wgmma_desc_sw128(a + kk * 32), wgmma_desc_sw128(b + kk * 32),
-                                              kk > 0);
-    wgmma_commit();
-    fence_accumulators(p);
-    ++ring.g;
-  };
-  // Stage g's wgmmas (in p) are complete: hand its buffers back, then promote.
-  auto retire = [&](float (&p)[L::kAccs], int g) {
-    fence_accumulators(p);
-    if (lane == 0) mbar_arrive(&ring.empty[g % S]);
-#pragma unroll
-    for (int i = 0; i < L::kAccs; ++i) acc[i] += p[i];
-  };
-  if (ktiles <= 0) return;
-  // Unrolled by two without branches on the parity, so that ptxas can see which set each
-  // instruction touches (with a branch per stage it serialized every wgmma).
-  issue(part0);  // stage 0
-  int kt = 1;
-  for (; kt + 1 < ktiles; kt += 2) {
-    issue(part1);     // stage kt
-    wgmma_wait<1>();  // stage kt - 1 (part0) is complete
-    retire(part0, ring.g - 2);
-    issue(part0);  // stage kt + 1
-    wgmma_wait<1>();
-    retire(part1, ring.g - 2);
-  }
-  if (kt < ktiles) {  // an even number of stages: the last one goes into part1
-    issue(part1);
-    wgmma_wait<1>();
-    retire(part0, ring.g - 2);
-    wgmma_wait<0>();
-    retire(part1, ring.g - 1);
   } else {
-    wgmma_wait<0>();
-    retire(part0, ring.g - 1);
+    float part0[L::kAccs], part1[L::kAccs];
+#pragma unroll
+    for (int i = 0; i < L::kAccs; ++i) acc[i] = 0.f;
+    // Issues stage ring.g's wgmmas into p (one commit group).
+    auto issue = [&](float (&p)[L::kAccs]) {
+      const int st = ring.g % S;
+      mbar_wait(&ring.full[st], (ring.g / S) & 1);
+      if (kGatherA) fence_proxy_async_shared();
+      const uint32_t a = smem_u32(ring.stages + st * L::kStageBytes) + L::a_offset(cw);
+      const uint32_t b = smem_u32(ring.stages + st * L::kStageBytes + L::kABytes) + L::b_offset(cw);
+      fence_accumulators(p);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kMmaSteps; ++kk)
+        wgmma::Mma<L::kWgN, __nv_fp8_e4m3>::run(p, wgmma_desc_sw128(a + kk * 32), wgmma_desc_sw128(b + kk * 32),
+                                                kk > 0);
+      wgmma_commit();
+      fence_accumulators(p);
+      ++ring.g;
+    };
+    // Stage g's wgmmas (in p) are complete: hand its buffers back, then promote.
+    auto retire = [&](float (&p)[L::kAccs], int g) {
+      fence_accumulators(p);
+      if (lane == 0) mbar_arrive(&ring.empty[g % S]);
+#pragma unroll
+      for (int i = 0; i < L::kAccs; ++i) acc[i] += p[i];
+    };
+    if (ktiles <= 0) return;  // (K and N are > 0: the launcher refuses empty shapes)
+    // Unrolled by two without branches on the parity, so that ptxas can see which set each
+    // instruction touches (with a branch per stage it serialized every wgmma).
+    issue(part0);  // stage 0
+    int kt = 1;
+    for (; kt + 1 < ktiles; kt += 2) {
+      issue(part1);     // stage kt
+      wgmma_wait<1>();  // stage kt - 1 (part0) is complete
+      retire(part0, ring.g - 2);
+      issue(part0);  // stage kt + 1
+      wgmma_wait<1>();
+      retire(part1, ring.g - 2);
+    }
+    if (kt < ktiles) {  // an even number of stages: the last one goes into part1
+      issue(part1);
+      wgmma_wait<1>();
+      retire(part0, ring.g - 2);
+      wgmma_wait<0>();
+      retire(part1, ring.g - 1);
+    } else {
+      wgmma_wait<0>();
+      retire(part0, ring.g - 1);
+    }
   }
 }
 
@@ -535,6 +535,32 @@ __device__ __forceinline__ void gemm1_act(const T* __restrict__ x, long long x_r
   });
 }
 
+// GEMM2's epilogue for one tile: y[slot, col] = value(acc, row(slot), col) for the consumer
+// thread's rows and column pairs (row(slot): what a row needs, read once; rows past the
+// tile's expert and columns past K are dropped), in the activation dtype.
+template <typename T, int BM, typename Row, typename Value>
+__device__ __forceinline__ void gemm2_store(const float (&acc)[Tile<BM>::kAccs], const Tiles& tl,
+                                            const TileCoord& c, int K, T* __restrict__ y, Row row, Value value) {
+  const Frag<BM> f;
+  const int col0 = c.block * kBN + Tile<BM>::gemm2_col_base(f.cw);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = f.row0 + half * 8;
+    if (r >= c.count) continue;
+    const int slot = tl.sorted_slots[c.start + r];
+    const auto rv = row(slot);
+    T* out = y + (long long)slot * K + col0;
+#pragma unroll
+    for (int j = 0; j < Tile<BM>::kWgN / 8; ++j) {
+      const int col = f.col(j);
+      if (col0 + col >= K) continue;
+      T pair[2] = {from_f32<T>(value(acc[4 * j + 2 * half], rv, col0 + col)),
+                   from_f32<T>(value(acc[4 * j + 2 * half + 1], rv, col0 + col + 1))};
+      *reinterpret_cast<uint32_t*>(out + col) = *reinterpret_cast<const uint32_t*>(pair);
+    }
+  }
+}
+
 template <typename T, int BM>
 __device__ __forceinline__ void gemm2(const TensorMap* inter_map, const TensorMap* w2_map,
                                       const void* __restrict__ topk_weights, int topk_weights_code,
@@ -545,25 +571,14 @@ __device__ __forceinline__ void gemm2(const TensorMap* inter_map, const TensorMa
   for_each_tile(tl, (K + kBN - 1) / kBN, BM, [&](const TileCoord& c) {
     float acc[L::kAccs];
     if (!gemm2_main<T, BM>(inter_map, w2_map, N, c, ring, acc)) return;
-    const Frag<BM> f;
-    const int col0 = c.block * kBN + L::gemm2_col_base(f.cw);
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = f.row0 + half * 8;
-      if (r >= c.count) continue;
-      const int slot = tl.sorted_slots[c.start + r];
-      const float w = weight_on_input
-                          ? 1.f
-                          : slot_router_weight(topk_weights, topk_weights_code, topk_weights_row_stride, topk, slot);
-      T* out = y + (long long)slot * K + col0;
-#pragma unroll
-      for (int j = 0; j < L::kWgN / 8; ++j) {
-        const int col = f.col(j);
-        if (col0 + col >= K) continue;
-        T pair[2] = {from_f32<T>(acc[4 * j + 2 * half] * w), from_f32<T>(acc[4 * j + 2 * half + 1] * w)};
-        *reinterpret_cast<uint32_t*>(out + col) = *reinterpret_cast<const uint32_t*>(pair);
-      }
-    }
+    gemm2_store<T, BM>(
+        acc, tl, c, K, y,
+        [&](int slot) {
+          return weight_on_input
+                     ? 1.f
+                     : slot_router_weight(topk_weights, topk_weights_code, topk_weights_row_stride, topk, slot);
+        },
+        [](float a, float w, int) { return a * w; });
   });
 }
 
@@ -729,39 +744,26 @@ __device__ __forceinline__ void fp8_gemm2_tile(const WgmmaFp8Scales& sc, const v
   using L = Tile<BM>;
   float acc[L::kAccs];
   consume_fp8<BM, false>((N + kStageK<__nv_fp8_e4m3> - 1) / kStageK<__nv_fp8_e4m3>, ring, acc);
-  const Frag<BM> f;
-  const int col0 = c.block * kBN + L::gemm2_col_base(f.cw);
   const float* ws = sc.w_scale + (long long)c.expert * sc.w_scale_expert;
   const float w2_tensor = SCHEME == kQTensor ? ws[0] : 1.f;
   const float s2_tensor = SCHEME == kQTensor ? inter_scale<kQTensor>(sc.inter_amax, sc.a2_static, 0, 0, 1) : 1.f;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int r = f.row0 + half * 8;
-    if (r >= c.count) continue;
-    const int slot = tl.sorted_slots[c.start + r];
-    const float s2 = SCHEME == kQTensor ? s2_tensor : inter_scale<kQChannel>(sc.inter_amax, nullptr, slot, 0, 1);
-    const float w = weight_on_input
-                        ? 1.f
-                        : slot_router_weight(topk_weights, topk_weights_code, topk_weights_row_stride, topk, slot);
-    T* out = y + (long long)slot * K + col0;
-#pragma unroll
-    for (int j = 0; j < L::kWgN / 8; ++j) {
-      const int col = f.col(j);
-      if (col0 + col >= K) continue;
-      float s0 = w2_tensor, s1 = w2_tensor;
-      if constexpr (SCHEME == kQChannel) {
-        s0 = ws[(long long)(col0 + col) * sc.w_scale_row];
-        s1 = ws[(long long)(col0 + col + 1) * sc.w_scale_row];
-      }
-      float v0 = acc[4 * j + 2 * half] * (s2 * s0), v1 = acc[4 * j + 2 * half + 1] * (s2 * s1);
-      if (!weight_on_input) {
-        v0 *= w;
-        v1 *= w;
-      }
-      T pair[2] = {from_f32<T>(v0), from_f32<T>(v1)};
-      *reinterpret_cast<uint32_t*>(out + col) = *reinterpret_cast<const uint32_t*>(pair);
-    }
-  }
+  struct RowScales {
+    float s2, w;  // the intermediate's scale, the router weight
+  };
+  gemm2_store<T, BM>(
+      acc, tl, c, K, y,
+      [&](int slot) {
+        return RowScales{
+            SCHEME == kQTensor ? s2_tensor : inter_scale<kQChannel>(sc.inter_amax, nullptr, slot, 0, 1),
+            weight_on_input ? 1.f
+                            : slot_router_weight(topk_weights, topk_weights_code, topk_weights_row_stride, topk, slot)};
+      },
+      [&](float a, const RowScales& rs, int col) {
+        const float s = SCHEME == kQChannel ? ws[(long long)col * sc.w_scale_row] : w2_tensor;
+        float v = a * (rs.s2 * s);
+        if (!weight_on_input) v *= rs.w;
+        return v;
+      });
 #endif
 }
 
