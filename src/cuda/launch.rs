@@ -1947,7 +1947,7 @@ mod tests {
     /// tile_start, num_tiles, tiles_bound, raster_group), then topk, N, K.
     #[test]
     fn wgmma_params_follow_the_kernel_signatures() {
-        use super::{c_void, WgmmaArgs};
+        use super::{c_void, WgmmaArgs}; // c_void: params! names it
         let wa = WgmmaArgs {
             tw: 1,
             tw_code: 2,
@@ -1971,23 +1971,25 @@ mod tests {
         let (head, tail) = (100u64, 200i32);
         let args = wgmma_params!([head], wa, [tail]);
         assert_eq!(args.len(), 15);
-        let addr = |r: *const c_void| r as usize;
+        fn addr<T>(r: &T) -> usize {
+            r as *const T as usize
+        }
         let want = [
-            addr(&head as *const u64 as *const c_void),
-            addr(&wa.tw as *const u64 as *const c_void),
-            addr(&wa.tw_code as *const i32 as *const c_void),
-            addr(&wa.tw_row as *const i64 as *const c_void),
-            addr(&wa.expert_offsets as *const u64 as *const c_void),
-            addr(&wa.sorted_slots as *const u64 as *const c_void),
-            addr(&wa.tile_expert as *const u64 as *const c_void),
-            addr(&wa.tile_start as *const u64 as *const c_void),
-            addr(&wa.num_tiles as *const u64 as *const c_void),
-            addr(&wa.tiles as *const i32 as *const c_void),
-            addr(&wa.raster as *const i32 as *const c_void),
-            addr(&wa.topk as *const i32 as *const c_void),
-            addr(&wa.n as *const i32 as *const c_void),
-            addr(&wa.k as *const i32 as *const c_void),
-            addr(&tail as *const i32 as *const c_void),
+            addr(&head),
+            addr(&wa.tw),
+            addr(&wa.tw_code),
+            addr(&wa.tw_row),
+            addr(&wa.expert_offsets),
+            addr(&wa.sorted_slots),
+            addr(&wa.tile_expert),
+            addr(&wa.tile_start),
+            addr(&wa.num_tiles),
+            addr(&wa.tiles),
+            addr(&wa.raster),
+            addr(&wa.topk),
+            addr(&wa.n),
+            addr(&wa.k),
+            addr(&tail),
         ];
         let got: Vec<usize> = args.iter().map(|p| *p as usize).collect();
         assert_eq!(got, want);
