@@ -149,6 +149,18 @@ __device__ __forceinline__ void produce(int ktiles, Ring& ring, Load load) {
   }
 }
 
+// A consumer's wait for stage ring.g (its full barrier; with kGatherA, the cp.async rows made
+// visible to the wgmmas), then the shared addresses of its warpgroup's A and B rows there.
+template <int BM, bool kGatherA>
+__device__ __forceinline__ void wait_stage(const Ring& ring, int cw, uint32_t& a, uint32_t& b) {
+  using L = Tile<BM>;
+  const int st = ring.g % L::kStages;
+  mbar_wait(&ring.full[st], (ring.g / L::kStages) & 1);
+  if (kGatherA) fence_proxy_async_shared();
+  a = smem_u32(ring.stages + st * L::kStageBytes) + L::a_offset(cw);
+  b = smem_u32(ring.stages + st * L::kStageBytes + L::kABytes) + L::b_offset(cw);
+}
+
 // Each consumer warpgroup accumulates its 64 rows x kWgN into acc (bf16/f16: in the
 // wgmma accumulators, releasing each stage once the next one's wgmmas are issued).
 template <typename T, int BM, bool kGatherA>
@@ -160,11 +172,8 @@ __device__ __forceinline__ void consume(int ktiles, Ring& ring, float (&acc)[Til
 #pragma unroll
   for (int i = 0; i < L::kAccs; ++i) acc[i] = 0.f;
   for (int kt = 0; kt < ktiles; ++kt, ++ring.g) {
-    const int st = ring.g % S;
-    mbar_wait(&ring.full[st], (ring.g / S) & 1);
-    if (kGatherA) fence_proxy_async_shared();  // the cp.async rows, seen by the wgmmas
-    const uint32_t a = smem_u32(ring.stages + st * L::kStageBytes) + L::a_offset(cw);
-    const uint32_t b = smem_u32(ring.stages + st * L::kStageBytes + L::kABytes) + L::b_offset(cw);
+    uint32_t a, b;
+    wait_stage<BM, kGatherA>(ring, cw, a, b);
     fence_accumulators(acc);
     wgmma_fence();
 #pragma unroll
@@ -207,11 +216,8 @@ __device__ __forceinline__ void consume_fp8(int ktiles, Ring& ring, float (&acc)
 #pragma unroll
     for (int i = 0; i < L::kAccs; ++i) acc[i] = 0.f;
     for (int kt = 0; kt < ktiles; ++kt, ++ring.g) {
-      const int st = ring.g % S;
-      mbar_wait(&ring.full[st], (ring.g / S) & 1);
-      if (kGatherA) fence_proxy_async_shared();
-      const uint32_t a = smem_u32(ring.stages + st * L::kStageBytes) + L::a_offset(cw);
-      const uint32_t b = smem_u32(ring.stages + st * L::kStageBytes + L::kABytes) + L::b_offset(cw);
+      uint32_t a, b;
+      wait_stage<BM, kGatherA>(ring, cw, a, b);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         fence_accumulators(part);
@@ -224,7 +230,7 @@ __device__ __forceinline__ void consume_fp8(int ktiles, Ring& ring, float (&acc)
         wgmma_commit();
         wgmma_wait<0>();
         fence_accumulators(part);
-        if (h == 1 && lane == 0) mbar_arrive(&ring.empty[st]);
+        if (h == 1 && lane == 0) mbar_arrive(&ring.empty[ring.g % S]);
 #pragma unroll
         for (int i = 0; i < kHalf; ++i) acc[h * kHalf + i] += part[i];
       }
@@ -235,11 +241,8 @@ __device__ __forceinline__ void consume_fp8(int ktiles, Ring& ring, float (&acc)
     for (int i = 0; i < L::kAccs; ++i) acc[i] = 0.f;
     // Issues stage ring.g's wgmmas into p (one commit group).
     auto issue = [&](float (&p)[L::kAccs]) {
-      const int st = ring.g % S;
-      mbar_wait(&ring.full[st], (ring.g / S) & 1);
-      if (kGatherA) fence_proxy_async_shared();
-      const uint32_t a = smem_u32(ring.stages + st * L::kStageBytes) + L::a_offset(cw);
-      const uint32_t b = smem_u32(ring.stages + st * L::kStageBytes + L::kABytes) + L::b_offset(cw);
+      uint32_t a, b;
+      wait_stage<BM, kGatherA>(ring, cw, a, b);
       fence_accumulators(p);
       wgmma_fence();
 #pragma unroll
@@ -412,33 +415,18 @@ __device__ __forceinline__ void gemm2_produce(const TensorMap* inter_map, const 
 #endif
 }
 
-// The main loops of the bf16/f16 GEMMs for one tile, both roles: the consumer warpgroups'
-// accumulators (GEMM1: gate and up), or false for the producer warpgroup, which goes on to
-// the next tile as soon as this one's loads are issued.
-template <typename T, int BM, bool kGatherA>
-__device__ __forceinline__ bool gemm1_main(const T* __restrict__ x, long long x_row_stride, const TensorMap* xs_map,
-                                           const TensorMap* w1_map, const Tiles& tl, int topk, int N, int K,
-                                           const TileCoord& c, Ring& ring, float (&acc)[Tile<BM>::kAccs]) {
+// The main loops of the bf16/f16 GEMMs for one tile, both roles: the producer warpgroup runs
+// produce_tile() and returns false (it goes on to the next tile as soon as this one's loads
+// are issued); the consumer warpgroups fill acc (GEMM1: gate and up) and return true.
+template <typename T, int BM, bool kGatherA, typename Produce>
+__device__ __forceinline__ bool both_roles(Produce produce_tile, int ktiles, Ring& ring,
+                                           float (&acc)[Tile<BM>::kAccs]) {
 #ifdef SWAPMOE_SM90A
   if (threadIdx.x < 128) {
-    gemm1_produce<T, BM, kGatherA>(x, x_row_stride, xs_map, w1_map, tl, topk, N, K, c, ring);
+    produce_tile();
     return false;
   }
-  consume<T, BM, kGatherA>((K + kStageK<T> - 1) / kStageK<T>, ring, acc);
-  return true;
-#else
-  return false;
-#endif
-}
-template <typename T, int BM>
-__device__ __forceinline__ bool gemm2_main(const TensorMap* inter_map, const TensorMap* w2_map, int N,
-                                           const TileCoord& c, Ring& ring, float (&acc)[Tile<BM>::kAccs]) {
-#ifdef SWAPMOE_SM90A
-  if (threadIdx.x < 128) {
-    gemm2_produce<T, BM>(inter_map, w2_map, N, c, ring);
-    return false;
-  }
-  consume<T, BM, false>((N + kStageK<T> - 1) / kStageK<T>, ring, acc);
+  consume<T, BM, kGatherA>(ktiles, ring, acc);
   return true;
 #else
   return false;
@@ -507,7 +495,10 @@ __device__ __forceinline__ void gemm1_act(const T* __restrict__ x, long long x_r
   Ring ring = gemm1_ring<BM, kGatherA>(xs_map, w1_map);
   for_each_tile(tl, (N + kBN / 2 - 1) / (kBN / 2), BM, [&](const TileCoord& c) {
     float acc[L::kAccs];
-    if (!gemm1_main<T, BM, kGatherA>(x, x_row_stride, xs_map, w1_map, tl, topk, N, K, c, ring, acc)) return;
+    if (!both_roles<T, BM, kGatherA>(
+            [&] { gemm1_produce<T, BM, kGatherA>(x, x_row_stride, xs_map, w1_map, tl, topk, N, K, c, ring); },
+            (K + kStageK<T> - 1) / kStageK<T>, ring, acc))
+      return;
     const Frag<BM> f;
     const int col0 = c.block * (kBN / 2) + L::gemm1_col_base(f.cw);
     constexpr int kGateBlocks = L::kWgN / 16;
@@ -570,7 +561,9 @@ __device__ __forceinline__ void gemm2(const TensorMap* inter_map, const TensorMa
   Ring ring = gemm2_ring<BM>(inter_map, w2_map);
   for_each_tile(tl, (K + kBN - 1) / kBN, BM, [&](const TileCoord& c) {
     float acc[L::kAccs];
-    if (!gemm2_main<T, BM>(inter_map, w2_map, N, c, ring, acc)) return;
+    if (!both_roles<T, BM, false>([&] { gemm2_produce<T, BM>(inter_map, w2_map, N, c, ring); },
+                                  (N + kStageK<T> - 1) / kStageK<T>, ring, acc))
+      return;
     gemm2_store<T, BM>(
         acc, tl, c, K, y,
         [&](int slot) {
