@@ -611,11 +611,12 @@ impl KernelId {
                 190 + swap_fp8_slot(QuantScheme::Tensor, t) + 4 * usize::from(d == DType::F16)
             }
             KernelId::WgmmaFp8Gemm1(q, t, q8, pre) => {
-                let variant = if q8 { 2 } else { q.code() as usize } + 3 * usize::from(t == 128);
+                let variant = if q8 { 2 } else { q.code() as usize };
+                let t128 = usize::from(t == 128);
                 if pre {
-                    214 + variant
+                    214 + variant + 3 * t128
                 } else {
-                    198 + variant % 3 + 9 * usize::from(t == 128)
+                    198 + variant + 9 * t128
                 }
             }
             KernelId::WgmmaFp8QuantInter(q) => 201 + q.code() as usize,
