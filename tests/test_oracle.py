@@ -90,7 +90,7 @@ def test_wgmma_token_tile_and_gemm1_a_mode(quant, monkeypatch):
     assert any("forced by $SWAPMOE_WGMMA_PREGATHER=on" in r for r in p.reasons)
     monkeypatch.setenv("SWAPMOE_WGMMA_PREGATHER", "off")
     p, k = kernels(4096, MIXTRAL)
-    assert k == [f"{k[0]}"] and k[0].endswith("_t128"), k
+    assert len(k) == 1 and k[0].endswith("_t128"), k  # no gather kernel
     monkeypatch.setenv("SWAPMOE_WGMMA_PREGATHER", "sometimes")
     p, k = kernels(4096, MIXTRAL)
     assert k[0] == "wgmma_moe_gather"
