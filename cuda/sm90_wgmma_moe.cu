@@ -34,12 +34,14 @@
 // that sweep the column blocks together, so that the weight block a group shares is read
 // from DRAM once and the group's activations stay in L2.
 // Requirements (checked by the oracle and the launcher): bf16/fp16; K and N multiples of 8;
-// 16-byte aligned tensors and row strides (TMA).
+// 16-byte aligned tensors and row strides (TMA). FP8: K and N multiples of 16; with 128x128
+// block scales N a multiple of 128.
 #include "common/fp8_moe.cuh"
 #include "common/moe_common.cuh"
 #include "common/sm90.cuh"
 #include "common/wgmma_ops.cuh"
 
+#include <cstddef>
 #include <type_traits>
 
 namespace swapmoe {
@@ -191,6 +193,49 @@ __device__ __forceinline__ void consume(int ktiles, Ring& ring, float (&acc)[Til
   if (lane == 0) mbar_arrive(&ring.empty[(ring.g - 1) % S]);  // the tile's last stage
 }
 
+// The scales an FP8 main loop applies per stage. Per-tensor and per-channel scales apply in
+// the epilogues, so their loops promote with a plain add (NoStageScales).
+struct NoStageScales {
+  static constexpr bool kApply = false;
+  __device__ void load(int, float (&)[4]) const {}
+};
+// 128x128 blocks: a stage's 128 of K is one scale block, so each stage's sums are promoted
+// times (the scale of the thread's row) x (the weight scale of the column group), as
+// DeepGEMM and CUTLASS's blockwise GEMMs do. A thread's accumulators lie on two rows
+// (row0, row0 + 8) and, per promotion set, on at most two column groups of 128.
+struct BlockStageScales {
+  static constexpr bool kApply = true;
+  const float* row[2];    // the two rows' scales: one float per stage (activation groups of 128)
+  const float* col[2];    // the column groups' weight scales, col_stride apart per stage
+  long long col_stride;
+  // s[2 * r + g]: stage kt's factor for row r and column group g.
+  __device__ void load(int kt, float (&s)[4]) const {
+    const float c0 = col[0][kt * col_stride], c1 = col[1][kt * col_stride];
+    const float r0 = row[0][kt], r1 = row[1][kt];
+    s[0] = r0 * c0;
+    s[1] = r0 * c1;
+    s[2] = r1 * c0;
+    s[3] = r1 * c1;
+  }
+};
+
+// acc[i] += p[i] (times stage scale s of i's row and of column group `group` with block scales).
+template <typename Scale, int R>
+__device__ __forceinline__ void promote(float* acc, const float (&p)[R], const float (&s)[4], int group_of_upper_half) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    if constexpr (Scale::kApply) {
+      // register 4j + h lies on row row0 + 8 * (h >> 1); `group_of_upper_half` < 0: the group
+      // is -1 - it for every register, else registers past R / 2 are in group 1
+      const int r = (i >> 1) & 1;
+      const int g = group_of_upper_half < 0 ? -1 - group_of_upper_half : (i >= R / 2 ? 1 : 0);
+      acc[i] = fmaf(p[i], s[2 * r + g], acc[i]);
+    } else {
+      acc[i] += p[i];
+    }
+  }
+}
+
 // e4m3: each stage's wgmmas go into fresh accumulators that are then added to acc in f32
 // ("promotion", every 128 of K, as the FP8 swap-AB kernels, DeepGEMM and CUTLASS do): the
 // tensor core's FP8 accumulation keeps only about 14 bits, too few for a long K. Two sets
@@ -198,14 +243,19 @@ __device__ __forceinline__ void consume(int ktiles, Ring& ring, float (&acc)[Til
 // buffers released (one set drained the tensor core at every stage: 1030 cycles a stage
 // of 512 cycles of MMA, ncu at Mixtral M = 4096). 64 + 2 x 64 registers of accumulators
 // per thread: the kernels that call it give the consumers `kFp8ConsumerRegs`.
+// With block scales (`scale`) the promotion multiplies by the stage's scales, loaded when
+// the stage's wgmmas are issued so that their latency hides under them; at BM = 64 the
+// warpgroup's first 64 columns (GEMM1: gate) are column group 0, the rest group 1.
 //
 // At BM = 128 a warpgroup's 64 rows x 256 columns take 128 accumulators, so a second full
-// set does not fit: each stage runs as two halves of 128 columns (GEMM1: gate, then up)
-// through one set of 64, drained before its promotion; the other warpgroup's wgmmas keep
-// the tensor core busy meanwhile. The larger tile reads 40% fewer bytes from L2 per MMA
-// than BM = 64, whose FP8 GEMMs ran at 60-74% of L2 throughput (ncu, Mixtral M = 4096).
-template <int BM, bool kGatherA>
-__device__ __forceinline__ void consume_fp8(int ktiles, Ring& ring, float (&acc)[Tile<BM>::kAccs]) {
+// set does not fit: each stage runs as two halves of 128 columns (GEMM1: gate, then up;
+// with block scales column groups 0 and 1) through one set of 64, drained before its
+// promotion; the other warpgroup's wgmmas keep the tensor core busy meanwhile. The larger
+// tile reads 40% fewer bytes from L2 per MMA than BM = 64, whose FP8 GEMMs ran at 60-74% of
+// L2 throughput (ncu, Mixtral M = 4096).
+template <int BM, bool kGatherA, typename Scale>
+__device__ __forceinline__ void consume_fp8(int ktiles, Ring& ring, float (&acc)[Tile<BM>::kAccs],
+                                            const Scale& scale) {
   using L = Tile<BM>;
   constexpr int S = L::kStages;
   const int lane = threadIdx.x & 31;
@@ -216,6 +266,8 @@ __device__ __forceinline__ void consume_fp8(int ktiles, Ring& ring, float (&acc)
 #pragma unroll
     for (int i = 0; i < L::kAccs; ++i) acc[i] = 0.f;
     for (int kt = 0; kt < ktiles; ++kt, ++ring.g) {
+      float s[4];
+      scale.load(kt, s);
       uint32_t a, b;
       wait_stage<BM, kGatherA>(ring, cw, a, b);
 #pragma unroll
@@ -231,16 +283,18 @@ __device__ __forceinline__ void consume_fp8(int ktiles, Ring& ring, float (&acc)
         wgmma_wait<0>();
         fence_accumulators(part);
         if (h == 1 && lane == 0) mbar_arrive(&ring.empty[ring.g % S]);
-#pragma unroll
-        for (int i = 0; i < kHalf; ++i) acc[h * kHalf + i] += part[i];
+        promote<Scale>(acc + h * kHalf, part, s, -1 - h);
       }
     }
   } else {
     float part0[L::kAccs], part1[L::kAccs];
+    float s0[4], s1[4];  // the stage scales of the stage in part0 / part1 (block scales)
 #pragma unroll
     for (int i = 0; i < L::kAccs; ++i) acc[i] = 0.f;
-    // Issues stage ring.g's wgmmas into p (one commit group).
-    auto issue = [&](float (&p)[L::kAccs]) {
+    int kt = 0;  // stages issued in this tile
+    // Issues stage ring.g's wgmmas into p (one commit group), its scales into s.
+    auto issue = [&](float (&p)[L::kAccs], float (&s)[4]) {
+      scale.load(kt++, s);
       uint32_t a, b;
       wait_stage<BM, kGatherA>(ring, cw, a, b);
       fence_accumulators(p);
@@ -254,34 +308,32 @@ __device__ __forceinline__ void consume_fp8(int ktiles, Ring& ring, float (&acc)
       ++ring.g;
     };
     // Stage g's wgmmas (in p) are complete: hand its buffers back, then promote.
-    auto retire = [&](float (&p)[L::kAccs], int g) {
+    auto retire = [&](float (&p)[L::kAccs], const float (&s)[4], int g) {
       fence_accumulators(p);
       if (lane == 0) mbar_arrive(&ring.empty[g % S]);
-#pragma unroll
-      for (int i = 0; i < L::kAccs; ++i) acc[i] += p[i];
+      promote<Scale>(acc, p, s, 0);
     };
     if (ktiles <= 0) return;  // (K and N are > 0: the launcher refuses empty shapes)
     // Unrolled by two without branches on the parity, so that ptxas can see which set each
     // instruction touches (with a branch per stage it serialized every wgmma).
-    issue(part0);  // stage 0
-    int kt = 1;
-    for (; kt + 1 < ktiles; kt += 2) {
-      issue(part1);     // stage kt
-      wgmma_wait<1>();  // stage kt - 1 (part0) is complete
-      retire(part0, ring.g - 2);
-      issue(part0);  // stage kt + 1
+    issue(part0, s0);  // stage 0
+    while (kt + 1 < ktiles) {
+      issue(part1, s1);  // stage kt
+      wgmma_wait<1>();   // stage kt - 1 (part0) is complete
+      retire(part0, s0, ring.g - 2);
+      issue(part0, s0);  // stage kt + 1
       wgmma_wait<1>();
-      retire(part1, ring.g - 2);
+      retire(part1, s1, ring.g - 2);
     }
     if (kt < ktiles) {  // an even number of stages: the last one goes into part1
-      issue(part1);
+      issue(part1, s1);
       wgmma_wait<1>();
-      retire(part0, ring.g - 2);
+      retire(part0, s0, ring.g - 2);
       wgmma_wait<0>();
-      retire(part1, ring.g - 1);
+      retire(part1, s1, ring.g - 1);
     } else {
       wgmma_wait<0>();
-      retire(part0, ring.g - 1);
+      retire(part0, s0, ring.g - 1);
     }
   }
 }
@@ -576,40 +628,145 @@ __device__ __forceinline__ void gemm2(const TensorMap* inter_map, const TensorMa
 }
 
 // ---- FP8 (e4m3) W8A8 GEMMs: the same main loops over e4m3 operands (wgmma ... e4m3, 128 of K
-// per stage); the scales are applied in the epilogues, as the SIMT FP8 kernels apply them
-// (cuda/common/fp8_moe.cuh has the semantics). Per-tensor and per-channel weight scales.
+// per stage), with the semantics of the SIMT FP8 kernels (cuda/common/fp8_moe.cuh).
+// Per-tensor and per-channel scales are applied in the epilogues; 128x128 block scales at
+// each stage's promotion (BlockStageScales), and GEMM1 then quantizes the intermediate in
+// 1 x 128 groups itself, each group's absmax taken over one CTA tile's columns.
 
 // The scales an FP8 wgmma GEMM reads (`WgmmaFp8Scales` in src/cuda/launch.rs, by value).
 struct WgmmaFp8Scales {
-  const float* x_scale;      // GEMM1: the input's scale per token [M] (per tensor: all equal)
+  const float* x_scale;      // GEMM1: the input's scales, per token [M] (per tensor: all equal)
+                             // or per token and group of 128 [M, x_groups] (block)
   const float* w_scale;      // w1_scale (GEMM1) or w2_scale (GEMM2)
-  long long w_scale_expert;  // element strides of w_scale: per expert, and per row (per channel)
-  long long w_scale_row;
+  long long w_scale_expert;  // element strides of w_scale: per expert, per row (per channel;
+  long long w_scale_row;     // block: per row of blocks) and per column of blocks (block)
   const float* a2_static;    // the static intermediate scale, or nullptr (dynamic)
-  float* inter_amax;         // the intermediate's absmax as float bits: per tensor [0], per channel [slot]
+  float* inter_amax;         // the intermediate's absmax as float bits: per tensor [0], per channel
+                             // [slot]; block: its group scales [sorted position, inter_groups]
+                             // (GEMM1 writes them, GEMM2 reads them)
+  long long w_scale_col;
+  int x_groups;              // groups of 128 of K (block)
+  int inter_groups;          // groups of 128 of N (block)
+  int w_scale_rows;          // rows of blocks of w_scale (block)
 };
+static_assert(sizeof(WgmmaFp8Scales) == 72 && offsetof(WgmmaFp8Scales, inter_amax) == 40 &&
+                  offsetof(WgmmaFp8Scales, w_scale_col) == 48 && offsetof(WgmmaFp8Scales, x_groups) == 56 &&
+                  offsetof(WgmmaFp8Scales, w_scale_rows) == 64,
+              "the layout src/cuda/launch.rs passes");
+
+// The column-group scales of a block-scaled weight: row of blocks `group` (clamped to the
+// last one: a group past it holds only columns past the end, which are dropped).
+__device__ __forceinline__ const float* block_col_scales(const WgmmaFp8Scales& sc, const float* ws, int group) {
+  return ws + (long long)min(group, sc.w_scale_rows - 1) * sc.w_scale_row;
+}
+
+// The block-scaled GEMM1's epilogue: inter_q[p, j] = e4m3(act(g) * u / s) and s =
+// group_scale(absmax of the row's 128 columns) into inter_s[p, block] (the CTA tile's 128
+// inter columns are one group: N is a multiple of 128). At BM = 128 a warpgroup holds its
+// rows' 128 columns (4 lanes); at BM = 64 the two warpgroups hold 64 each, and exchange
+// their row maxima through shared memory (`row_max`, one buffer per tile parity, so that one
+// barrier per tile separates a buffer's writes from its previous reads).
+template <int BM>
+__device__ __forceinline__ void fp8_gemm1_block_store(float (&v)[2][Tile<BM>::kWgN / 8], const Frag<BM>& f,
+                                                      const TileCoord& c, int N, int inter_groups, int parity,
+                                                      uint8_t* __restrict__ inter_q, float* __restrict__ inter_s) {
+  constexpr int kVals = Tile<BM>::kWgN / 8;  // values per thread and row
+  const int col0 = c.block * (kBN / 2) + Tile<BM>::gemm1_col_base(f.cw);
+  unsigned m[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    unsigned a = 0u;
+#pragma unroll
+    for (int i = 0; i < kVals; ++i) a = max(a, __float_as_uint(finite_abs(v[half][i])));
+    a = max(a, __shfl_xor_sync(0xffffffffu, a, 1));
+    m[half] = max(a, __shfl_xor_sync(0xffffffffu, a, 2));
+  }
+  if constexpr (BM == 64) {
+    __shared__ unsigned row_max[2][2][64];  // [tile parity][warpgroup][tile row]
+#pragma unroll
+    for (int half = 0; half < 2; ++half) row_max[parity][f.cw][f.row0 + 8 * half] = m[half];
+    asm volatile("bar.sync 1, %0;" ::"n"(kConsumerWarps * 32) : "memory");  // the consumer warpgroups
+#pragma unroll
+    for (int half = 0; half < 2; ++half) m[half] = max(m[half], row_max[parity][f.cw ^ 1][f.row0 + 8 * half]);
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = f.row0 + half * 8;
+    if (r >= c.count) continue;
+    const int p = c.start + r;
+    const float s = fp8_group_scale(__uint_as_float(m[half]));
+    if ((f.lane & 3) == 0 && (BM == 128 || f.cw == 0)) inter_s[(long long)p * inter_groups + c.block] = s;
+    uint8_t* out = inter_q + (long long)p * N + col0;
+#pragma unroll
+    for (int j = 0; j < kVals / 2; ++j) {
+      const unsigned short b = (unsigned short)fp8_quantize(v[half][2 * j], s, 0.f, false) |
+                               (unsigned short)((unsigned)fp8_quantize(v[half][2 * j + 1], s, 0.f, false) << 8);
+      *reinterpret_cast<unsigned short*>(out + f.col(j)) = b;
+    }
+  }
+}
 
 // GEMM1: inter[p, j] = act(g) * u, g and u dequantized by the input's and w1's scales.
 // kQ8 (per tensor, static a2_scale): writes the e4m3 intermediate quantized with a2_scale.
-// Otherwise it writes it in f32 and folds |inter| into inter_amax (per tensor: element 0, per
-// channel: the slot's), which the quantize-intermediate kernel turns into the dynamic scale.
-// The consumer warpgroups' side of one tile: main loop and epilogue.
+// Block scales: writes the e4m3 intermediate and its 1 x 128 group scales
+// (fp8_gemm1_block_store). Otherwise it writes it in f32 and folds |inter| into inter_amax
+// (per tensor: element 0, per channel: the slot's), which the quantize-intermediate kernel
+// turns into the dynamic scale.
+// The consumer warpgroups' side of one tile (the CTA's `tile_index`-th): main loop and epilogue.
 template <int SCHEME, int BM, bool kQ8, bool kGatherA>
 __device__ __forceinline__ void fp8_gemm1_tile(const WgmmaFp8Scales& sc,
                                                const void* __restrict__ topk_weights, int topk_weights_code,
                                                long long topk_weights_row_stride, const Tiles& tl, int topk, int N,
                                                int K, int act, int weight_on_input, void* __restrict__ inter,
-                                               const TileCoord& c, Ring& ring) {
+                                               const TileCoord& c, int tile_index, Ring& ring) {
 #ifdef SWAPMOE_SM90A  // consume_fp8 is sm_90a code
-  static_assert(SCHEME == kQTensor || SCHEME == kQChannel, "per-tensor or per-channel weight scales");
   static_assert(!kQ8 || SCHEME == kQTensor, "a static intermediate scale is per tensor");
   using L = Tile<BM>;
   using E4 = __nv_fp8_e4m3;
   float acc[L::kAccs];
-  consume_fp8<BM, kGatherA>((K + kStageK<E4> - 1) / kStageK<E4>, ring, acc);
   const Frag<BM> f;
+  const int ktiles = (K + kStageK<E4> - 1) / kStageK<E4>;
+  if constexpr (SCHEME == kQBlock) {
+    // Rows past the tile's expert take row 0's scales (their sums are dropped).
+    BlockStageScales bs;
+    const float* ws = sc.w_scale + (long long)c.expert * sc.w_scale_expert;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = f.row0 + half * 8;
+      const int token = tl.sorted_slots[c.start + (r < c.count ? r : 0)] / topk;
+      bs.row[half] = sc.x_scale + (long long)token * sc.x_groups;
+    }
+    bs.col[0] = block_col_scales(sc, ws, c.block);               // gate rows j0 ..
+    bs.col[1] = block_col_scales(sc, ws, N / kFp8Block + c.block);  // up rows N + j0 ..
+    bs.col_stride = sc.w_scale_col;
+    consume_fp8<BM, kGatherA>(ktiles, ring, acc, bs);
+  } else {
+    consume_fp8<BM, kGatherA>(ktiles, ring, acc, NoStageScales{});
+  }
   const int col0 = c.block * (kBN / 2) + L::gemm1_col_base(f.cw);
   constexpr int kGateBlocks = L::kWgN / 16;
+  if constexpr (SCHEME == kQBlock) {
+    float v[2][kGateBlocks * 2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = f.row0 + half * 8;
+      const float w = weight_on_input && r < c.count
+                          ? slot_router_weight(topk_weights, topk_weights_code, topk_weights_row_stride, topk,
+                                               tl.sorted_slots[c.start + r])
+                          : 1.f;
+#pragma unroll
+      for (int j = 0; j < kGateBlocks; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float g = acc[4 * j + 2 * half + e] * w, u = acc[4 * (j + kGateBlocks) + 2 * half + e] * w;
+          v[half][2 * j + e] = r < c.count ? activate(act, g) * u : 0.f;
+        }
+      }
+    }
+    fp8_gemm1_block_store<BM>(v, f, c, N, sc.inter_groups, tile_index & 1, static_cast<uint8_t*>(inter),
+                              sc.inter_amax);
+    return;
+  }
   const float* ws = sc.w_scale + (long long)c.expert * sc.w_scale_expert;
   const float w1_tensor = SCHEME == kQTensor ? ws[0] : 1.f;
   float q_scale = 1.f, q_inv = 1.f;
@@ -687,6 +844,7 @@ __device__ __forceinline__ void fp8_gemm1(const uint8_t* __restrict__ xq, long l
                                           long long topk_weights_row_stride, const Tiles& tl, int topk, int N, int K,
                                           int act, int weight_on_input, void* __restrict__ inter) {
   Ring ring = gemm1_ring<BM, kGatherA>(xs_map, w1_map);
+  int tiles_done = 0;  // the consumers' count of this CTA's tiles (the block epilogue's parity)
   fp8_roles(
       tl, (N + kBN / 2 - 1) / (kBN / 2), BM,
       [&](const TileCoord& c) {
@@ -695,7 +853,7 @@ __device__ __forceinline__ void fp8_gemm1(const uint8_t* __restrict__ xq, long l
       },
       [&](const TileCoord& c) {
         fp8_gemm1_tile<SCHEME, BM, kQ8, kGatherA>(sc, topk_weights, topk_weights_code, topk_weights_row_stride, tl,
-                                                  topk, N, K, act, weight_on_input, inter, c, ring);
+                                                  topk, N, K, act, weight_on_input, inter, c, tiles_done++, ring);
       });
 }
 
@@ -733,10 +891,37 @@ __device__ __forceinline__ void fp8_gemm2_tile(const WgmmaFp8Scales& sc, const v
                                                const Tiles& tl, int topk, int N, int K, int weight_on_input,
                                                T* __restrict__ y, const TileCoord& c, Ring& ring) {
 #ifdef SWAPMOE_SM90A  // consume_fp8 is sm_90a code
-  static_assert(SCHEME == kQTensor || SCHEME == kQChannel, "per-tensor or per-channel weight scales");
   using L = Tile<BM>;
   float acc[L::kAccs];
-  consume_fp8<BM, false>((N + kStageK<__nv_fp8_e4m3> - 1) / kStageK<__nv_fp8_e4m3>, ring, acc);
+  const int ktiles = (N + kStageK<__nv_fp8_e4m3> - 1) / kStageK<__nv_fp8_e4m3>;
+  if constexpr (SCHEME == kQBlock) {
+    // Rows: the intermediate's group scales at the tile's sorted positions (rows past the
+    // tile's expert take row 0's). Column groups of 128 output columns: BM = 64, the
+    // warpgroup's 128 columns; BM = 128, the two halves of 256.
+    const Frag<BM> f;
+    const float* ws = sc.w_scale + (long long)c.expert * sc.w_scale_expert;
+    BlockStageScales bs;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = f.row0 + half * 8;
+      bs.row[half] = sc.inter_amax + (long long)(c.start + (r < c.count ? r : 0)) * sc.inter_groups;
+    }
+    const int group0 = (c.block * kBN + L::gemm2_col_base(f.cw)) / kFp8Block;
+    bs.col[0] = block_col_scales(sc, ws, group0);
+    bs.col[1] = block_col_scales(sc, ws, BM == 128 ? group0 + 1 : group0);
+    bs.col_stride = sc.w_scale_col;
+    consume_fp8<BM, false>(ktiles, ring, acc, bs);
+    gemm2_store<T, BM>(
+        acc, tl, c, K, y,
+        [&](int slot) {
+          return weight_on_input
+                     ? 1.f
+                     : slot_router_weight(topk_weights, topk_weights_code, topk_weights_row_stride, topk, slot);
+        },
+        [](float a, float w, int) { return a * w; });
+    return;
+  }
+  consume_fp8<BM, false>(ktiles, ring, acc, NoStageScales{});
   const float* ws = sc.w_scale + (long long)c.expert * sc.w_scale_expert;
   const float w2_tensor = SCHEME == kQTensor ? ws[0] : 1.f;
   const float s2_tensor = SCHEME == kQTensor ? inter_scale<kQTensor>(sc.inter_amax, sc.a2_static, 0, 0, 1) : 1.f;
@@ -875,6 +1060,7 @@ SWAPMOE_WGMMA_INSTANTIATE(f16, __half, 128)
 
 // FP8 W8A8: wgmma_moe_fp8_gemm1_{tensor,channel}_t<BM> (f32 intermediate and its absmax),
 // wgmma_moe_fp8_gemm1_tensor_q8_t<BM> (e4m3 intermediate, static a2_scale),
+// wgmma_moe_fp8_gemm1_block_t<BM> (128x128 blocks: e4m3 intermediate and its group scales),
 // wgmma_moe_fp8_quant_inter_{tensor,channel}, and wgmma_moe_fp8_gemm2_{bf16,f16}_{scheme}_t<BM>.
 // Token tiles 64 and 128 (`WGMMA_FP8_TOKEN_TILES`); the consumers run with 232 registers
 // per thread (setmaxnreg) for the promotion's accumulators (consume_fp8).
@@ -907,10 +1093,13 @@ SWAPMOE_WGMMA_INSTANTIATE(f16, __half, 128)
   SWAPMOE_WGMMA_FP8_GEMM1(wgmma_moe_fp8_gemm1_tensor_t##BM, swapmoe::kQTensor, BM, false)                         \
   SWAPMOE_WGMMA_FP8_GEMM1(wgmma_moe_fp8_gemm1_channel_t##BM, swapmoe::kQChannel, BM, false)                       \
   SWAPMOE_WGMMA_FP8_GEMM1(wgmma_moe_fp8_gemm1_tensor_q8_t##BM, swapmoe::kQTensor, BM, true)                       \
+  SWAPMOE_WGMMA_FP8_GEMM1(wgmma_moe_fp8_gemm1_block_t##BM, swapmoe::kQBlock, BM, false)                           \
   SWAPMOE_WGMMA_FP8_GEMM2(bf16, __nv_bfloat16, tensor, swapmoe::kQTensor, BM)                                     \
   SWAPMOE_WGMMA_FP8_GEMM2(bf16, __nv_bfloat16, channel, swapmoe::kQChannel, BM)                                   \
   SWAPMOE_WGMMA_FP8_GEMM2(f16, __half, tensor, swapmoe::kQTensor, BM)                                             \
-  SWAPMOE_WGMMA_FP8_GEMM2(f16, __half, channel, swapmoe::kQChannel, BM)
+  SWAPMOE_WGMMA_FP8_GEMM2(f16, __half, channel, swapmoe::kQChannel, BM)                                           \
+  SWAPMOE_WGMMA_FP8_GEMM2(bf16, __nv_bfloat16, block, swapmoe::kQBlock, BM)                                       \
+  SWAPMOE_WGMMA_FP8_GEMM2(f16, __half, block, swapmoe::kQBlock, BM)
 SWAPMOE_WGMMA_FP8_TILE(64)
 SWAPMOE_WGMMA_FP8_TILE(128)
 

@@ -2,7 +2,7 @@
 //! and tile lives here, with a one-line reason; launch code only carries a plan out.
 
 use crate::error::{Error, Result};
-use crate::problem::{DType, Device, MoeProblem, QuantScheme};
+use crate::problem::{DType, Device, Fp8Quant, MoeProblem, QuantScheme, FP8_BLOCK};
 use crate::routing::{RouterConfig, Scoring};
 use crate::tables::{self, ActivationScales, Choice, ExternalBackend, Loaded, Quant, TableSet};
 use std::collections::HashSet;
@@ -74,6 +74,11 @@ pub const WGMMA_CTAS_PER_SM: usize = 1;
 /// benches/NOTES.md "wgmma v3"): deepseek-v3-tp8's GEMM2 (2-4 stages) 4-8% faster per layer;
 /// items of 16 and more stages (GEMM1s, Mixtral) within -4% to +4%.
 pub const WGMMA_PERSISTENT_MAX_STAGES: usize = 8;
+/// The same for the FP8 GEMMs (stages of 128 e4m3 of K). Measured (H200, benches/NOTES.md
+/// "FP8 wgmma v3"): qwen3-30b-a3b's GEMM1 (16 stages) persistent 2.6-3.2% faster per layer
+/// at M = 1024 and 4096 (per-tensor); deepseek-v3-tp8's (56 stages) -1 to -2%, within the
+/// spread; Mixtral with both GEMMs (32 and 112 stages) persistent 6% slower at M = 4096.
+pub const WGMMA_FP8_PERSISTENT_MAX_STAGES: usize = 16;
 /// Threads per CTA of the wgmma GEMMs: a producer warpgroup and two consumer warpgroups.
 pub const WGMMA_THREADS: usize = 384;
 /// Dynamic shared memory of the wgmma GEMMs with token tile `tile`: 4 (tile 128) or 5
@@ -150,6 +155,9 @@ const SWAP_ONE_WAVE_FIRST_PDL_MEASURED: &str = "deepseek-v3-tp8 M = 8 took 124.0
 /// `$SWAPMOE_WGMMA_PREGATHER` = "on" | "off" (else the N rule): whether cuda_wgmma's GEMM1
 /// reads token rows gathered beforehand (by TMA) or gathers them itself; for tuning.
 pub const WGMMA_PREGATHER_ENV: &str = "SWAPMOE_WGMMA_PREGATHER";
+/// `$SWAPMOE_WGMMA_PERSISTENT` = "on" | "off" (else the stage rule,
+/// `WGMMA_PERSISTENT_MAX_STAGES`): whether both of cuda_wgmma's GEMMs run as persistent grids.
+pub const WGMMA_PERSISTENT_ENV: &str = "SWAPMOE_WGMMA_PERSISTENT";
 /// `$SWAPMOE_SWAP_SLICES` = "g1,g2": force the K slices per stage of GEMM1 and GEMM2; for tuning.
 pub const SWAP_SLICES_ENV: &str = "SWAPMOE_SWAP_SLICES";
 /// Dynamic shared memory of a swap-AB kernel (`Stages<NT, kBoxes, kSub>::kSmemBytes`): stages
@@ -187,6 +195,12 @@ pub const SWAP_FP8_BEFORE_WGMMA_MAX_TOKENS: usize = 8;
 /// The same for wide experts (N >= SWAP_WIDE_MIN_N): the wgmma GEMMs from M = 2 (mixtral-8x7b,
 /// per-tensor: 157 against 166 µs at M = 2, 320 against 340 at M = 8).
 pub const SWAP_FP8_WIDE_BEFORE_WGMMA_MAX_TOKENS: usize = 1;
+/// The same for 128x128 blocks (dynamic 1 x 128 activation groups; measured, H200, `swapmoe
+/// tune --quant fp8_block128`, benches/NOTES.md "FP8 wgmma v3"): the wgmma GEMMs from M = 2
+/// on qwen3-30b-a3b (41 against 45 µs) and from M = 8 on deepseek-v3-tp8 (109 against 125;
+/// at M = 4 73 against 74), and from M = 1 on mixtral-8x7b (131 against 176, wide).
+pub const SWAP_FP8_BLOCK_BEFORE_WGMMA_MAX_TOKENS: usize = 4;
+pub const SWAP_FP8_BLOCK_WIDE_BEFORE_WGMMA_MAX_TOKENS: usize = 0;
 /// Threads of the FP8 swap-AB GEMM2 (`kFp8Gemm2Threads`): the consumer warpgroup and a
 /// producer warpgroup that quantizes the intermediate into each stage.
 pub const SWAP_FP8_GEMM2_THREADS: usize = 256;
@@ -379,10 +393,11 @@ pub enum KernelId {
     /// (token tile); GEMM2 also by output dtype (bf16 or fp16).
     SwapFp8StaticGemm1(usize),
     SwapFp8StaticGemm2Sum(DType, usize),
-    /// FP8 Hopper wgmma GEMMs (cuda/sm90_wgmma_moe.cu), per-tensor or per-channel scales:
-    /// GEMM1 by (scheme, token tile, static intermediate scale: it then writes e4m3 rows,
-    /// pre-gathered rows of the quantized input: it then reads them by TMA);
-    /// the intermediate's quantization with a dynamic scale; GEMM2 also by output dtype.
+    /// FP8 Hopper wgmma GEMMs (cuda/sm90_wgmma_moe.cu), per-tensor, per-channel or 128x128
+    /// block scales: GEMM1 by (scheme, token tile, static intermediate scale: it then writes
+    /// e4m3 rows, pre-gathered rows of the quantized input: it then reads them by TMA);
+    /// the intermediate's quantization with a dynamic scale (not for blocks: their GEMM1
+    /// quantizes it in groups itself); GEMM2 also by output dtype.
     WgmmaFp8Gemm1(QuantScheme, usize, bool, bool),
     WgmmaFp8QuantInter(QuantScheme),
     WgmmaFp8Gemm2(DType, QuantScheme, usize),
@@ -392,8 +407,20 @@ pub enum KernelId {
 /// stage's e4m3 wgmmas go into a second set of accumulators that is added to the f32 sums
 /// (promotion); the consumer warpgroups take 232 registers per thread for them (setmaxnreg).
 pub const WGMMA_FP8_TOKEN_TILES: [usize; 2] = WGMMA_TOKEN_TILES;
-/// The FP8 schemes cuda_wgmma is built for: the scales apply in its epilogues.
-pub const WGMMA_FP8_SCHEMES: [QuantScheme; 2] = [QuantScheme::Tensor, QuantScheme::Channel];
+/// The FP8 schemes cuda_wgmma is built for: per-tensor and per-channel scales apply in its
+/// epilogues, 128x128 block scales at each stage's promotion.
+pub const WGMMA_FP8_SCHEMES: [QuantScheme; 3] = [
+    QuantScheme::Tensor,
+    QuantScheme::Channel,
+    QuantScheme::Block,
+];
+
+/// Whether cuda_wgmma's FP8 GEMM1 writes the e4m3 intermediate itself (a static per-tensor
+/// a2_scale, or 128x128 blocks, whose 1 x 128 groups lie in one CTA tile's columns), so that
+/// no quantize-intermediate kernel runs between the GEMMs.
+pub fn wgmma_gemm1_quantizes(q: &Fp8Quant) -> bool {
+    q.static_intermediate() || q.scheme == QuantScheme::Block
+}
 
 const FP8_SCHEMES: [QuantScheme; 3] = [
     QuantScheme::Tensor,
@@ -476,7 +503,9 @@ impl KernelId {
         + 2 * 2
         + 3
         + 2 * 2
-        + 2 * 3;
+        + 2 * 3
+        + 2 * 2
+        + 2 * 2;
 
     pub fn module(&self) -> &'static str {
         match self {
@@ -610,6 +639,12 @@ impl KernelId {
             KernelId::SwapFp8StaticGemm2Sum(d, t) => {
                 190 + swap_fp8_slot(QuantScheme::Tensor, t) + 4 * usize::from(d == DType::F16)
             }
+            KernelId::WgmmaFp8Gemm1(QuantScheme::Block, t, _, pre) => {
+                220 + usize::from(t == 128) + 2 * usize::from(pre)
+            }
+            KernelId::WgmmaFp8Gemm2(d, QuantScheme::Block, t) => {
+                224 + usize::from(t == 128) + 2 * usize::from(d == DType::F16)
+            }
             KernelId::WgmmaFp8Gemm1(q, t, q8, pre) => {
                 let variant = if q8 { 2 } else { q.code() as usize };
                 let t128 = usize::from(t == 128);
@@ -719,7 +754,7 @@ impl KernelId {
                 v.push(KernelId::SwapFp8StaticGemm2Sum(d, t));
             }
         }
-        for q in WGMMA_FP8_SCHEMES {
+        for q in [QuantScheme::Tensor, QuantScheme::Channel] {
             v.push(KernelId::WgmmaFp8QuantInter(q));
         }
         for t in WGMMA_FP8_TOKEN_TILES {
@@ -1098,19 +1133,39 @@ fn wgmma_grids(
 ) -> (usize, (bool, bool)) {
     let ctas = hopper_sms.unwrap_or(132) * WGMMA_CTAS_PER_SM;
     let stages = (p.k.div_ceil(stage_k), p.n.div_ceil(stage_k));
-    let persistent = (
-        stages.0 <= WGMMA_PERSISTENT_MAX_STAGES,
-        stages.1 <= WGMMA_PERSISTENT_MAX_STAGES,
-    );
+    let max_stages = if p.quant.is_some() {
+        WGMMA_FP8_PERSISTENT_MAX_STAGES
+    } else {
+        WGMMA_PERSISTENT_MAX_STAGES
+    };
+    let rule = (stages.0 <= max_stages, stages.1 <= max_stages);
+    let (persistent, forced) = match std::env::var(WGMMA_PERSISTENT_ENV)
+        .as_deref()
+        .map(str::trim)
+    {
+        Ok("on") => (
+            (true, true),
+            format!(" (forced by ${WGMMA_PERSISTENT_ENV}=on)"),
+        ),
+        Ok("off") => (
+            (false, false),
+            format!(" (forced by ${WGMMA_PERSISTENT_ENV}=off)"),
+        ),
+        Ok(v) if !v.is_empty() && v != "auto" => (
+            rule,
+            format!(" (${WGMMA_PERSISTENT_ENV}={v:?} ignored: expected on, off or auto)"),
+        ),
+        _ => (rule, String::new()),
+    };
     let grid = |name: &str, n: usize, on: bool| {
         if on {
             format!("{name} ({n} k-stages per item) a persistent grid of {ctas} CTAs, each looping over its items so the next one's loads run under the last one's epilogue")
         } else {
-            format!("{name} ({n} k-stages per item) one CTA per item (> {WGMMA_PERSISTENT_MAX_STAGES} stages: a persistent grid measured no gain)")
+            format!("{name} ({n} k-stages per item) one CTA per item (> {max_stages} stages: a persistent grid measured no gain)")
         }
     };
     reasons.push(format!(
-        "cuda_wgmma grids: {}; {}",
+        "cuda_wgmma grids: {}; {}{forced}",
         grid("GEMM1", stages.0, persistent.0),
         grid("GEMM2", stages.1, persistent.1)
     ));
@@ -1159,12 +1214,13 @@ fn heuristic(c: &mut Candidates) -> Backend {
     // Whether cuda_wgmma's FP8 GEMMs can run the call (asked once; None without FP8).
     let fp8_wgmma_check = fp8.then(|| c.eligible(Backend::CudaWgmma));
     let fp8_wgmma = matches!(fp8_wgmma_check, Some(Ok(())));
-    let fp8_max = if !fp8_wgmma {
-        SWAP_FP8_HEURISTIC_MAX_TOKENS
-    } else if p.n >= SWAP_WIDE_MIN_N {
-        SWAP_FP8_WIDE_BEFORE_WGMMA_MAX_TOKENS
-    } else {
-        SWAP_FP8_BEFORE_WGMMA_MAX_TOKENS
+    let block = p.quant.is_some_and(|q| q.scheme == QuantScheme::Block);
+    let fp8_max = match (fp8_wgmma, p.n >= SWAP_WIDE_MIN_N, block) {
+        (false, _, _) => SWAP_FP8_HEURISTIC_MAX_TOKENS,
+        (true, true, false) => SWAP_FP8_WIDE_BEFORE_WGMMA_MAX_TOKENS,
+        (true, false, false) => SWAP_FP8_BEFORE_WGMMA_MAX_TOKENS,
+        (true, true, true) => SWAP_FP8_BLOCK_WIDE_BEFORE_WGMMA_MAX_TOKENS,
+        (true, false, true) => SWAP_FP8_BLOCK_BEFORE_WGMMA_MAX_TOKENS,
     };
     let swap_wins = if fp8 {
         p.m <= fp8_max
@@ -2022,8 +2078,14 @@ impl<'a> Candidates<'a> {
                 if let Some(q) = p.quant {
                     if !WGMMA_FP8_SCHEMES.contains(&q.scheme) {
                         return Err(format!(
-                            "its FP8 kernels take per-tensor or per-channel scales (applied in the epilogues), got {}: 128x128 block scales would need scaling inside the main loop, which is not built",
+                            "its FP8 kernels take per-tensor, per-channel or 128x128 block scales, got {}",
                             q.scheme.name()
+                        ));
+                    }
+                    if q.scheme == QuantScheme::Block && p.n % FP8_BLOCK != 0 {
+                        return Err(format!(
+                            "with 128x128 block scales its GEMM1 quantizes the intermediate in groups of {FP8_BLOCK} columns inside one CTA tile, so N must be a multiple of {FP8_BLOCK}, got N = {}",
+                            p.n
                         ));
                     }
                 }
@@ -2282,6 +2344,8 @@ impl<'a> Candidates<'a> {
                     "cuda_wgmma: FP8, token tiles of {tile} rows in expert order, e4m3 weights by TMA, warp-specialized e4m3 wgmma GEMMs, 128 of K per stage ({WGMMA_GEMM1_COLUMNS} inter columns per GEMM1 CTA, {WGMMA_GEMM2_COLUMNS} output columns per GEMM2 CTA); x quantized first; {}",
                     if q8 {
                         "GEMM1 quantizes the intermediate with the static a2_scale"
+                    } else if q.scheme == QuantScheme::Block {
+                        "the block scales multiply each stage's promotion, and GEMM1 quantizes the intermediate in 1 x 128 groups (each group's columns lie in one CTA tile)"
                     } else {
                         "GEMM1 writes the f32 intermediate and its absmax, then one kernel quantizes it with the dynamic scale"
                     }
@@ -2294,7 +2358,7 @@ impl<'a> Candidates<'a> {
                     v.push(KernelId::WgmmaGather);
                 }
                 v.push(KernelId::WgmmaFp8Gemm1(q.scheme, tile, q8, pre));
-                if !q8 {
+                if !wgmma_gemm1_quantizes(&q) {
                     v.push(KernelId::WgmmaFp8QuantInter(q.scheme));
                 }
                 v.push(KernelId::WgmmaFp8Gemm2(d, q.scheme, tile));
@@ -2550,11 +2614,17 @@ mod tests {
             .any(|r| r.contains("GEMM1 (112 k-stages per item) one CTA per item")));
         let (_, on, _) = grids(256, 8, 7168, 256, Some(QuantScheme::Tensor));
         assert_eq!(on, (false, true));
-        // qwen3: 12 bf16 stages in GEMM2 -> one CTA per item; FP8: 6 -> persistent
+        // qwen3: 12 bf16 stages in GEMM2 -> one CTA per item; FP8: GEMM1 16 and GEMM2 6
+        // stages -> both persistent
         assert_eq!(grids(128, 8, 2048, 768, None).0, 0);
+        let (_, on, why) = grids(128, 8, 2048, 768, Some(QuantScheme::Tensor));
+        assert_eq!(on, (true, true));
+        assert!(why
+            .iter()
+            .any(|r| r.contains("GEMM1 (16 k-stages per item) a persistent grid")));
         assert_eq!(
-            grids(128, 8, 2048, 768, Some(QuantScheme::Tensor)).1,
-            (false, true)
+            grids(256, 8, 7168, 256, Some(QuantScheme::Block)).2.iter().filter(|r| r.contains("GEMM1 (56 k-stages per item) one CTA per item (> 16 stages")).count(),
+            1
         );
         // Mixtral: long items everywhere
         let (ctas, on, _) = grids(8, 2, 4096, 14336, None);
@@ -3914,16 +3984,15 @@ mod tests {
                 .unwrap()
             };
             // Hopper: the e4m3 wgmma swap-AB kernels after the input quantization, up to M = 8
-            // where cuda_wgmma's FP8 GEMMs take the call beyond (per-tensor, per-channel), M = 16
-            // otherwise (128x128 blocks)
-            let swap_max = if q == QuantScheme::Block { 16 } else { 8 };
-            for (m, tile) in [(1, 8), (8, 8), (9, 16), (16, 16)] {
+            // (128x128 blocks: 4) where cuda_wgmma's FP8 GEMMs take the call beyond
+            let swap_max = if q == QuantScheme::Block { 4 } else { 8 };
+            for (m, tile) in [(1, 8), (4, 8), (8, 8), (9, 16), (16, 16)] {
                 let p = shape(m, 2048, 768, DType::BF16, &h200);
                 if m > swap_max {
                     assert_eq!(p.backend, Backend::CudaWgmma, "{:?}", p.reasons);
                     assert!(has(
                         &p,
-                        &[&format!("cuda_wgmma_swap: not picked, FP8 at M = {m} > 8: cuda_wgmma's e4m3 GEMMs measured faster")]
+                        &[&format!("cuda_wgmma_swap: not picked, FP8 at M = {m} > {swap_max}: cuda_wgmma's e4m3 GEMMs measured faster")]
                     ));
                     continue;
                 }
@@ -3975,37 +4044,26 @@ mod tests {
                     Some(true)
                 );
             }
-            // Wide experts (N >= 4096): cuda_wgmma's FP8 GEMMs from M = 2
-            if q != QuantScheme::Block {
-                assert_eq!(
-                    shape(1, 4096, 14336, DType::BF16, &h200).backend,
-                    Backend::CudaWgmmaSwap
-                );
-                assert_eq!(
-                    shape(2, 4096, 14336, DType::BF16, &h200).backend,
+            // Wide experts (N >= 4096): cuda_wgmma's FP8 GEMMs from M = 2 (blocks: M = 1)
+            assert_eq!(
+                shape(1, 4096, 14336, DType::BF16, &h200).backend,
+                if q == QuantScheme::Block {
                     Backend::CudaWgmma
-                );
-            }
-            // M = 64: the e4m3 wgmma GEMMs, or for blocks past the swap-AB range (M = 16)
-            // the decode kernels while the slots fit them, then the SIMT ones
+                } else {
+                    Backend::CudaWgmmaSwap
+                }
+            );
+            assert_eq!(
+                shape(2, 4096, 14336, DType::BF16, &h200).backend,
+                Backend::CudaWgmma
+            );
+            // M = 64: the e4m3 wgmma GEMMs
             let p = shape(64, 2048, 768, DType::BF16, &h200);
-            if q == QuantScheme::Block {
-                assert_ne!(p.backend, Backend::CudaWgmmaSwap);
-                assert!(has(
-                    &p,
-                    &["cuda_wgmma_swap: not picked, FP8 at M = 64 > 16: with dynamic activation scales"]
-                ));
-                assert_eq!(
-                    shape(65, 2048, 768, DType::BF16, &h200).backend,
-                    Backend::CudaGeneric
-                );
-            } else {
-                assert_eq!(p.backend, Backend::CudaWgmma, "{:?}", p.reasons);
-                assert!(has(
-                    &p,
-                    &["cuda_wgmma: FP8 past the swap-AB kernels' range"]
-                ));
-            }
+            assert_eq!(p.backend, Backend::CudaWgmma, "{:?}", p.reasons);
+            assert!(has(
+                &p,
+                &["cuda_wgmma: FP8 past the swap-AB kernels' range"]
+            ));
             let p = plan_for_shape(
                 1024,
                 128,
@@ -4019,9 +4077,9 @@ mod tests {
                 &Request::default(),
             )
             .unwrap();
-            // M = 1024, 64 slots per expert: the e4m3 wgmma GEMMs for the schemes whose
-            // scales apply in the epilogue; 128x128 blocks stay on the SIMT kernels.
-            if WGMMA_FP8_SCHEMES.contains(&q) {
+            // M = 1024, 64 slots per expert: the e4m3 wgmma GEMMs; with 128x128 blocks and
+            // with a static per-tensor a2_scale GEMM1 quantizes the intermediate itself.
+            {
                 assert_eq!(p.backend, Backend::CudaWgmma, "{:?}", p.reasons);
                 assert!(has(
                     &p,
@@ -4033,7 +4091,7 @@ mod tests {
                     [
                         vec![KernelId::RouteAlign, KernelId::Fp8QuantX(DType::BF16)],
                         vec![KernelId::WgmmaFp8Gemm1(q, 64, q8, false)],
-                        if q8 {
+                        if q8 || q == QuantScheme::Block {
                             vec![]
                         } else {
                             vec![KernelId::WgmmaFp8QuantInter(q)]
@@ -4062,7 +4120,10 @@ mod tests {
                 .unwrap();
                 assert_eq!(dynamic.backend, Backend::CudaWgmma);
                 assert_eq!(dynamic.tokens_per_pass, 128);
-                assert!(dynamic.kernels.contains(&KernelId::WgmmaFp8QuantInter(q)));
+                assert_eq!(
+                    dynamic.kernels.contains(&KernelId::WgmmaFp8QuantInter(q)),
+                    q != QuantScheme::Block
+                );
                 assert!(dynamic
                     .kernels
                     .contains(&KernelId::WgmmaFp8Gemm1(q, 128, false, true)));
@@ -4076,12 +4137,15 @@ mod tests {
                     &ada,
                     &["cuda_wgmma: rejected, its FP8 kernels need an sm_90 (Hopper) device"]
                 ));
-            } else {
+            }
+            // 128x128 blocks with N not a multiple of 128: the SIMT kernels
+            if q == QuantScheme::Block {
+                let p = shape(1024, 2048, 704, DType::BF16, &h200);
                 assert_eq!(p.backend, Backend::CudaGeneric);
                 assert!(p.kernels.contains(&KernelId::GenericFp8Gemm1(q, FP8_VEC)));
                 assert!(has(
                     &p,
-                    &["cuda_wgmma: rejected, its FP8 kernels take per-tensor or per-channel scales"]
+                    &["cuda_wgmma: rejected, with 128x128 block scales its GEMM1 quantizes the intermediate in groups of 128 columns inside one CTA tile, so N must be a multiple of 128, got N = 704"]
                 ));
             }
             // K = 200: 16-byte e4m3 vectors do not fit, scalar loads

@@ -906,11 +906,12 @@ pub struct WorkspaceLayout {
     pub x_scale: usize,
     /// float32 [FP8_AMAX_PARTIALS]: partial absmax of the input (dynamic per-tensor).
     pub x_partials: usize,
-    /// float32 [S, groups of N]: absmax of the intermediate (per tensor: element 0).
+    /// float32 [S, groups of N]: absmax of the intermediate (per tensor: element 0); in
+    /// cuda_wgmma with 128x128 blocks, the intermediate's group scales by sorted position.
     pub inter_amax: usize,
-    /// FP8 per-tensor and per-channel only (the schemes cuda_wgmma runs). e4m3 [S, N]: the
-    /// intermediate in sorted order, quantized for cuda_wgmma's GEMM2 (by its GEMM1 with a
-    /// static scale, else by the quantize-intermediate kernel).
+    /// FP8 only. e4m3 [S, N]: the intermediate in sorted order, quantized for cuda_wgmma's
+    /// GEMM2 (by its GEMM1 with a static scale or block scales, else by the
+    /// quantize-intermediate kernel).
     pub inter_q: usize,
     pub total: usize,
 }
@@ -980,12 +981,8 @@ impl WorkspaceLayout {
                 4 * m * q.groups(k),
                 4 * FP8_AMAX_PARTIALS,
                 4 * slots.max(1) * q.groups(n),
-                // cuda_wgmma's e4m3 intermediate: only for the schemes it runs
-                if crate::oracle::WGMMA_FP8_SCHEMES.contains(&q) {
-                    slots * n
-                } else {
-                    0
-                },
+                // cuda_wgmma's e4m3 intermediate (it runs every scheme)
+                slots * n,
             ),
             None => (0, 0, 0, 0, 0),
         };

@@ -492,16 +492,18 @@ def test_select_backend_fp8(quant, monkeypatch):
     assert p.backend == "cuda_wgmma_swap" and p.swap_ab
     assert any(k.startswith("swap_moe_fp8_gemm1_") for k in p.tile["kernels"])
     assert any(r.startswith("fp8:") for r in p.reasons)
-    # M = 1024 (64 slots per expert): the e4m3 wgmma GEMMs for per-tensor and per-channel
-    # scales, the SIMT FP8 kernels for 128x128 blocks (scales inside the main loop).
+    # M = 1024 (64 slots per expert): the e4m3 wgmma GEMMs for every scheme (128x128 blocks:
+    # scaled at each stage's promotion, GEMM1 quantizes the intermediate itself)
     p = swapmoe.select_backend(1024, 128, 8, 2048, 768, quant=quant, device_name="NVIDIA H200")
+    assert p.backend == "cuda_wgmma" and not p.swap_ab
+    assert any(k.startswith("wgmma_moe_fp8_gemm1_") for k in p.tile["kernels"])
+    assert (quant == "fp8_channel") == any("quant_inter" in k for k in p.tile["kernels"])
+    # 128x128 blocks with N not a multiple of 128: the SIMT FP8 kernels
     if quant == "fp8_block128":
+        p = swapmoe.select_backend(1024, 128, 8, 2048, 704, quant=quant, device_name="NVIDIA H200")
         assert p.backend == "cuda_generic"
-        assert any("cuda_wgmma: rejected" in r and "128x128 block" in r for r in p.reasons)
+        assert any("cuda_wgmma: rejected" in r and "N must be a multiple of 128" in r for r in p.reasons)
         assert any("cuda_mma: rejected" in r and "FP8" in r for r in p.reasons)
-    else:
-        assert p.backend == "cuda_wgmma" and not p.swap_ab
-        assert any(k.startswith("wgmma_moe_fp8_gemm1_") for k in p.tile["kernels"])
     # On Ada (sm_89) there is no wgmma: the SIMT FP8 kernels.
     p = swapmoe.select_backend(1024, 128, 8, 2048, 768, quant=quant, device_name="NVIDIA L40S")
     assert p.backend == "cuda_generic"
@@ -540,7 +542,9 @@ def test_workspace_holds_e4m3_swap_rows_only_for_per_tensor_fp8():
     assert per_tensor >= A * M * N + 4 * S * K
     for quant in ("fp8_channel", "fp8_block128"):
         assert _core.workspace_bytes(M, topk, N, K, E, 2, quant) < A * M * N + 4 * S * K
-    # cuda_wgmma's e4m3 intermediate [S, N] is there for per-channel scales, not for blocks
-    # (whose extra scale sections are much smaller at this shape)
+    # cuda_wgmma's e4m3 intermediate [S, N] is there for every scheme; blocks add only their
+    # scale sections (input [M, K/128], intermediate [S, N/128]) over per-channel's
     channel = _core.workspace_bytes(M, topk, N, K, E, 2, "fp8_channel")
-    assert channel - _core.workspace_bytes(M, topk, N, K, E, 2, "fp8_block128") >= S * N // 2
+    block = _core.workspace_bytes(M, topk, N, K, E, 2, "fp8_block128")
+    assert channel >= 4 * S * N + S * N + 4 * S * K
+    assert 0 <= block - channel <= 4 * (M * K // 128 + S * N // 128) + 2 * 256

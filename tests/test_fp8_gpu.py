@@ -5,6 +5,7 @@ devices the op must raise ArgumentError, tested below)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -158,10 +159,9 @@ def test_deterministic(scheme, M, rng):
 
 
 def _backend_or_skip(backend, scheme):
-    """None (the oracle's choice), or cuda_wgmma's FP8 GEMMs where they run (sm_90,
-    per-tensor and per-channel scales)."""
-    if backend == "cuda_wgmma" and (scheme == "block" or torch.cuda.get_device_capability() != (9, 0)):
-        pytest.skip("cuda_wgmma's FP8 GEMMs: sm_90, per-tensor and per-channel scales")
+    """None (the oracle's choice), or cuda_wgmma's FP8 GEMMs where they run (sm_90)."""
+    if backend == "cuda_wgmma" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("cuda_wgmma's FP8 GEMMs: sm_90")
     return {} if backend is None else {"backend": backend}
 
 
@@ -426,7 +426,10 @@ def test_first_kernel_without_pdl_gives_the_same_bits(scheme, backend, rng, monk
 # stages and column blocks (N = 80, K = 336), ragged experts and experts with no token,
 # M = 1, invalid, duplicate and int64 ids, the expert map with -1, the router weight on the
 # input, gelu, strided operands, in-place output. Per-tensor scales dynamic and static (the
-# static intermediate scale makes GEMM1 write e4m3 itself), and per-channel scales.
+# static intermediate scale makes GEMM1 write e4m3 itself), per-channel scales, and 128x128
+# blocks (scaled at each stage's promotion; GEMM1 quantizes the intermediate in 1 x 128
+# groups: N a multiple of 128, so their cases take N rounded up: 128 and 256, with the K
+# tails 336 and 384 and a w2 scale row clamped past K).
 WGMMA_CASES = [
     _case(1, E=8, topk=2),
     _case(17, (80, 336), E=16, topk=4, act="gelu"),
@@ -437,7 +440,15 @@ WGMMA_CASES = [
     _case(200, E=64, topk=6, ids="dup", out="inplace"),
     _case(257, (144, 384), E=8, topk=2, layout="strided"),
 ]
-WGMMA_SCHEMES = [("tensor", False), ("tensor", True), ("channel", False)]
+WGMMA_SCHEMES = [("tensor", False), ("tensor", True), ("channel", False), ("block", False)]
+
+
+def _wgmma_case(case, scheme):
+    """The case as cuda_wgmma runs it for `scheme`: with 128x128 blocks N rounded up to a
+    multiple of 128."""
+    if scheme[0] == "block" and case.N % 128:
+        return dataclasses.replace(case, N=-(-case.N // 128) * 128)
+    return case
 
 
 WGMMA_FP8_TILES = [64, 128]  # the token tiles of the FP8 wgmma GEMMs
@@ -460,6 +471,7 @@ def _wgmma_tile(monkeypatch, tile, a_mode="gather"):
 @pytest.mark.parametrize("scheme", WGMMA_SCHEMES, ids=_scheme_id)
 def test_wgmma_backend(scheme, case, tile, a_mode, rng, monkeypatch):
     _wgmma_tile(monkeypatch, tile, a_mode)
+    case = _wgmma_case(case, scheme)
     run_fp8_case(case, scheme[0], "torch", "bfloat16", rng, device=DEV, static=scheme[1], backend="cuda_wgmma")
 
 
@@ -520,14 +532,15 @@ def test_wgmma_is_deterministic_and_graph_safe(scheme, tile, a_mode, rng, monkey
 
 
 @needs_sm90
-@pytest.mark.parametrize("what", ["block", "float32", "K=200"])
+@pytest.mark.parametrize("what", ["block N=80", "float32", "K=200"])
 def test_wgmma_refuses_what_it_cannot_run(what, rng):
-    scheme = "block" if what == "block" else "tensor"
-    shape = ODD_SHAPE if what == "K=200" else VEC_SHAPE
+    scheme = "block" if what.startswith("block") else "tensor"
+    shape = {"block N=80": (80, 256), "K=200": ODD_SHAPE}.get(what, VEC_SHAPE)
     dtype = "float32" if what == "float32" else "bfloat16"
     case = _case(300, shape, E=8, topk=2)
     inp = to_fp8_inputs(make_fp8_problem(rng, case, scheme), case, "torch", dtype, DEV)
-    why = {"block": "128x128 block", "float32": "bfloat16 or float16 outputs", "K=200": "multiples of 16 e4m3"}[what]
+    why = {"block N=80": "N must be a multiple of 128, got N = 80", "float32": "bfloat16 or float16 outputs",
+           "K=200": "multiples of 16 e4m3"}[what]
     with pytest.raises(swapmoe.ArgumentError, match=why):
         fp8_call(inp, case, backend="cuda_wgmma")
 

@@ -16,6 +16,7 @@ def _heuristics_only(monkeypatch):
     monkeypatch.delenv("SWAPMOE_MMA_TOKEN_TILE", raising=False)
     monkeypatch.delenv("SWAPMOE_FIRST_KERNEL_PDL", raising=False)
     monkeypatch.delenv("SWAPMOE_WGMMA_PREGATHER", raising=False)
+    monkeypatch.delenv("SWAPMOE_WGMMA_PERSISTENT", raising=False)
 
 
 QWEN3 = (128, 8, 2048, 768)  # E, topk, K, N
@@ -95,6 +96,26 @@ def test_wgmma_token_tile_and_gemm1_a_mode(quant, monkeypatch):
     p, k = kernels(4096, MIXTRAL)
     assert k[0] == "wgmma_moe_gather"
     assert any('$SWAPMOE_WGMMA_PREGATHER="sometimes" ignored' in r for r in p.reasons)
+
+
+@pytest.mark.parametrize("quant", [None, "fp8_block128"])
+def test_wgmma_persistent_grids_and_their_override(quant, monkeypatch):
+    """cuda_wgmma's GEMMs run as persistent grids (one CTA per SM) for items of <= 8 k-stages
+    (FP8: 16), both or neither when the environment says so."""
+    kw = {"quant": quant} if quant else {}
+    p = plan(4096, QWEN3, **kw)  # GEMM1: K = 2048; GEMM2: N = 768 (bf16: 32 and 12 stages; FP8: 16 and 6)
+    assert p.backend == "cuda_wgmma", p.reasons
+    fp8 = quant is not None
+    assert p.tile["wgmma_persistent"] == (fp8, fp8) and p.tile["ctas"] == (132 if fp8 else 0)
+    monkeypatch.setenv("SWAPMOE_WGMMA_PERSISTENT", "on")
+    p = plan(4096, QWEN3, **kw)
+    assert p.tile["wgmma_persistent"] == (True, True) and p.tile["ctas"] == 132
+    assert any("forced by $SWAPMOE_WGMMA_PERSISTENT=on" in r for r in p.reasons)
+    monkeypatch.setenv("SWAPMOE_WGMMA_PERSISTENT", "off")
+    p = plan(4096, QWEN3, **kw)
+    assert p.tile["wgmma_persistent"] == (False, False) and p.tile["ctas"] == 0
+    monkeypatch.setenv("SWAPMOE_WGMMA_PERSISTENT", "always")
+    assert any('$SWAPMOE_WGMMA_PERSISTENT="always" ignored' in r for r in plan(4096, QWEN3, **kw).reasons)
 
 
 def test_fp32_falls_back_to_generic_with_reason():
@@ -179,4 +200,5 @@ def test_explain_fp8(capsys):
                      "fp8_block128", "--m", "1,1024"]) == 0
     out = capsys.readouterr().out
     assert "fp8_block128" in out and "M=1: cuda_wgmma_swap" in out and "swap_moe_fp8_gemm1_block_n8" in out
-    assert "M=1024: cuda_generic" in out and "generic_moe_fp8_gemm2_block_v16" in out
+    assert "M=1024: cuda_wgmma" in out and "wgmma_moe_fp8_gemm1_block_t64" in out
+    assert "wgmma_moe_fp8_gemm2_bf16_block_t64" in out and "quant_inter" not in out

@@ -260,10 +260,10 @@ def test_table_names_and_fp8():
         "E=256,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json"
     assert _core.table_file_name(256, 256, H200, quant="fp8_tensor").endswith("dtype=fp8_w8a8.json")
     # FP8 plans read the FP8 table of their scheme
-    p = plan(8, DEEPSEEK_TP8, quant="fp8_block128")
-    assert p.backend == "cuda_wgmma_swap" and p.source == "table"
+    p = plan(8, DEEPSEEK_TP8, quant="fp8_block128")  # measured: the e4m3 wgmma GEMMs
+    assert p.backend == "cuda_wgmma" and p.source == "table"
     assert p.table.endswith("E=256;N=256;device_name=NVIDIA_H200;dtype=fp8_w8a8;block_shape=[128;128].json")
-    p = plan(8, (256, 8, 7168, 512), quant="fp8_block128")  # no table for N=512
+    p = plan(4, (256, 8, 7168, 512), quant="fp8_block128")  # no table for N=512
     assert p.backend == "cuda_wgmma_swap" and p.source == "heuristic"
     assert any("dtype=fp8_w8a8,block_shape=[128,128].json" in r for r in p.reasons)
     assert all("fp8" in k for k in p.tile["kernels"] if "gemm" in k)
@@ -325,13 +325,10 @@ def test_explain_fp8_shows_the_fp8_plan(quant, capsys, monkeypatch):
     # explain plans per-tensor FP8 with static activation scales: GEMM1 writes e4m3 rows (q8)
     gemm1 = "swap_moe_fp8_gemm1_tensor_q8_n8" if scheme == "tensor" else f"swap_moe_fp8_gemm1_{scheme}_n8"
     assert "M=1: cuda_wgmma_swap" in out and gemm1 in out
-    if scheme == "block":  # cuda_wgmma has no FP8 kernels for 128x128 blocks
-        assert "M=64: cuda_generic" in out and "generic_moe_fp8_gemm1_block" in out
-        assert "cuda_wgmma_swap: not picked, FP8 at M = 64 > 16" in out
-    else:  # past M = 8 the e4m3 wgmma GEMMs (static per-tensor scales: GEMM1 writes e4m3)
-        gemm1 = "wgmma_moe_fp8_gemm1_tensor_q8_t64" if scheme == "tensor" else "wgmma_moe_fp8_gemm1_channel_t64"
-        assert "M=64: cuda_wgmma" in out and gemm1 in out
-        assert "cuda_wgmma_swap: not picked, FP8 at M = 64 > 8" in out
+    # past M = 8 the e4m3 wgmma GEMMs (static per-tensor scales: GEMM1 writes e4m3)
+    gemm1 = "wgmma_moe_fp8_gemm1_tensor_q8_t64" if scheme == "tensor" else f"wgmma_moe_fp8_gemm1_{scheme}_t64"
+    assert "M=64: cuda_wgmma" in out and gemm1 in out
+    assert f"cuda_wgmma_swap: not picked, FP8 at M = 64 > {4 if scheme == 'block' else 8}" in out
     # dynamic per-tensor scales: the dynamic kernels (GEMM1's f32 rows quantized by one kernel)
     assert cli.main(argv + ["--activation-scales", "dynamic"]) == 0
     out = capsys.readouterr().out
@@ -375,7 +372,7 @@ def test_labels_and_candidates():
                                             "cuda_wgmma:t64", "cuda_wgmma:t128", "cuda_generic"]
     assert T.swapmoe_candidates("fp32") == ["cuda_decode", "cuda_generic"]
     for quant in ("fp8_tensor", "fp8_channel", "fp8_block128"):  # cuda_mma has no FP8 kernels
-        wgmma = ["cuda_wgmma:t64", "cuda_wgmma:t128"] if quant != "fp8_block128" else []
+        wgmma = ["cuda_wgmma:t64", "cuda_wgmma:t128"]
         assert T.swapmoe_candidates("bf16", quant) == ["cuda_decode", "cuda_wgmma_swap"] + wgmma + ["cuda_generic"]
         assert T.swapmoe_candidates("fp32", quant) == ["cuda_decode", "cuda_generic"]
 
@@ -739,7 +736,7 @@ def test_fp8_sweep_writes_a_table_the_oracle_follows(quant, tmp_path, monkeypatc
     runner = FakeFp8Runner(quant=quant)
     [s] = T.sweep(plans, runner)
     # cuda_wgmma's FP8 GEMMs take per-tensor and per-channel scales (the oracle refuses blocks)
-    wgmma = {"cuda_wgmma:t64", "cuda_wgmma:t128"} if quant != "fp8_block128" else set()
+    wgmma = {"cuda_wgmma:t64", "cuda_wgmma:t128"}
     assert {lb for lb, _ in runner.timed} == {"cuda_decode", "cuda_wgmma_swap", "cuda_generic", "vllm_triton"} | wgmma
     key = {"fp8_tensor": "dtype=fp8_w8a8.json", "fp8_channel": "dtype=fp8_w8a8;per_channel=true.json",
            "fp8_block128": "dtype=fp8_w8a8;block_shape=[128;128].json"}[quant]
@@ -807,7 +804,7 @@ def test_fp8_gpu_runner_builds_bench_inputs_and_checks_on_the_cpu(quant, monkeyp
     shape = T.B.shard_shape("t", 8, 2, 256, 200, 1, 2)  # expert parallel, a partial 128-block
     runner = T.GpuRunner(torch, torch.device("cpu"), "bf16", 2, 0, H200, (9, 0), T.make_vllm_fp8_impl(fe, qc),
                          lambda s: None, quant)
-    wgmma = ["cuda_wgmma:t64", "cuda_wgmma:t128"] if quant != "fp8_block128" else []
+    wgmma = ["cuda_wgmma:t64", "cuda_wgmma:t128"]
     assert runner.labels == ["cuda_decode", "cuda_wgmma_swap"] + wgmma + ["cuda_generic", "vllm_triton"]
     runner.start_shape(shape)
     try:

@@ -163,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--dtype", choices=list(B.DTYPES), default="bf16")
     t.add_argument("--quant", choices=list(B.QUANTS), default="none",
                    help="weight quantization: FP8 W8A8 inputs as swapmoe bench --quant builds them; candidates "
-                        "cuda_decode, cuda_wgmma_swap (Hopper), cuda_wgmma:t64/t128 (Hopper; per-tensor and per-channel), "
+                        "cuda_decode, cuda_wgmma_swap (Hopper), cuda_wgmma:t64/t128 (Hopper), "
                         "cuda_generic (and vllm_triton), written to the "
                         "dtype=fp8_w8a8... tables (needs sm_89+)")
     t.add_argument("--m", metavar="M,M,...", default=",".join(map(str, T.DEFAULT_M)), help="token counts")

@@ -13,8 +13,8 @@ only for callers inside vLLM.
 FP8 (``quant`` fp8_tensor, fp8_channel, fp8_block128): the inputs are ``swapmoe bench
 --quant``'s (e4m3 weight copies with absmax/448 scales per expert, output row or 128x128
 block; fp8_tensor's static activation scales from a calibration sample, the others dynamic),
-the candidates swapmoe's FP8 backends (cuda_decode, cuda_wgmma_swap, cuda_wgmma (token tile 64)
-for per-tensor and per-channel scales, cuda_generic: cuda_mma has no FP8 kernels) and, when vLLM imports, vLLM's Triton ``fused_experts`` with the same weights and
+the candidates swapmoe's FP8 backends (cuda_decode, cuda_wgmma_swap, cuda_wgmma (token tiles 64
+and 128), cuda_generic: cuda_mma has no FP8 kernels) and, when vLLM imports, vLLM's Triton ``fused_experts`` with the same weights and
 scales (``fp8_w8a8_moe_quant_config``). The tables are the FP8 ones the oracle reads
 (``dtype=fp8_w8a8[,per_channel=true|,block_shape=[128,128]]``); their metadata has ``quant``.
 A table with no ``vllm_triton`` time sends the vLLM plugin's FP8 calls to swapmoe's kernels
@@ -57,10 +57,9 @@ ENV_TABLES = "SWAPMOE_TABLES_DIR"
 
 
 #: swapmoe backends with FP8 kernels (cuda_mma has none; the oracle refuses it for FP8);
-#: cuda_wgmma_swap's and cuda_wgmma's need bf16/fp16 activations and Hopper, and cuda_wgmma
-#: takes per-tensor and per-channel scales only (FP8_WGMMA_QUANTS)
+#: cuda_wgmma_swap's and cuda_wgmma's need bf16/fp16 activations and Hopper (and cuda_wgmma
+#: with 128x128 blocks N a multiple of 128: the oracle says so per shape)
 FP8_BACKENDS: Tuple[str, ...] = ("cuda_decode", "cuda_wgmma_swap", "cuda_wgmma", "cuda_generic")
-FP8_WGMMA_QUANTS: Tuple[str, ...] = ("fp8_tensor", "fp8_channel")
 #: FP8 needs native e4m3 conversions (the oracle refuses FP8 below sm_89)
 FP8_MIN_CAPABILITY = (8, 9)
 #: where vLLM 0.33 builds the quant config its fused_experts takes for FP8 W8A8
@@ -105,15 +104,14 @@ def parse_label(label: str) -> Tuple[str, Optional[int]]:
 def swapmoe_candidates(dtype: str, quant: str = "none") -> List[str]:
     """Every swapmoe candidate for a dtype: decode, the Hopper swap-AB decode kernels, each
     tensor-core tile and the Hopper wgmma GEMMs (bf16/fp16), generic; for an FP8 ``quant`` the
-    backends with FP8 kernels (decode; for bf16/fp16 the swap-AB e4m3 kernels and, with
-    per-tensor or per-channel scales, each tile of the e4m3 wgmma GEMMs; generic).
+    backends with FP8 kernels (decode; for bf16/fp16 the swap-AB e4m3 kernels and each tile
+    of the e4m3 wgmma GEMMs; generic).
     Candidates the device cannot run are skipped with the oracle's reason."""
     if quant != "none":
         labels = ["cuda_decode"]
         if dtype in ("bf16", "fp16"):
             labels.append("cuda_wgmma_swap")
-            if quant in FP8_WGMMA_QUANTS:  # its FP8 GEMMs: both token tiles
-                labels += [candidate_label("cuda_wgmma", t) for t in WGMMA_TILES]
+            labels += [candidate_label("cuda_wgmma", t) for t in WGMMA_TILES]
         labels.append("cuda_generic")
         return labels
     labels = ["cuda_decode"]

@@ -873,21 +873,15 @@ fn wgmma_gemms(
     // GEMM1 has read them.
     let x = o.hidden_states as u64;
     let x_row = s.hidden_row;
-    let pre_gathered = plan.kernels[1] == KernelId::WgmmaGather;
-    let xs_map = if pre_gathered {
-        let rows = SortedRows {
-            src: x,
-            src_row_bytes: s.hidden_row * esize as i64,
-            dtype: d,
-            stage_k,
-            dst: slot_out,
-        };
-        rows.gather(dev, p, &wa, plan.kernels[1], stream)?
-    } else {
-        // unused by the kernel that gathers for itself
-        unsafe { std::mem::zeroed() }
+    let rows = SortedRows {
+        src: x,
+        src_row_bytes: s.hidden_row * esize as i64,
+        dtype: d,
+        stage_k,
+        dst: slot_out,
     };
-    let first = usize::from(pre_gathered);
+    let xs_map = rows.map_for(dev, p, &wa, plan, stream)?;
+    let first = usize::from(SortedRows::planned(plan));
     {
         let w1_map = wa.w1_map(p, d, stage_k)?;
         let mut args = wgmma_params!([x, x_row, xs_map, w1_map], wa, [wa.act, wa.on_input, inter]);
@@ -943,7 +937,7 @@ fn wgmma_topk_reduce(
 }
 
 /// The scales an FP8 wgmma GEMM reads (`WgmmaFp8Scales` in cuda/sm90_wgmma_moe.cu), passed
-/// by value: pointers, then element strides of the weight scales.
+/// by value: pointers and element strides of the scales, then (128x128 blocks) the groups.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 struct WgmmaFp8Scales {
@@ -952,7 +946,13 @@ struct WgmmaFp8Scales {
     w_scale_expert: i64,
     w_scale_row: i64,
     a2_static: u64,
+    /// the intermediate's absmax; with block scales its group scales by sorted position
     inter_amax: u64,
+    w_scale_col: i64,
+    x_groups: i32,
+    inter_groups: i32,
+    /// rows of blocks of the weight scale (block scales)
+    w_scale_rows: i32,
 }
 
 /// GEMM1's token rows copied into sorted order by the gather kernel before GEMM1 (plans
@@ -969,15 +969,26 @@ struct SortedRows {
 }
 
 impl SortedRows {
-    /// Launches the gather and returns the tensor map over the gathered [S][K] rows.
-    fn gather(
+    /// Whether the plan gathers GEMM1's rows before it (the gather kernel is in the plan).
+    fn planned(plan: &Plan) -> bool {
+        plan.kernels.contains(&KernelId::WgmmaGather)
+    }
+
+    /// GEMM1's `xs_map` argument: with the gather kernel in the plan, launches it and
+    /// returns the tensor map over the gathered [S][K] rows; otherwise a zeroed map, which
+    /// the GEMM1 that gathers its rows itself does not read.
+    fn map_for(
         &self,
         dev: &DeviceState,
         p: &MoeProblem,
         wa: &WgmmaArgs,
-        id: KernelId,
+        plan: &Plan,
         stream: usize,
     ) -> Result<sys::CUtensorMap> {
+        if !Self::planned(plan) {
+            return Ok(unsafe { std::mem::zeroed() });
+        }
+        let id = KernelId::WgmmaGather;
         let esize = self.dtype.size();
         let row_vectors = (p.k * esize / 16) as i32;
         let src_row_vectors = self.src_row_bytes / 16;
@@ -1036,23 +1047,21 @@ fn wgmma_fp8(
     let stage_k = 128u32;
 
     let gemm1 = find(plan, |k| matches!(k, KernelId::WgmmaFp8Gemm1(..)))?;
-    let static_inter = matches!(gemm1, KernelId::WgmmaFp8Gemm1(_, _, true, _));
-    let xs_map = if plan.kernels.contains(&KernelId::WgmmaGather) {
-        let rows = SortedRows {
-            src: f.xq,
-            src_row_bytes: f.xq_row,
-            dtype: e4m3,
-            stage_k,
-            dst: ws(layout.slot_out),
-        };
-        rows.gather(dev, p, &wa, KernelId::WgmmaGather, stream)?
-    } else {
-        // unused by the kernel that gathers for itself
-        unsafe { std::mem::zeroed() }
+    let q = p.quant.expect("an FP8 problem");
+    // GEMM1 writes the e4m3 intermediate itself, or a kernel quantizes its f32 rows after it
+    let gemm1_quantizes = crate::oracle::wgmma_gemm1_quantizes(&q);
+    let block_rows = |groups: usize| i32::try_from(groups).unwrap_or(i32::MAX);
+    let rows = SortedRows {
+        src: f.xq,
+        src_row_bytes: f.xq_row,
+        dtype: e4m3,
+        stage_k,
+        dst: ws(layout.slot_out),
     };
+    let xs_map = rows.map_for(dev, p, &wa, plan, stream)?;
     {
         let w1_map = wa.w1_map(p, e4m3, stage_k)?;
-        let (w1s_e, w1s_r, _) = f.w1s_strides;
+        let (w1s_e, w1s_r, w1s_c) = f.w1s_strides;
         let scales = WgmmaFp8Scales {
             x_scale: f.x_scale,
             w_scale: f.w1s,
@@ -1060,8 +1069,12 @@ fn wgmma_fp8(
             w_scale_row: w1s_r,
             a2_static: f.a2,
             inter_amax: f.inter_amax,
+            w_scale_col: w1s_c,
+            x_groups: f.groups_k,
+            inter_groups: f.groups_n,
+            w_scale_rows: block_rows(q.scheme.groups(2 * p.n)),
         };
-        let inter = if static_inter { inter_q } else { f.inter };
+        let inter = if gemm1_quantizes { inter_q } else { f.inter };
         let mut args = wgmma_params!(
             [f.xq, f.xq_row, xs_map, w1_map, scales],
             wa,
@@ -1069,7 +1082,7 @@ fn wgmma_fp8(
         );
         wa.launch(dev, plan, gemm1, WgmmaGemm::One, stream, &mut args)?;
     }
-    if !static_inter {
+    if !gemm1_quantizes {
         let id = find(plan, |k| matches!(k, KernelId::WgmmaFp8QuantInter(..)))?;
         let local_e = p.local_experts as i32;
         let mut args = params!(
@@ -1095,7 +1108,7 @@ fn wgmma_fp8(
     let slot_out = ws(layout.slot_out);
     {
         let (inter_map, w2_map) = wa.gemm2_maps(p, e4m3, stage_k, inter_q)?;
-        let (w2s_e, w2s_r, _) = f.w2s_strides;
+        let (w2s_e, w2s_r, w2s_c) = f.w2s_strides;
         let scales = WgmmaFp8Scales {
             x_scale: 0,
             w_scale: f.w2s,
@@ -1103,6 +1116,10 @@ fn wgmma_fp8(
             w_scale_row: w2s_r,
             a2_static: f.a2,
             inter_amax: f.inter_amax,
+            w_scale_col: w2s_c,
+            x_groups: f.groups_k,
+            inter_groups: f.groups_n,
+            w_scale_rows: block_rows(q.scheme.groups(p.k)),
         };
         let mut args = wgmma_params!([inter_map, w2_map, scales], wa, [wa.on_input, slot_out]);
         let id = find(plan, |k| matches!(k, KernelId::WgmmaFp8Gemm2(..)))?;
@@ -1995,14 +2012,18 @@ mod tests {
         assert_eq!(got, want);
     }
 
-    /// The layout cuda/sm90_wgmma_moe.cu's `WgmmaFp8Scales` has (6 eight-byte fields).
+    /// The layout cuda/sm90_wgmma_moe.cu's `WgmmaFp8Scales` has (7 eight-byte fields, then
+    /// 3 four-byte ones; its static_asserts check the same offsets).
     #[test]
     fn wgmma_fp8_scales_layout_matches_the_cuda_struct() {
         use super::WgmmaFp8Scales;
-        assert_eq!(size_of::<WgmmaFp8Scales>(), 48);
+        assert_eq!(size_of::<WgmmaFp8Scales>(), 72);
         assert_eq!(align_of::<WgmmaFp8Scales>(), 8);
         assert_eq!(offset_of!(WgmmaFp8Scales, w_scale_row), 24);
         assert_eq!(offset_of!(WgmmaFp8Scales, inter_amax), 40);
+        assert_eq!(offset_of!(WgmmaFp8Scales, w_scale_col), 48);
+        assert_eq!(offset_of!(WgmmaFp8Scales, x_groups), 56);
+        assert_eq!(offset_of!(WgmmaFp8Scales, w_scale_rows), 64);
     }
 
     /// The layout cuda/common/router.cuh's `RouterArgs` has (7 eight-byte fields, then
