@@ -36,13 +36,13 @@ __device__ __forceinline__ float fp8_group_scale(float amax) {
 // |v| for an absmax: non-finite values count as 0.
 __device__ __forceinline__ float finite_abs(float v) { return isfinite(v) ? fabsf(v) : 0.0f; }
 
-// e4m3 byte of v quantized with scale s (`inv` = 1/s for per-tensor scales).
+// e4m3 byte of v quantized with scale s (`inv` = 1/s for per-tensor scales). Branch-free:
+// the saturating conversion clamps to +-448 (inf included), and a select gives NaN's 0x7F
+// (the conversion would keep a NaN's sign) for a non-finite v or a NaN quotient.
 __device__ __forceinline__ __nv_fp8_storage_t fp8_quantize(float v, float s, float inv, bool per_tensor) {
-  if (!isfinite(v)) return 0x7F;
-  float t = per_tensor ? __fmul_rn(v, inv) : __fdiv_rn(v, s);
-  if (isnan(t)) return 0x7F;
-  t = fminf(fmaxf(t, -kFp8Max), kFp8Max);
-  return __nv_cvt_float_to_fp8(t, __NV_SATFINITE, __NV_E4M3);
+  const float t = per_tensor ? __fmul_rn(v, inv) : __fdiv_rn(v, s);
+  const __nv_fp8_storage_t q = __nv_cvt_float_to_fp8(t, __NV_SATFINITE, __NV_E4M3);
+  return (isfinite(v) && !isnan(t)) ? q : (__nv_fp8_storage_t)0x7F;
 }
 
 __device__ __forceinline__ float fp8_to_f32(__nv_fp8_storage_t b) {

@@ -44,7 +44,10 @@ __device__ __forceinline__ float slot_router_weight(const void* p, int code, lon
 // silu(g) = g * sigmoid(g); gelu is the exact (erf) form, as vLLM's gelu_and_mul.
 __device__ __forceinline__ float activate(int act, float g) {
   if (act == kGelu) return 0.5f * g * (1.0f + erff(g * 0.70710678118654752f));
-  return g / (1.0f + __expf(-g));
+  // silu: __fdividef (reciprocal and multiply, 2 ulp) instead of the IEEE division, whose
+  // Newton steps and slow-path branch made it most of the wgmma GEMM1 epilogue's silu
+  // (ncu, benches/NOTES.md "FP8 wgmma v4"). Large negative g gives -0 (rcp(inf) = 0).
+  return __fdividef(g, 1.0f + __expf(-g));
 }
 
 // Programmatic dependent launch (sm_90): wait for the previous kernel in the stream before
