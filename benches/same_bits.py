@@ -1,0 +1,62 @@
+"""Saves (--save F) or compares (--compare F) the outputs of a fixed set of FP8 cuda_wgmma
+calls at both token tiles, every scheme, on fixed random inputs: whether a kernel change that
+should only move timing (a schedule, a barrier) leaves every bit of the result as it was.
+Run it once per wheel (PYTHONPATH) on the same device.
+
+    python benches/same_bits.py --save old.pt ; python benches/same_bits.py --compare old.pt
+"""
+
+import argparse
+import dataclasses
+import os
+import sys
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+from conftest import Case, fp8_call, make_fp8_problem, to_fp8_inputs  # noqa: E402
+
+SCHEMES = [("tensor", False), ("tensor", True), ("channel", False), ("block", False)]
+CASES = [Case(M=300, E=16, topk=4, N=256, K=512, out="poison", ids="concentrated"),
+         Case(M=1200, E=8, topk=2, N=384, K=1024, out="poison", ep=True),
+         Case(M=77, E=8, topk=2, N=128, K=336, out="poison", act="gelu")]
+
+
+def outputs() -> dict:
+    got = {}
+    for tile in (64, 128):
+        os.environ["SWAPMOE_MMA_TOKEN_TILE"] = str(tile)
+        for scheme, static in SCHEMES:
+            for i, case in enumerate(CASES):
+                rng = np.random.default_rng(1000 + i)
+                if scheme == "block" and case.N % 128:
+                    case = dataclasses.replace(case, N=-(-case.N // 128) * 128)
+                prob = make_fp8_problem(rng, case, scheme, static=static)
+                inp = to_fp8_inputs(prob, case, "torch", "bfloat16", "cuda")
+                out = fp8_call(inp, case, backend="cuda_wgmma")
+                got[f"t{tile}/{scheme}{'-static' if static else ''}/{i}"] = out.detach().cpu().clone()
+    torch.cuda.synchronize()
+    return got
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    g = ap.add_mutually_exclusive_group(required=True)
+    g.add_argument("--save")
+    g.add_argument("--compare")
+    a = ap.parse_args()
+    got = outputs()
+    if a.save:
+        torch.save(got, a.save)
+        print(f"saved {len(got)} outputs")
+        return
+    ref = torch.load(a.compare)
+    bad = [k for k in ref if not torch.equal(ref[k].view(torch.int16), got[k].view(torch.int16))]
+    nan = [k for k in got if torch.isnan(got[k].float()).any()]
+    print(f"{len(ref)} outputs compared: {len(ref) - len(bad)} bit-identical; differing: {bad}; with NaN: {nan}")
+    sys.exit(1 if bad or nan else 0)
+
+
+if __name__ == "__main__":
+    main()
