@@ -46,7 +46,10 @@ extern "C" __global__ void __launch_bounds__(kGroupedThreads) swapmoe_route_grou
   __shared__ float cand_score[kGroupedThreads];
   __shared__ int pick_id[32];
   __shared__ float pick_score[32];
+  __shared__ unsigned warps_with_candidates;  // bit w: warp w wrote its top-k slots
 
+
+  if (threadIdx.x == 0) warps_with_candidates = 0u;  // published by the first barrier below
   pdl_wait();
   pdl_launch_dependents();
   const int t = blockIdx.x;
@@ -84,10 +87,10 @@ extern "C" __global__ void __launch_bounds__(kGroupedThreads) swapmoe_route_grou
   if (!chosen) key = 0u;
 
   // Each warp's top-k in order: an expert's rank among its warp's 32 keys (ties to the lower
-  // lane, which is the lower expert). Warps with no candidate only clear their slots.
-  if (__ballot_sync(0xffffffffu, key != 0u) == 0u) {
-    if (lane < topk) cand_key[warp * topk + lane] = 0u;
-  } else {
+  // lane, which is the lower expert). Only warps with a candidate write their slots (all
+  // topk of them: the ranks are a permutation of 0..31) and mark themselves.
+  if (__ballot_sync(0xffffffffu, key != 0u) != 0u) {
+    if (lane == 0) atomicOr(&warps_with_candidates, 1u << warp);
     int rank = 0;
 #pragma unroll
     for (int o = 1; o < 32; ++o) {
@@ -104,18 +107,24 @@ extern "C" __global__ void __launch_bounds__(kGroupedThreads) swapmoe_route_grou
   }
   __syncthreads();
 
-  // The token's top-k: each candidate's rank among all of them. Slot order is expert order
-  // among equal keys (warps hold ascending experts, each warp's slots ascend on ties), so
-  // "equal key, lower slot" is route_token_warp's "equal key, lower index". The chosen groups
-  // hold at least topk experts (validated), so empty slots (key 0) never rank below topk.
+  // The token's top-k: each candidate's rank among the slots of the warps that wrote theirs
+  // (DeepSeek-V3: the 4 chosen groups' 32 slots of 64). Slot order is expert order among
+  // equal keys (warps hold ascending experts, each warp's slots ascend on ties), so "equal
+  // key, lower slot" is route_token_warp's "equal key, lower index". The chosen groups hold
+  // at least topk experts (validated), so slots with key 0 never rank below topk.
   const int candidates = (blockDim.x >> 5) * topk;
-  if (e < candidates) {
+  const unsigned written = warps_with_candidates;
+  if (e < candidates && ((written >> (e / topk)) & 1u)) {
     const unsigned mine = cand_key[e];
     int beaten_by = 0;
+    for (unsigned rest = written; rest; rest &= rest - 1) {
+      const int base = (__ffs(rest) - 1) * topk;
 #pragma unroll 8
-    for (int q = 0; q < candidates; ++q) {
-      const unsigned other = cand_key[q];
-      beaten_by += (other > mine) | ((other == mine) & (q < e));
+      for (int j = 0; j < topk; ++j) {
+        const int q = base + j;
+        const unsigned other = cand_key[q];
+        beaten_by += (other > mine) | ((other == mine) & (q < e));
+      }
     }
     if (beaten_by < topk) {
       pick_id[beaten_by] = cand_id[e];
@@ -128,8 +137,10 @@ extern "C" __global__ void __launch_bounds__(kGroupedThreads) swapmoe_route_grou
   if (warp == 0) {
     float w = lane < topk ? pick_score[lane] : 0.f;
     if (a.renormalize) {
-      const float s = warp_sum(lane < topk ? w : 0.f);
-      w /= s;
+      const float s = warp_sum(w);
+      // lanes past topk divide 1 (their result is dropped): a 0 numerator sends the whole
+      // warp through the division's slow path (FCHK)
+      w = (lane < topk ? w : 1.f) / s;
     }
     w *= a.scale;
     if (lane < topk) {

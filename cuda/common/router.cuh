@@ -248,7 +248,9 @@ __device__ __forceinline__ void route_token_warp(const RouterArgs& a, int t, int
   }
   if (a.renormalize) {
     const float s = warp_sum(lane < a.topk ? weight : 0.f);
-    weight /= s;
+    // lanes past topk divide 1 (callers drop them): a 0 numerator sends the whole warp
+    // through the division's slow path (FCHK)
+    weight = (lane < a.topk ? weight : 1.f) / s;
   }
   weight *= a.scale;
 }
