@@ -48,7 +48,6 @@ extern "C" __global__ void __launch_bounds__(kGroupedThreads) swapmoe_route_grou
   __shared__ float pick_score[32];
   __shared__ unsigned warps_with_candidates;  // bit w: warp w wrote its top-k slots
 
-
   if (threadIdx.x == 0) warps_with_candidates = 0u;  // published by the first barrier below
   pdl_wait();
   pdl_launch_dependents();
