@@ -7,7 +7,6 @@ Run it once per wheel (PYTHONPATH) on the same device.
 """
 
 import argparse
-import dataclasses
 import os
 import sys
 
@@ -15,7 +14,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-from conftest import Case, fp8_call, make_fp8_problem, to_fp8_inputs  # noqa: E402
+from conftest import Case, fp8_call, make_fp8_problem, to_fp8_inputs, wgmma_fp8_case  # noqa: E402
 
 SCHEMES = [("tensor", False), ("tensor", True), ("channel", False), ("block", False)]
 CASES = [Case(M=300, E=16, topk=4, N=256, K=512, out="poison", ids="concentrated"),
@@ -30,8 +29,7 @@ def outputs() -> dict:
         for scheme, static in SCHEMES:
             for i, case in enumerate(CASES):
                 rng = np.random.default_rng(1000 + i)
-                if scheme == "block" and case.N % 128:
-                    case = dataclasses.replace(case, N=-(-case.N // 128) * 128)
+                case = wgmma_fp8_case(case, scheme)
                 prob = make_fp8_problem(rng, case, scheme, static=static)
                 inp = to_fp8_inputs(prob, case, "torch", "bfloat16", "cuda")
                 out = fp8_call(inp, case, backend="cuda_wgmma")

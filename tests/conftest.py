@@ -494,6 +494,14 @@ def fp8_weight(rng: np.random.Generator, w: np.ndarray, scheme: str, trailing: b
     return codes, s
 
 
+def wgmma_fp8_case(case: Case, scheme: str) -> Case:
+    """The case as cuda_wgmma's FP8 GEMMs run it for `scheme`: with 128x128 blocks, N rounded
+    up to a multiple of 128 (the kernels take whole blocks of the intermediate)."""
+    if scheme == "block" and case.N % 128:
+        return dataclasses.replace(case, N=-(-case.N // 128) * 128)
+    return case
+
+
 def make_fp8_problem(rng: np.random.Generator, case: Case, scheme: str, *, static: bool = False,
                      trailing: bool = False) -> dict:
     """make_problem plus e4m3 weights and their scales; with ``static`` (per tensor only)

@@ -5,7 +5,6 @@ devices the op must raise ArgumentError, tested below)."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import numpy as np
@@ -29,6 +28,7 @@ from conftest import (
     to_f64,
     to_fp8_inputs,
     torch,
+    wgmma_fp8_case,
 )
 from swapmoe.reference import rel_error_with_flips
 
@@ -443,14 +443,6 @@ WGMMA_CASES = [
 WGMMA_SCHEMES = [("tensor", False), ("tensor", True), ("channel", False), ("block", False)]
 
 
-def _wgmma_case(case, scheme):
-    """The case as cuda_wgmma runs it for `scheme`: with 128x128 blocks N rounded up to a
-    multiple of 128."""
-    if scheme[0] == "block" and case.N % 128:
-        return dataclasses.replace(case, N=-(-case.N // 128) * 128)
-    return case
-
-
 WGMMA_FP8_TILES = [64, 128]  # the token tiles of the FP8 wgmma GEMMs
 
 
@@ -471,7 +463,7 @@ def _wgmma_tile(monkeypatch, tile, a_mode="gather"):
 @pytest.mark.parametrize("scheme", WGMMA_SCHEMES, ids=_scheme_id)
 def test_wgmma_backend(scheme, case, tile, a_mode, rng, monkeypatch):
     _wgmma_tile(monkeypatch, tile, a_mode)
-    case = _wgmma_case(case, scheme)
+    case = wgmma_fp8_case(case, scheme[0])
     run_fp8_case(case, scheme[0], "torch", "bfloat16", rng, device=DEV, static=scheme[1], backend="cuda_wgmma")
 
 
