@@ -134,14 +134,7 @@ extern "C" __global__ void __launch_bounds__(kGroupedThreads) swapmoe_route_grou
 
   // Weights as route_token_warp: the same warp sum over lanes < topk, the same divisions.
   if (warp == 0) {
-    float w = lane < topk ? pick_score[lane] : 0.f;
-    if (a.renormalize) {
-      const float s = warp_sum(w);
-      // lanes past topk divide 1 (their result is dropped): a 0 numerator sends the whole
-      // warp through the division's slow path (FCHK)
-      w = (lane < topk ? w : 1.f) / s;
-    }
-    w *= a.scale;
+    const float w = finish_weight(a, lane < topk ? pick_score[lane] : 0.f, lane < topk);
     if (lane < topk) {
       a.weights[(long long)t * a.weights_row + lane] = w;
       a.ids[(long long)t * a.ids_row + lane] = pick_id[lane];

@@ -57,6 +57,18 @@ __device__ __forceinline__ float key_value(unsigned k) {
   return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
 
+// A pick's final weight (every lane of the warp; `picked`: the lane holds one of the token's
+// topk picks, its unbiased score in w): renormalized over the picks when asked, times
+// routed_scaling_factor. Lanes past topk divide 1 (their result is dropped): a 0 numerator
+// sends the whole warp through the division's slow path (FCHK).
+__device__ __forceinline__ float finish_weight(const RouterArgs& a, float w, bool picked) {
+  if (a.renormalize) {
+    const float s = warp_sum(picked ? w : 0.f);
+    w = (picked ? w : 1.f) / s;
+  }
+  return w * a.scale;
+}
+
 // Keeps k1 >= k2 the two largest keys seen (equal keys both kept; 0 = none).
 __device__ __forceinline__ void top2_key_insert(unsigned k, unsigned& k1, unsigned& k2) {
   k2 = max(k2, min(k1, k));
@@ -246,13 +258,7 @@ __device__ __forceinline__ void route_token_warp(const RouterArgs& a, int t, int
       weight = w;
     }
   }
-  if (a.renormalize) {
-    const float s = warp_sum(lane < a.topk ? weight : 0.f);
-    // lanes past topk divide 1 (callers drop them): a 0 numerator sends the whole warp
-    // through the division's slow path (FCHK)
-    weight = (lane < a.topk ? weight : 1.f) / s;
-  }
-  weight *= a.scale;
+  weight = finish_weight(a, weight, lane < a.topk);
 }
 
 // Routes token t and writes its picks to a.weights / a.ids (lanes < topk).
