@@ -621,13 +621,17 @@ __device__ __forceinline__ void fp8_gemm1(const TensorMap* xq_map, const TensorM
   __shared__ unsigned token_amax[NT];
   init_barriers<L::kCount>(full, empty, xq_map, w1_map, kConsumerThreads);  // visible after mark_active
   for (int t = threadIdx.x; t < NT; t += kThreads) token_amax[t] = 0u;
-  pdl_wait();
-  pdl_launch_dependents();
+  // The routing is read before griddepcontrol.wait, so that it runs under quantize-x (-2 µs
+  // at M = 1-8; benches/NOTES.md "FP8 swap v4"): this grid launches (PDL) only once
+  // quantize-x has passed its own wait, so whatever wrote topk_ids (the caller's work, the
+  // router kernel) is complete. x_q, its scales and the zeroed absmax come from quantize-x.
   mark_active(r, topk_ids, ids_is_i64, ids_row_stride, expert_map, topk_weights, topk_weights_code,
               topk_weights_row_stride, M, topk, global_E, local_E);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int e = pick_expert(r, local_E, warp, lane);
   if (e < 0) return;  // fewer active experts than grid rows: the whole cluster leaves
+  pdl_wait();
+  pdl_launch_dependents();  // after the wait: GEMM2 reads topk_ids before its own
   const int ranks = cluster_nctarank(), rank = cluster_ctarank();
   const int j0 = (blockIdx.x / ranks) * kRows;
   const int ktiles = (K + kFp8BK - 1) / kFp8BK, per = (ktiles + ranks - 1) / ranks;

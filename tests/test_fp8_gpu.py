@@ -31,6 +31,7 @@ from conftest import (
     wgmma_fp8_case,
 )
 from swapmoe.reference import rel_error_with_flips
+from test_routing import BY_NAME as ROUTERS, draw_logits
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch is None, reason="needs torch")]
 
@@ -394,6 +395,46 @@ def test_swap_is_deterministic(scheme, splits, rng, monkeypatch):
     first = snapshot(fp8_call(inp, case, backend="cuda_wgmma_swap"))
     for _ in range(10):
         assert same_bits(snapshot(fp8_call(inp, case, backend="cuda_wgmma_swap")), first)
+
+
+@needs_sm90
+@pytest.mark.parametrize("M", [1, 6, 16])
+@pytest.mark.parametrize("router", ["qwen3", "deepseek_v3"])
+@pytest.mark.parametrize("scheme", SWAP_SCHEMES, ids=_scheme_id)
+def test_swap_fused_moe_graph_routes_fresh_logits(scheme, router, M, rng, monkeypatch):
+    """fused_moe on the swap backend captured in a CUDA graph: the router kernel, quantize-x,
+    GEMM1, GEMM2. GEMM1 reads the routing before its griddepcontrol.wait (its first weight
+    copies run under quantize-x), so each replay, on fresh logits and x, must give what
+    select_experts + fused_experts give eagerly on the same inputs, bit for bit."""
+    monkeypatch.setenv("SWAPMOE_BACKEND", "cuda_wgmma_swap")
+    r = ROUTERS[router]
+    case = _case(M, E=r.E, topk=r.topk)
+    inp = to_fp8_inputs(make_fp8_problem(rng, case, scheme[0], static=scheme[1]), case, "torch", "bfloat16", DEV)
+    bias_host = (rng.standard_normal(r.E) * 0.1).astype(np.float32) if r.bias else None
+    bias = None if bias_host is None else torch.from_numpy(bias_host).to(DEV)
+    logits = torch.from_numpy(draw_logits(rng, r, M, bias_host)).to(DEV)
+    quant = fp8_kwargs(inp)
+
+    def moe():
+        return swapmoe.fused_moe(inp["x"], inp["w1"], inp["w2"], logits, r.topk, e_score_correction_bias=bias,
+                                 **quant, **r.kwargs())
+
+    moe()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = moe()
+    for replay in range(3):
+        logits.copy_(torch.from_numpy(draw_logits(rng, r, M, bias_host)))
+        inp["x"].copy_(torch.from_numpy(rng.standard_normal(tuple(inp["x"].shape), dtype=np.float32)))
+        captured.fill_(math.nan)
+        graph.replay()
+        torch.cuda.synchronize()
+        w, ids = swapmoe.select_experts(logits, r.topk, e_score_correction_bias=bias, **r.kwargs())
+        want = swapmoe.fused_experts(inp["x"], inp["w1"], inp["w2"], w, ids, **quant)
+        torch.cuda.synchronize()
+        assert not torch.isnan(captured).any(), f"replay {replay}: NaN left in the output"
+        assert same_bits(snapshot(captured), snapshot(want)), f"replay {replay}: differs from the eager calls"
 
 
 @needs_sm90
