@@ -51,12 +51,13 @@ for step in "$@"; do
       echo "ncu: exit $? ; $(grep -c 'decode_moe\|bulk_moe' "$OUT/ncu_decode_${PROFILE_SHAPE:-qwen3}.txt") kernel sections" ;;
     stamps)
       # per-CTA timeline of the swap kernels: needs a profiling wheel in dist/stamps/
-      # (SWAPMOE_CUDA_STAMPS=1 maturin build --release -o dist/stamps); cases "shape:M[:splits]"
+      # (SWAPMOE_CUDA_STAMPS=1 maturin build --release -o dist/stamps); cases
+      # "shape:M[:splits[:quant]]", e.g. "mixtral:1::fp8_tensor" (the FP8 swap kernels)
       rm -rf /tmp/site_stamps && python3 -m pip install -q --no-index --no-deps --target /tmp/site_stamps dist/stamps/*.whl || exit 1
       for c in ${STAMPS_CASES:-qwen3:1 deepseek:1 deepseek:8 qwen3:8}; do
-        IFS=: read -r shape m splits <<< "$c"
+        IFS=: read -r shape m splits quant <<< "$c"
         echo "=== $c" >> "$OUT/stamps.txt"
-        PYTHONPATH=/tmp/site_stamps python3 benches/stamps.py --shape $shape --m $m ${splits:+--splits $splits} \
+        PYTHONPATH=/tmp/site_stamps python3 benches/stamps.py --shape $shape --m $m ${splits:+--splits $splits} ${quant:+--quant $quant} \
           --json "$OUT/stamps_raw.json.gz" >> "$OUT/stamps.txt" 2>&1
         echo "stamps $c: exit $?"
       done ;;

@@ -4,6 +4,9 @@ Needs a profiling build: `SWAPMOE_CUDA_STAMPS=1 maturin build --release`. Thread
 CTA of swap_moe_gemm1_act / swap_moe_gemm2_sum records %globaltimer at: entry (t0), GEMM1:
 after griddepcontrol.wait / GEMM2: routing done (t1), GEMM1: expert picked / GEMM2: after
 griddepcontrol.wait (t2), first stage full (t3), last stage consumed (t4), exit (t5).
+With --quant fp8_tensor (static scales) the FP8 swap GEMM1 and GEMM2 record the same points,
+except that the FP8 GEMM1 routes before its wait (t1: expert picked, t2: after the wait,
+which returns when quantize-x is complete).
 This runs one replay of a CUDA graph of 8 layers (distinct weight copies, L2 flushed first,
 as the benchmark) and summarizes each kernel per layer, in µs from the layer's first GEMM1
 CTA entry.
@@ -69,8 +72,10 @@ def instances(recs, kernel):
     return [rs[i : i + grid] for i in range(0, len(rs), grid)]
 
 
-def summarize(recs):
-    g1s, g2s = instances(recs, 1), instances(recs, 2)
+def summarize(recs, fp8=False):
+    g1s, g2s = instances(recs, 3 if fp8 else 1), instances(recs, 4 if fp8 else 2)
+    # the bf16 GEMM1 waits, then routes; the FP8 GEMM1 routes, then waits
+    wait1, routed1 = ("t2", "t1") if fp8 else ("t1", "t2")
     rows = []
     for layer, (g1, g2) in enumerate(zip(g1s, g2s)):
         base = min(r["t0"] for r in g1)
@@ -82,8 +87,8 @@ def summarize(recs):
             "g1_ctas": len(g1),
             "g1_working": len(work1),
             "g1_entry_last": us(max(r["t0"] for r in g1)),
-            "g1_wait_done_med": us(statistics.median(r["t1"] for r in g1)),
-            "g1_routed_med": us(statistics.median(r["t2"] for r in g1)),
+            "g1_wait_done_med": us(statistics.median(r[wait1] for r in (work1 if fp8 else g1))),
+            "g1_routed_med": us(statistics.median(r[routed1] for r in g1)),
             "g1_first_full_min": us(min(r["t3"] for r in work1)),
             "g1_first_full_med": us(statistics.median(r["t3"] for r in work1)),
             "g1_consumed_min": us(min(r["t4"] for r in work1)),
@@ -114,6 +119,8 @@ def main():
     ap.add_argument("--m", type=int, default=1)
     ap.add_argument("--splits", default=None, help="$SWAPMOE_SWAP_SPLITS (GEMM1 K split, GEMM2 expert split)")
     ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--quant", default="none", choices=["none", "fp8_tensor"],
+                    help="fp8_tensor: e4m3 weights with per-expert scales, static a1/a2 scales")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     if a.splits:
@@ -126,9 +133,19 @@ def main():
     tw, ids = swapmoe.select_experts(torch.randn(a.m, E, device="cuda", generator=g), topk)
     out = [torch.empty(a.m, K, device="cuda", dtype=torch.bfloat16) for _ in range(a.layers)]
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    fp8 = a.quant == "fp8_tensor"
+    quant = [{} for _ in range(a.layers)]
+    if fp8:
+        for i in range(a.layers):
+            for name, w in (("w1", w1s), ("w2", w2s)):
+                scale = w[i].float().abs().amax(dim=(1, 2)).clamp(min=1e-12) / 448.0
+                w[i] = (w[i].float() / scale[:, None, None]).to(torch.float8_e4m3fn)
+                quant[i][f"{name}_scale"] = scale
+            quant[i].update(use_fp8_w8a8=True, a1_scale=(x.float().abs().amax() / 448.0).reshape(()),
+                            a2_scale=torch.tensor(3.0 / 448.0, device="cuda"))
 
     def layer(i):
-        swapmoe.fused_experts(x, w1s[i], w2s[i], tw, ids, backend="cuda_wgmma_swap", out=out[i])
+        swapmoe.fused_experts(x, w1s[i], w2s[i], tw, ids, backend="cuda_wgmma_swap", out=out[i], **quant[i])
 
     st = Stamps()
     layer(0)
@@ -138,9 +155,11 @@ def main():
     with torch.cuda.stream(s), torch.cuda.graph(graph, stream=s):
         for i in range(a.layers):
             layer(i)
-    plan = swapmoe.select_backend(a.m, E, topk, K, N, device_name=torch.cuda.get_device_name())
-    print(f"{a.shape} M={a.m} splits={a.splits or 'oracle'} (default plan {plan.backend}; forced cuda_wgmma_swap)")
-    case = {"shape": a.shape, "m": a.m, "splits": a.splits}
+    plan = swapmoe.select_backend(a.m, E, topk, K, N, quant=None if a.quant == "none" else a.quant,
+                                  device_name=torch.cuda.get_device_name())
+    print(f"{a.shape} M={a.m} {a.quant} splits={a.splits or 'oracle'} "
+          f"(default plan {plan.backend}; forced cuda_wgmma_swap)")
+    case = {"shape": a.shape, "m": a.m, "splits": a.splits, "quant": a.quant}
 
     def replay():
         flush.zero_()
@@ -153,7 +172,7 @@ def main():
         st.reset()
         replay()
         raw = st.read()
-        results.append(summarize(raw))
+        results.append(summarize(raw, fp8))
     us = triton.testing.do_bench(graph.replay, return_mode="median") * 1000 / a.layers
     print(f"{us:.2f} µs per layer (do_bench median, L2 flushed)")
     keys = [k for k in results[0][0] if k != "layer"]
@@ -171,7 +190,8 @@ def main():
         if os.path.exists(a.json):
             with gzip.open(a.json, "rt") as f:
                 data = json.load(f)
-        data[f"{a.shape}_m{a.m}_s{a.splits or 'oracle'}"] = case
+        tag = "" if a.quant == "none" else f"_{a.quant}"
+        data[f"{a.shape}{tag}_m{a.m}_s{a.splits or 'oracle'}"] = case
         with gzip.open(a.json, "wt") as f:
             json.dump(data, f)
 

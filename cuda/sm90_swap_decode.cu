@@ -76,11 +76,12 @@ struct Routing {
 };
 
 // Profiling builds only (SWAPMOE_CUDA_STAMPS=1 at build time, see build.rs): thread 0 of
-// every CTA of the 16-bit swap kernels records %globaltimer at fixed points and appends a
-// record to `swapmoe_stamps` (no printf: a call would serialize the wgmma pipeline);
-// benches/stamps.py reads it through `_core._module_global`. Release builds compile none
-// of it. Record: kernel (1 = GEMM1, 2 = GEMM2), blockIdx.x, blockIdx.y, cluster rank, SM,
-// expert (GEMM1) or first active index (GEMM2), items, then t0..t5 in ns (see
+// every CTA of the 16-bit swap kernels and of the FP8 swap GEMM1 and static-scale GEMM2
+// records %globaltimer at fixed points and appends a record to `swapmoe_stamps` (no printf:
+// a call would serialize the wgmma pipeline); benches/stamps.py reads it through
+// `_core._module_global`. Release builds compile none of it. Record: kernel (1 = GEMM1,
+// 2 = GEMM2, 3 = FP8 GEMM1, 4 = FP8 static-scale GEMM2), blockIdx.x, blockIdx.y, cluster
+// rank, SM, expert (GEMM1) or first active index (GEMM2), items, then t0..t5 in ns (see
 // benches/stamps.py for the points; t3 is the first full stage).
 #if defined(SWAPMOE_STAMPS) && defined(SWAPMOE_SM90A)
 }  // namespace
@@ -570,6 +571,7 @@ __device__ __forceinline__ void consume_fp8(int items, unsigned char* stages, ui
     const int st = it % kCount;
     unsigned char* stage = stages + st * kStageBytes;
     mbar_wait(&full[st], (it / kCount) & 1);
+    SWAPMOE_STAMP_FIRST_FULL(it);
     const uint32_t base = smem_u32(stage);
     float tmp[kBoxes][NT / 2];
     wgmma_fence();
@@ -619,6 +621,8 @@ __device__ __forceinline__ void fp8_gemm1(const TensorMap* xq_map, const TensorM
   __shared__ Routing r;
   __shared__ __align__(8) uint64_t full[L::kCount], empty[L::kCount];
   __shared__ unsigned token_amax[NT];
+  SWAPMOE_STAMPS_DECLARE(stamps);
+  SWAPMOE_STAMP(stamps, 0);
   init_barriers<L::kCount>(full, empty, xq_map, w1_map, kConsumerThreads);  // visible after mark_active
   for (int t = threadIdx.x; t < NT; t += kThreads) token_amax[t] = 0u;
   // The routing is read before griddepcontrol.wait, so that it runs under quantize-x (-2 µs
@@ -629,9 +633,14 @@ __device__ __forceinline__ void fp8_gemm1(const TensorMap* xq_map, const TensorM
               topk_weights_row_stride, M, topk, global_E, local_E);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int e = pick_expert(r, local_E, warp, lane);
-  if (e < 0) return;  // fewer active experts than grid rows: the whole cluster leaves
+  SWAPMOE_STAMP(stamps, 1);
+  if (e < 0) {  // fewer active experts than grid rows: the whole cluster leaves
+    SWAPMOE_STAMP_RECORD(stamps, 3, -1, 0);
+    return;
+  }
   pdl_wait();
   pdl_launch_dependents();  // after the wait: GEMM2 reads topk_ids before its own
+  SWAPMOE_STAMP(stamps, 2);
   const int ranks = cluster_nctarank(), rank = cluster_ctarank();
   const int j0 = (blockIdx.x / ranks) * kRows;
   const int ktiles = (K + kFp8BK - 1) / kFp8BK, per = (ktiles + ranks - 1) / ranks;
@@ -679,8 +688,13 @@ __device__ __forceinline__ void fp8_gemm1(const TensorMap* xq_map, const TensorM
       }
     };
     consume_fp8<L, NT, 2>(items, stages, full, empty, acc, scales);
+    SWAPMOE_STAMP(stamps, 4);
   }
   if (ranks > 1) cluster_sum<NT, 2>(acc, reinterpret_cast<float*>(stages), warp != kProducerWarp);
+  if (rank != 0) {
+    SWAPMOE_STAMP(stamps, 5);
+    SWAPMOE_STAMP_RECORD(stamps, 3, e, items);
+  }
   if (rank != 0 || warp == kProducerWarp) return;
 
   // Accumulator layout as in gemm1_act: register 4j + q is inter column j0 + row_in + 8 (q >> 1)
@@ -780,6 +794,8 @@ __device__ __forceinline__ void fp8_gemm1(const TensorMap* xq_map, const TensorM
       }
     }
   }
+  SWAPMOE_STAMP(stamps, 5);
+  SWAPMOE_STAMP_RECORD(stamps, 3, e, items);
 #endif
 }
 
@@ -1014,6 +1030,8 @@ __device__ __forceinline__ void fp8_gemm2_q8(const TensorMap* hq_map, const Tens
   __shared__ __align__(8) uint64_t full[L::kCount], empty[L::kCount];
   // topk_ids were complete before GEMM1 passed its griddepcontrol.wait, which it did before
   // letting this grid launch; so they are read before this grid's wait.
+  SWAPMOE_STAMPS_DECLARE(stamps);
+  SWAPMOE_STAMP(stamps, 0);
   pdl_launch_dependents();
   init_barriers<L::kCount>(full, empty, hq_map, w2_map, kConsumerThreads);  // visible after mark_active
   // The router weights are read unless GEMM1 applied them to the input.
@@ -1022,6 +1040,7 @@ __device__ __forceinline__ void fp8_gemm2_q8(const TensorMap* hq_map, const Tens
   const int words = (local_E + 31) / 32;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const Fp8Gemm2Share w = fp8_gemm2_share(r, words, N);
+  SWAPMOE_STAMP(stamps, 1);
   unsigned char* stages = aligned_stages(smem_raw);
   float acc[1][NT / 2];
   if (warp == kProducerWarp) {
@@ -1059,6 +1078,7 @@ __device__ __forceinline__ void fp8_gemm2_q8(const TensorMap* hq_map, const Tens
     }
   } else {
     pdl_wait();  // before this grid writes out
+    SWAPMOE_STAMP(stamps, 2);
     const float a2 = *a2_static;
     int e = w.first, kt = 0;
     float w2_scale = 0.f, colf[NT / 4];
@@ -1086,10 +1106,17 @@ __device__ __forceinline__ void fp8_gemm2_q8(const TensorMap* hq_map, const Tens
       }
     };
     consume_fp8<L, NT, 1>(w.items, stages, full, empty, acc, scales);
+    SWAPMOE_STAMP(stamps, 4);
   }
   if (w.ranks > 1) cluster_sum<NT, 1>(acc, reinterpret_cast<float*>(stages), warp != kProducerWarp);
+  if (w.rank != 0) {
+    SWAPMOE_STAMP(stamps, 5);
+    SWAPMOE_STAMP_RECORD(stamps, 4, w.a0, w.items);
+  }
   if (w.rank != 0 || warp == kProducerWarp) return;
   store_gemm2_out<T, NT>(acc[0], out, out_row_stride, w.r0, M, K, warp, lane);
+  SWAPMOE_STAMP(stamps, 5);
+  SWAPMOE_STAMP_RECORD(stamps, 4, w.a0, w.items);
 #endif
 }
 
