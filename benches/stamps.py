@@ -87,7 +87,7 @@ def summarize(recs, fp8=False):
             "g1_ctas": len(g1),
             "g1_working": len(work1),
             "g1_entry_last": us(max(r["t0"] for r in g1)),
-            "g1_wait_done_med": us(statistics.median(r[wait1] for r in (work1 if fp8 else g1))),
+            "g1_wait_done_med": us(statistics.median(r[wait1] for r in g1 if r[wait1])),
             "g1_routed_med": us(statistics.median(r[routed1] for r in g1)),
             "g1_first_full_min": us(min(r["t3"] for r in work1)),
             "g1_first_full_med": us(statistics.median(r["t3"] for r in work1)),
