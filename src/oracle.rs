@@ -142,6 +142,21 @@ pub const SWAP_HEURISTIC_MAX_TOKENS: usize = 16;
 /// 6-12% faster; qwen3 (N = 768) 5-6% slower, deepseek-v3-tp8 (N = 256) 20% slower at M = 1
 /// and within 1% at M = 4-16 (fewer stages in flight).
 pub const SWAP_GEMM2_WIDE_SLICE_MIN_N: usize = 4096;
+/// Smallest N from which cuda_wgmma_swap's GEMM2 runs one CTA per SM
+/// (`Plan::swap_gemm2_one_per_sm`). Measured (H200, FP8 per-tensor static scales, benches/NOTES.md
+/// "Swap GEMM2 one CTA per SM"): Mixtral (N = 14336) M = 1 114.1 -> 104.6 us; qwen3 (N = 768)
+/// M = 1 / 8 21.2 / 85.7 -> 28.6 / 119.9, deepseek-v3-tp8 (N = 256) 26.9 / 99.2 -> 33.2 / 134.3.
+/// Launched under GEMM1 (PDL), two per SM, GEMM2's CTAs took the SMs GEMM1 freed first: 128
+/// CTAs on 64-68 SMs, streaming w2 at 2.7-3.9 TB/s (stamps). Where rows are short, GEMM2 is
+/// mostly start-up, and waiting for whole SMs costs more than the spread gains.
+pub const SWAP_GEMM2_ONE_PER_SM_MIN_N: usize = 4096;
+/// `$SWAPMOE_SWAP_GEMM2_ONE_PER_SM` = "0" | "1": force `Plan::swap_gemm2_one_per_sm`; for tuning.
+pub const SWAP_GEMM2_ONE_PER_SM_ENV: &str = "SWAPMOE_SWAP_GEMM2_ONE_PER_SM";
+/// Dynamic shared memory a swap-AB GEMM2 asks for to run one CTA per SM: more than half of
+/// an SM's 228 KiB less its static shared memory (~5.3 KiB) and the 1 KiB every CTA reserves,
+/// so two cannot share an SM, while one GEMM1 CTA (~109 KiB with both) still fits beside it.
+/// The kernel's ring stays its own; the rest is unused.
+pub const SWAP_GEMM2_ONE_PER_SM_SMEM_BYTES: usize = 112 * 1024;
 /// Shared memory of one Hopper SM (228 KiB), of which each resident CTA also reserves 1 KiB.
 pub const SM_SHARED_MEMORY_BYTES: usize = 228 * 1024;
 /// CTAs with `smem` bytes of dynamic shared memory that fit one SM's shared memory.
@@ -685,6 +700,20 @@ impl KernelId {
         }
     }
 
+    /// The most dynamic shared memory a launch of this kernel may ask for (its attribute):
+    /// `dynamic_smem_bytes`, or for a swap-AB GEMM2, what running one CTA per SM asks for.
+    pub fn max_dynamic_smem_bytes(&self) -> Option<usize> {
+        let own = self.dynamic_smem_bytes();
+        match *self {
+            KernelId::SwapGemm2Sum(..)
+            | KernelId::SwapFp8Gemm2Sum(..)
+            | KernelId::SwapFp8StaticGemm2Sum(..) => {
+                own.map(|b| b.max(SWAP_GEMM2_ONE_PER_SM_SMEM_BYTES))
+            }
+            _ => own,
+        }
+    }
+
     /// Every kernel the library can launch (for warm-up and tests).
     pub fn all() -> Vec<KernelId> {
         let mut v = vec![
@@ -800,6 +829,9 @@ pub struct Plan {
     /// cuda_wgmma_swap: thread-block cluster sizes, (GEMM1's split of K, GEMM2's split of
     /// the active experts); (1, 1) for other backends.
     pub splits: (usize, usize),
+    /// cuda_wgmma_swap: GEMM2 asks for more than half an SM's shared memory
+    /// (`SWAP_GEMM2_ONE_PER_SM_SMEM_BYTES`), so that its CTAs spread one per SM.
+    pub swap_gemm2_one_per_sm: bool,
     /// Why each choice was made or each candidate rejected.
     pub reasons: Vec<String>,
     /// What decided: an override, a tuned table or the heuristics.
@@ -2267,6 +2299,38 @@ impl<'a> Candidates<'a> {
         }
     }
 
+    /// Whether cuda_wgmma_swap's GEMM2 runs one CTA per SM (`Plan::swap_gemm2_one_per_sm`)
+    /// and why: `$SWAPMOE_SWAP_GEMM2_ONE_PER_SM`, else from N >= SWAP_GEMM2_ONE_PER_SM_MIN_N.
+    fn swap_gemm2_placement(&self) -> (bool, String) {
+        let n = self.p.n;
+        let rule = n >= SWAP_GEMM2_ONE_PER_SM_MIN_N;
+        let why = |on: bool| {
+            if on {
+                format!("gemm2: one CTA per SM (N = {n} >= {SWAP_GEMM2_ONE_PER_SM_MIN_N}: long w2 rows; two per SM, its CTAs crowd the SMs GEMM1 frees first)")
+            } else {
+                format!("gemm2: up to two CTAs per SM (N = {n} < {SWAP_GEMM2_ONE_PER_SM_MIN_N}: short w2 rows, GEMM2 is mostly start-up)")
+            }
+        };
+        match std::env::var(SWAP_GEMM2_ONE_PER_SM_ENV).as_deref() {
+            Ok("1") => (
+                true,
+                format!("gemm2: one CTA per SM, forced by ${SWAP_GEMM2_ONE_PER_SM_ENV}=1"),
+            ),
+            Ok("0") => (
+                false,
+                format!("gemm2: up to two CTAs per SM, forced by ${SWAP_GEMM2_ONE_PER_SM_ENV}=0"),
+            ),
+            Ok(v) => (
+                rule,
+                format!(
+                    "${SWAP_GEMM2_ONE_PER_SM_ENV}={v:?} ignored (expected \"0\" or \"1\"); {}",
+                    why(rule)
+                ),
+            ),
+            Err(_) => (rule, why(rule)),
+        }
+    }
+
     fn build(self, b: Backend) -> Plan {
         let d = self.p.dtype;
         let (g1, g2) = (self.gemm1_vec, self.gemm2_vec);
@@ -2274,11 +2338,20 @@ impl<'a> Candidates<'a> {
         let wgmma_tile = self.tile.unwrap_or_else(|| self.wgmma_token_tile());
         let swap_split_choice = (b == Backend::CudaWgmmaSwap).then(|| self.swap_splits());
         let swap_slice_choice = (b == Backend::CudaWgmmaSwap).then(|| self.swap_slices());
+        let swap_gemm2_placement =
+            (b == Backend::CudaWgmmaSwap).then(|| self.swap_gemm2_placement());
         let active_experts = self.expected_active_experts();
         let mut reasons = self.reasons;
         let mut ctas = 0;
         let mut wgmma_persistent = (false, false);
         let mut splits = (1, 1);
+        let swap_gemm2_one_per_sm = match swap_gemm2_placement {
+            Some((on, why)) => {
+                reasons.push(why);
+                on
+            }
+            None => false,
+        };
         // Set (with the reason) where the first kernel is launched without PDL.
         let mut first_kernel_pdl_off: Option<String> = None;
         // What programmatic dependent launch buys the plan's kernels, or why it is off.
@@ -2499,6 +2572,7 @@ impl<'a> Candidates<'a> {
             ctas,
             wgmma_persistent,
             splits,
+            swap_gemm2_one_per_sm,
             reasons,
             source: Source::Heuristic,
             table: None,
@@ -2801,6 +2875,43 @@ mod tests {
             .iter()
             .any(|r| r.contains("SWAPMOE_SWAP_SPLITS=\"3,1\" ignored")
                 && r.contains("SWAPMOE_SWAP_SLICES=\"2\" ignored")));
+        // GEMM2 one CTA per SM from N >= 4096, forced either way, a bad value ignored; the
+        // shared memory asked for keeps two GEMM2 CTAs off one SM but lets a GEMM1 CTA share it
+        let mixtral = swap(&problem(1, 8, 2, 4096, 14336, DType::BF16));
+        assert!(mixtral.swap_gemm2_one_per_sm);
+        assert!(mixtral
+            .reasons
+            .iter()
+            .any(|r| r.starts_with("gemm2: one CTA per SM (N = 14336")));
+        let qwen = swap(&problem(1, 128, 8, 2048, 768, DType::BF16));
+        assert!(!qwen.swap_gemm2_one_per_sm);
+        let gemm2 = KernelId::SwapGemm2Sum(DType::BF16, 8, 1);
+        assert_eq!(
+            gemm2.max_dynamic_smem_bytes(),
+            Some(SWAP_GEMM2_ONE_PER_SM_SMEM_BYTES)
+        );
+        // (static shared memory of the swap-AB kernels: 5168-5456 bytes, ptxas -v)
+        let static_max = 5632;
+        assert!(2 * (SWAP_GEMM2_ONE_PER_SM_SMEM_BYTES + 5168 + 1024) > SM_SHARED_MEMORY_BYTES);
+        assert!(
+            SWAP_GEMM2_ONE_PER_SM_SMEM_BYTES + swap_smem_bytes(8, 2, 1) + 2 * (1024 + static_max)
+                <= SM_SHARED_MEMORY_BYTES
+        );
+        std::env::set_var(SWAP_GEMM2_ONE_PER_SM_ENV, "1");
+        assert!(swap(&problem(1, 128, 8, 2048, 768, DType::BF16)).swap_gemm2_one_per_sm);
+        std::env::set_var(SWAP_GEMM2_ONE_PER_SM_ENV, "0");
+        assert!(!swap(&problem(1, 8, 2, 4096, 14336, DType::BF16)).swap_gemm2_one_per_sm);
+        std::env::set_var(SWAP_GEMM2_ONE_PER_SM_ENV, "yes");
+        let bad = swap(&problem(1, 8, 2, 4096, 14336, DType::BF16));
+        std::env::remove_var(SWAP_GEMM2_ONE_PER_SM_ENV);
+        assert!(bad.swap_gemm2_one_per_sm);
+        assert!(bad
+            .reasons
+            .iter()
+            .any(|r| r.contains("SWAPMOE_SWAP_GEMM2_ONE_PER_SM=\"yes\" ignored")));
+        assert!(
+            !plan(&problem(1, 8, 2, 4096, 14336, DType::BF16), Some(&ampere)).swap_gemm2_one_per_sm
+        );
     }
 
     #[test]

@@ -333,6 +333,18 @@ def test_swap_backend(scheme, case, splits, rng, monkeypatch):
 
 
 @needs_sm90
+@pytest.mark.parametrize("one_per_sm", ["0", "1"])
+@pytest.mark.parametrize("case", [SWAP_CASES[0], SWAP_CASES[3], SWAP_CASES[6]], ids=lambda c: c.id)
+@pytest.mark.parametrize("scheme", SWAP_SCHEMES, ids=_scheme_id)
+def test_swap_gemm2_one_per_sm(scheme, case, one_per_sm, rng, monkeypatch):
+    """Both FP8 swap GEMM2s launched with more than half an SM's shared memory (one CTA per
+    SM) or their own: the same kernels, so the same results."""
+    monkeypatch.setenv("SWAPMOE_SWAP_GEMM2_ONE_PER_SM", one_per_sm)
+    run_fp8_case(case, scheme[0], "torch", "bfloat16", rng, device=DEV, static=scheme[1],
+                 backend="cuda_wgmma_swap")
+
+
+@needs_sm90
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("layout", ["aligned-rows", "odd-rows", "odd-start"])
 @pytest.mark.parametrize("M", [1, 9])

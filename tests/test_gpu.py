@@ -318,6 +318,24 @@ def test_wgmma_swap_k_slices(case, slices, rng, monkeypatch):
 
 
 @pytest.mark.skipif(not HAS_BACKEND_ARG, reason="this build has no backend= argument")
+@pytest.mark.parametrize("one_per_sm", ["0", "1"])
+@pytest.mark.parametrize("splits", [None, "2,4"], ids=lambda s: f"splits={s or 'oracle'}")
+@pytest.mark.parametrize("case", [SWAP_CASES[i] for i in (0, 3, 6)], ids=_ids([SWAP_CASES[i] for i in (0, 3, 6)]))
+def test_wgmma_swap_gemm2_one_per_sm(case, splits, one_per_sm, rng, monkeypatch):
+    """GEMM2 launched with more than half an SM's shared memory (one CTA per SM) or its own
+    (two): the same kernel and ring, so the same result; the plan says which it launched."""
+    _needs_hopper()
+    monkeypatch.setenv("SWAPMOE_SWAP_GEMM2_ONE_PER_SM", one_per_sm)
+    if splits:
+        monkeypatch.setenv("SWAPMOE_SWAP_SPLITS", splits)
+    monkeypatch.setenv("SWAPMOE_BACKEND", "cuda_wgmma_swap")
+    _, _, inp = run_case(case, "torch", "bfloat16", rng, device=DEV)
+    plan = swapmoe._core.describe_plan(inp["x"], inp["w1"], inp["w2"], inp["tw"], inp["ids"],
+                                       expert_map=inp["expert_map"])
+    assert plan["swap_gemm2_one_per_sm"] is (one_per_sm == "1")
+
+
+@pytest.mark.skipif(not HAS_BACKEND_ARG, reason="this build has no backend= argument")
 @pytest.mark.parametrize("ids", ["uniform", "concentrated"])
 @pytest.mark.parametrize("M", [m for m in DECODE_M if m <= 64])
 def test_wgmma_swap_every_decode_size(M, ids, rng):

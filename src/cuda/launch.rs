@@ -5,9 +5,10 @@ use super::{check, device, stream_is_capturing, DeviceState};
 use crate::error::{Error, Result};
 use crate::oracle::{
     Backend, KernelId, Plan, RouterPlacement, BULK_SMEM_BYTES, BULK_THREADS, REDUCE_THREADS,
-    ROUTE_ALIGN_ROUTED_THREADS, ROUTE_ALIGN_THREADS, SWAP_FP8_GEMM2_THREADS, SWAP_ROWS,
-    SWAP_THREADS, WGMMA_GATHER_THREADS, WGMMA_GEMM1_COLUMNS, WGMMA_GEMM2_COLUMNS,
-    WGMMA_QUANT_INTER_THREADS, WGMMA_RASTER_GROUP, WGMMA_REDUCE_THREADS, WGMMA_THREADS,
+    ROUTE_ALIGN_ROUTED_THREADS, ROUTE_ALIGN_THREADS, SWAP_FP8_GEMM2_THREADS,
+    SWAP_GEMM2_ONE_PER_SM_SMEM_BYTES, SWAP_ROWS, SWAP_THREADS, WGMMA_GATHER_THREADS,
+    WGMMA_GEMM1_COLUMNS, WGMMA_GEMM2_COLUMNS, WGMMA_QUANT_INTER_THREADS, WGMMA_RASTER_GROUP,
+    WGMMA_REDUCE_THREADS, WGMMA_THREADS,
 };
 
 /// Threads per CTA of the tensor-core kernels (`kThreads` in cuda/sm80_mma_moe.cu).
@@ -1268,7 +1269,7 @@ fn swap_decode(
         plan.kernels[1],
         grid,
         SWAP_THREADS as u32,
-        swap_smem(plan.kernels[1]),
+        swap_gemm2_smem(plan.kernels[1], plan),
         stream,
         plan.pdl,
         g2_split,
@@ -1399,7 +1400,7 @@ fn swap_fp8(
         id,
         grid,
         threads as u32,
-        swap_smem(id),
+        swap_gemm2_smem(id, plan),
         stream,
         plan.pdl,
         g2_split,
@@ -1410,6 +1411,16 @@ fn swap_fp8(
 /// Dynamic shared memory of a swap-AB kernel.
 fn swap_smem(id: KernelId) -> u32 {
     id.dynamic_smem_bytes().unwrap_or(0) as u32
+}
+
+/// Dynamic shared memory of a swap-AB GEMM2: its own, or more than half an SM's where the
+/// plan runs it one CTA per SM (the ring stays the kernel's own).
+fn swap_gemm2_smem(id: KernelId, plan: &Plan) -> u32 {
+    if plan.swap_gemm2_one_per_sm {
+        swap_smem(id).max(SWAP_GEMM2_ONE_PER_SM_SMEM_BYTES as u32)
+    } else {
+        swap_smem(id)
+    }
 }
 
 /// The two-launch decode path (cuda/decode_moe.cu): only the intermediate of the workspace

@@ -245,7 +245,7 @@ impl DeviceState {
             unsafe { sys::cuModuleGetFunction(&mut f, module.1 .0 as sys::CUmodule, sym.as_ptr()) },
             &format!("looking up kernel {}", id.symbol()),
         )?;
-        let big_smem = id.dynamic_smem_bytes();
+        let big_smem = id.max_dynamic_smem_bytes();
         if let Some(bytes) = big_smem {
             // More than the default 48 KiB of dynamic shared memory must be asked for.
             let bytes = bytes as i32;

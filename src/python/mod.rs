@@ -586,6 +586,7 @@ fn describe_plan<'py>(
     d.set_item("rows_per_cta", plan.rows_per_cta)?;
     d.set_item("tokens_per_pass", plan.tokens_per_pass)?;
     d.set_item("splits", plan.splits)?;
+    d.set_item("swap_gemm2_one_per_sm", plan.swap_gemm2_one_per_sm)?;
     d.set_item("ctas", plan.ctas)?;
     d.set_item("wgmma_persistent", plan.wgmma_persistent)?;
     d.set_item("reasons", plan.reasons)?;
@@ -726,6 +727,7 @@ fn select_backend<'py>(
     tile.set_item("pdl", plan.pdl)?;
     tile.set_item("first_kernel_pdl", plan.first_kernel_pdl)?;
     tile.set_item("splits", plan.splits)?;
+    tile.set_item("swap_gemm2_one_per_sm", plan.swap_gemm2_one_per_sm)?;
     d.set_item("tile", tile)?;
     d.set_item("source", plan.source.name())?;
     d.set_item("reasons", plan.reasons)?;
