@@ -628,7 +628,8 @@ __device__ __forceinline__ void fp8_gemm1(const TensorMap* xq_map, const TensorM
   // The routing is read before griddepcontrol.wait, so that it runs under quantize-x (-2 µs
   // at M = 1-8; benches/NOTES.md "FP8 swap v4"): this grid launches (PDL) only once
   // quantize-x has passed its own wait, so whatever wrote topk_ids (the caller's work, the
-  // router kernel) is complete. x_q, its scales and the zeroed absmax come from quantize-x.
+  // router kernel) is complete. x_q, its scales and the zeroed absmax come from quantize-x;
+  // the first stages' weights stream before the wait ("FP8 swap v5").
   mark_active(r, topk_ids, ids_is_i64, ids_row_stride, expert_map, topk_weights, topk_weights_code,
               topk_weights_row_stride, M, topk, global_E, local_E);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -638,9 +639,6 @@ __device__ __forceinline__ void fp8_gemm1(const TensorMap* xq_map, const TensorM
     SWAPMOE_STAMP_RECORD(stamps, 3, -1, 0);
     return;
   }
-  pdl_wait();
-  pdl_launch_dependents();  // after the wait: GEMM2 reads topk_ids before its own
-  SWAPMOE_STAMP(stamps, 2);
   const int ranks = cluster_nctarank(), rank = cluster_ctarank();
   const int j0 = (blockIdx.x / ranks) * kRows;
   const int ktiles = (K + kFp8BK - 1) / kFp8BK, per = (ktiles + ranks - 1) / ranks;
@@ -650,19 +648,38 @@ __device__ __forceinline__ void fp8_gemm1(const TensorMap* xq_map, const TensorM
   // The thread's accumulator rows (per box, h = 0/1) and token columns (c = 2j + parity).
   const int row_in = 16 * warp + (lane >> 2);
   if (warp == kProducerWarp) {
+    // The weights of the ring's first stages before waiting for quantize-x (the weights are
+    // the caller's, not an earlier kernel's output); their x_q rows after.
+    const int pre = min(items, L::kCount);
+    if (lane == 0) {
+      for (int it = 0; it < pre; ++it) {
+        unsigned char* s = stages + it * L::kStageBytes;
+        const int k0 = (kt0 + it) * kFp8BK;
+        mbar_arrive_expect(&full[it], L::kStageBytes);
+        tma_load_3d(s + L::weight(0), w1_map, k0, j0, e, &full[it]);
+        tma_load_3d(s + L::weight(1), w1_map, k0, N + j0, e, &full[it]);
+      }
+    }
+    pdl_wait();
+    pdl_launch_dependents();  // after the wait: GEMM2 reads topk_ids before its own
     if (lane == 0) {
       for (int it = 0; it < items; ++it) {
         const int st = it % L::kCount;
-        if (it >= L::kCount) mbar_wait(&empty[st], ((it / L::kCount) - 1) & 1);
         unsigned char* s = stages + st * L::kStageBytes;
         const int k0 = (kt0 + it) * kFp8BK;
-        mbar_arrive_expect(&full[st], L::kStageBytes);
-        tma_load_3d(s + L::weight(0), w1_map, k0, j0, e, &full[st]);
-        tma_load_3d(s + L::weight(1), w1_map, k0, N + j0, e, &full[st]);
+        if (it >= pre) {
+          mbar_wait(&empty[st], ((it / L::kCount) - 1) & 1);
+          mbar_arrive_expect(&full[st], L::kStageBytes);
+          tma_load_3d(s + L::weight(0), w1_map, k0, j0, e, &full[st]);
+          tma_load_3d(s + L::weight(1), w1_map, k0, N + j0, e, &full[st]);
+        }
         tma_load_2d(s + L::tokens(), xq_map, k0, 0, &full[st]);
       }
     }
   } else {
+    pdl_wait();  // x_q's scales, the zeroed absmax; before this grid writes out
+    pdl_launch_dependents();
+    SWAPMOE_STAMP(stamps, 2);
     // 128x128 blocks: the weight block scale of each row, the token's group scale, per stage.
     const int last_row = 2 * N - 1;
     auto scales = [&](int it, const unsigned char*, float (&row)[2][2], float (&col)[NT / 4]) {

@@ -415,9 +415,9 @@ def test_swap_is_deterministic(scheme, splits, rng, monkeypatch):
 @pytest.mark.parametrize("scheme", SWAP_SCHEMES, ids=_scheme_id)
 def test_swap_fused_moe_graph_routes_fresh_logits(scheme, router, M, rng, monkeypatch):
     """fused_moe on the swap backend captured in a CUDA graph: the router kernel, quantize-x,
-    GEMM1, GEMM2. GEMM1 reads the routing before its griddepcontrol.wait (under quantize-x),
-    so each replay, on fresh logits and x, must give what select_experts + fused_experts give
-    eagerly on the same inputs, bit for bit."""
+    GEMM1, GEMM2. GEMM1 reads the routing and issues its first stages' weight copies before
+    its griddepcontrol.wait (under quantize-x), so each replay, on fresh logits and x, must
+    give what select_experts + fused_experts give eagerly on the same inputs, bit for bit."""
     monkeypatch.setenv("SWAPMOE_BACKEND", "cuda_wgmma_swap")
     r = ROUTERS[router]
     case = _case(M, E=r.E, topk=r.topk)
