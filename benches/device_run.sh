@@ -97,6 +97,14 @@ for step in "$@"; do
     routing) python3 benches/routing_bench.py --m ${ROUTING_M:-1,8,64} --json "$OUT/routing.json" 2>&1 | tee "$OUT/routing.txt" ;;
     pytest) python3 -m pytest -m gpu -q -p no:cacheprovider ${PYTEST_FILES:-tests} 2>&1 | tee "$OUT/pytest_gpu.txt" | tail -25 ;;
     pytest-all) python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest_all.txt" | tail -25 ;;
+    pytest-fp8|pytest-rest)
+      # the whole GPU suite no longer fits one 10-minute call (~1700 tests): run it in two calls,
+      # the FP8 file (~610 tests) and the others (~980), each over $PYTEST_WORKERS processes
+      # sharing the GPU (pytest-xdist is on the device image)
+      if [ "$step" = pytest-fp8 ]; then files=tests/test_fp8_gpu.py; else files=$(ls tests/test_*gpu*.py | grep -v test_fp8_gpu.py); fi
+      timeout ${TEST_TIMEOUT:-540} python3 -m pytest -m gpu -q -p no:cacheprovider -n ${PYTEST_WORKERS:-12} -rfE $files > "$OUT/$step.txt" 2>&1
+      echo "$step: exit $? ; $(tail -1 "$OUT/$step.txt")"
+      grep -E "^(FAILED|ERROR)" "$OUT/$step.txt" | head -30 ;;
     *) echo "unknown step $step" ;;
   esac
 done
