@@ -2892,7 +2892,7 @@ mod tests {
         );
         // (static shared memory of the swap-AB kernels: 5168-5456 bytes, ptxas -v)
         let static_max = 5632;
-        assert!(2 * (SWAP_GEMM2_ONE_PER_SM_SMEM_BYTES + 5168 + 1024) > SM_SHARED_MEMORY_BYTES);
+        const { assert!(2 * (SWAP_GEMM2_ONE_PER_SM_SMEM_BYTES + 5168 + 1024) > SM_SHARED_MEMORY_BYTES) };
         assert!(
             SWAP_GEMM2_ONE_PER_SM_SMEM_BYTES + swap_smem_bytes(8, 2, 1) + 2 * (1024 + static_max)
                 <= SM_SHARED_MEMORY_BYTES
