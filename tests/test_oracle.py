@@ -202,3 +202,25 @@ def test_explain_fp8(capsys):
     assert "fp8_block128" in out and "M=1: cuda_wgmma_swap" in out and "swap_moe_fp8_gemm1_block_n8" in out
     assert "M=1024: cuda_wgmma" in out and "wgmma_moe_fp8_gemm1_block_t64" in out
     assert "wgmma_moe_fp8_gemm2_bf16_block_t64" in out and "quant_inter" not in out
+
+
+@pytest.mark.parametrize("quant", [None, "fp8_tensor"])
+def test_swap_gemm2_one_cta_per_sm_from_long_rows(quant, monkeypatch):
+    """cuda_wgmma_swap's GEMM2 runs one CTA per SM where w2's rows are long (N >= 4096,
+    Mixtral), two per SM otherwise (qwen3); the environment forces either; bad values are
+    ignored with a reason. Other backends never set it."""
+    kw = {"backend": "cuda_wgmma_swap", **({"quant": quant} if quant else {})}
+    mixtral = plan(1, MIXTRAL, **kw)
+    assert mixtral.backend == "cuda_wgmma_swap" and mixtral.tile["swap_gemm2_one_per_sm"] is True
+    assert any(r.startswith("gemm2: one CTA per SM (N = 14336") for r in mixtral.reasons)
+    assert plan(1, QWEN3, **kw).tile["swap_gemm2_one_per_sm"] is False
+    monkeypatch.setenv("SWAPMOE_SWAP_GEMM2_ONE_PER_SM", "1")
+    assert plan(1, QWEN3, **kw).tile["swap_gemm2_one_per_sm"] is True
+    monkeypatch.setenv("SWAPMOE_SWAP_GEMM2_ONE_PER_SM", "0")
+    assert plan(1, MIXTRAL, **kw).tile["swap_gemm2_one_per_sm"] is False
+    monkeypatch.setenv("SWAPMOE_SWAP_GEMM2_ONE_PER_SM", "on")
+    p = plan(1, MIXTRAL, **kw)
+    assert p.tile["swap_gemm2_one_per_sm"] is True
+    assert any('$SWAPMOE_SWAP_GEMM2_ONE_PER_SM="on" ignored' in r for r in p.reasons)
+    monkeypatch.setenv("SWAPMOE_SWAP_GEMM2_ONE_PER_SM", "1")
+    assert plan(4096, MIXTRAL).tile["swap_gemm2_one_per_sm"] is False  # cuda_wgmma
