@@ -144,8 +144,10 @@ pub const SWAP_HEURISTIC_MAX_TOKENS: usize = 16;
 pub const SWAP_GEMM2_WIDE_SLICE_MIN_N: usize = 4096;
 /// Smallest N from which cuda_wgmma_swap's GEMM2 runs one CTA per SM
 /// (`Plan::swap_gemm2_one_per_sm`). Measured (H200, FP8 per-tensor static scales, benches/NOTES.md
-/// "Swap GEMM2 one CTA per SM"): Mixtral (N = 14336) M = 1 114.1 -> 104.6 us; qwen3 (N = 768)
-/// M = 1 / 8 21.2 / 85.7 -> 28.6 / 119.9, deepseek-v3-tp8 (N = 256) 26.9 / 99.2 -> 33.2 / 134.3.
+/// "Swap GEMM2 one CTA per SM"): Mixtral (N = 14336) M = 1 111.1-111.6 -> 97.2-97.3 us; one
+/// CTA per SM forced (the ring-sized experiment build, against the release build) qwen3
+/// (N = 768) M = 1 / 8 21.2 / 85.7 -> 28.6 / 119.9, deepseek-v3-tp8 (N = 256) 26.9 / 99.2 ->
+/// 33.2 / 134.3.
 /// Launched under GEMM1 (PDL), two per SM, GEMM2's CTAs took the SMs GEMM1 freed first: 128
 /// CTAs on 64-68 SMs, streaming w2 at 2.7-3.9 TB/s (stamps). Where rows are short, GEMM2 is
 /// mostly start-up, and waiting for whole SMs costs more than the spread gains.

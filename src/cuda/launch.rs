@@ -5,10 +5,9 @@ use super::{check, device, stream_is_capturing, DeviceState};
 use crate::error::{Error, Result};
 use crate::oracle::{
     Backend, KernelId, Plan, RouterPlacement, BULK_SMEM_BYTES, BULK_THREADS, REDUCE_THREADS,
-    ROUTE_ALIGN_ROUTED_THREADS, ROUTE_ALIGN_THREADS, SWAP_FP8_GEMM2_THREADS,
-    SWAP_GEMM2_ONE_PER_SM_SMEM_BYTES, SWAP_ROWS, SWAP_THREADS, WGMMA_GATHER_THREADS,
-    WGMMA_GEMM1_COLUMNS, WGMMA_GEMM2_COLUMNS, WGMMA_QUANT_INTER_THREADS, WGMMA_RASTER_GROUP,
-    WGMMA_REDUCE_THREADS, WGMMA_THREADS,
+    ROUTE_ALIGN_ROUTED_THREADS, ROUTE_ALIGN_THREADS, SWAP_FP8_GEMM2_THREADS, SWAP_ROWS,
+    SWAP_THREADS, WGMMA_GATHER_THREADS, WGMMA_GEMM1_COLUMNS, WGMMA_GEMM2_COLUMNS,
+    WGMMA_QUANT_INTER_THREADS, WGMMA_RASTER_GROUP, WGMMA_REDUCE_THREADS, WGMMA_THREADS,
 };
 
 /// Threads per CTA of the tensor-core kernels (`kThreads` in cuda/sm80_mma_moe.cu).
@@ -1413,11 +1412,12 @@ fn swap_smem(id: KernelId) -> u32 {
     id.dynamic_smem_bytes().unwrap_or(0) as u32
 }
 
-/// Dynamic shared memory of a swap-AB GEMM2: its own, or more than half an SM's where the
-/// plan runs it one CTA per SM (the ring stays the kernel's own).
+/// Dynamic shared memory of a swap-AB GEMM2: its own, or, where the plan runs it one CTA
+/// per SM, the most its attribute allows (`KernelId::max_dynamic_smem_bytes`: more than half
+/// an SM's); the ring stays the kernel's own.
 fn swap_gemm2_smem(id: KernelId, plan: &Plan) -> u32 {
     if plan.swap_gemm2_one_per_sm {
-        swap_smem(id).max(SWAP_GEMM2_ONE_PER_SM_SMEM_BYTES as u32)
+        id.max_dynamic_smem_bytes().unwrap_or(0) as u32
     } else {
         swap_smem(id)
     }
