@@ -651,29 +651,28 @@ __device__ __forceinline__ void fp8_gemm1(const TensorMap* xq_map, const TensorM
     // The weights of the ring's first stages before waiting for quantize-x (the weights are
     // the caller's, not an earlier kernel's output); their x_q rows after.
     const int pre = min(items, L::kCount);
+    // Stage st's full barrier expects the whole stage; this issues its gate and up rows of
+    // k-tile it (its x_q rows follow in the main loop).
+    auto issue_weights = [&](int it, int st) {
+      unsigned char* s = stages + st * L::kStageBytes;
+      const int k0 = (kt0 + it) * kFp8BK;
+      mbar_arrive_expect(&full[st], L::kStageBytes);
+      tma_load_3d(s + L::weight(0), w1_map, k0, j0, e, &full[st]);
+      tma_load_3d(s + L::weight(1), w1_map, k0, N + j0, e, &full[st]);
+    };
     if (lane == 0) {
-      for (int it = 0; it < pre; ++it) {
-        unsigned char* s = stages + it * L::kStageBytes;
-        const int k0 = (kt0 + it) * kFp8BK;
-        mbar_arrive_expect(&full[it], L::kStageBytes);
-        tma_load_3d(s + L::weight(0), w1_map, k0, j0, e, &full[it]);
-        tma_load_3d(s + L::weight(1), w1_map, k0, N + j0, e, &full[it]);
-      }
+      for (int it = 0; it < pre; ++it) issue_weights(it, it);
     }
     pdl_wait();
     pdl_launch_dependents();  // after the wait: GEMM2 reads topk_ids before its own
     if (lane == 0) {
       for (int it = 0; it < items; ++it) {
         const int st = it % L::kCount;
-        unsigned char* s = stages + st * L::kStageBytes;
-        const int k0 = (kt0 + it) * kFp8BK;
         if (it >= pre) {
           mbar_wait(&empty[st], ((it / L::kCount) - 1) & 1);
-          mbar_arrive_expect(&full[st], L::kStageBytes);
-          tma_load_3d(s + L::weight(0), w1_map, k0, j0, e, &full[st]);
-          tma_load_3d(s + L::weight(1), w1_map, k0, N + j0, e, &full[st]);
+          issue_weights(it, st);
         }
-        tma_load_2d(s + L::tokens(), xq_map, k0, 0, &full[st]);
+        tma_load_2d(stages + st * L::kStageBytes + L::tokens(), xq_map, (kt0 + it) * kFp8BK, 0, &full[st]);
       }
     }
   } else {
