@@ -61,7 +61,14 @@ def time_graphs(graphs, layers, rounds):
     for _ in range(rounds):
         for name, g in graphs.items():
             times[name].append(triton.testing.do_bench(g.replay, return_mode="median") * 1000 / layers)
-    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}, times
+
+
+def paired_delta(times, a, b):
+    """The median, min and max over rounds of (a - b) within each round: drift that moves both
+    graphs of a round alike cancels, which the difference of the two medians does not do."""
+    d = sorted(x - y for x, y in zip(times[a], times[b]))
+    return d[len(d) // 2], d[0], d[-1]
 
 
 def main():
@@ -74,6 +81,7 @@ def main():
     swapmoe.warmup(0)
     rows = []
     print(f"{'shape':16s} {'M':>4s} {'experts_us':>10s} {'fused_moe_us':>12s} {'delta_us':>8s} "
+          f"{'paired delta (min..max)':>23s} "
           f"{'warp_router':>11s} {'delta':>8s} {'cta_router':>10s} {'delta':>8s} {'fusion_on':>10s} {'delta':>8s} {'torch_route+experts_us':>22s} "
           f"{'router kernel':>26s} {'alone/warp/cta':>17s} {'router (on)':>16s} {'launches moe/on/experts':>24s} "
           f"{'max|diff|':>9s} {'experts+noop/noop':>17s} {'first kernel w/o PDL: experts/moe/moe(cta)':>44s} "
@@ -143,7 +151,8 @@ def main():
             graphs["torch_routing"] = capture(
                 lambda i: swapmoe.fused_experts(x, w1s[i], w2s[i], *torch_router(logits, topk, kw, bias), out=out),
                 a.layers)
-            t = time_graphs(graphs, a.layers, a.rounds)
+            t, per_round = time_graphs(graphs, a.layers, a.rounds)
+            paired, paired_min, paired_max = paired_delta(per_round, "moe", "experts")
             t_exp, t_moe, t_warp, t_twin, t_sep = (t[k] for k in ("experts", "moe", "warp", "twin", "torch_routing"))
             t_router, t_warp_router, t_cta, t_cta_router = t["router"], t["warp_router"], t["cta"], t["cta_router"]
             t_exp_noop, t_noop = t["experts_then_noop"], t["noop"]
@@ -167,13 +176,17 @@ def main():
                              fused_moe_cta_router_first_pdl_off_us=t_cta_nopdl,
                              fused_moe_first_pdl_off_us=t_moe_nopdl, fused_moe_first_pdl_on_us=t_moe_pdl,
                              torch_routing_plus_experts_us=t_sep, delta_us=t_moe - t_exp,
+                             delta_paired_us=paired, delta_paired_min_us=paired_min,
+                             delta_paired_max_us=paired_max,
+                             fused_experts_rounds_us=per_round["experts"], fused_moe_rounds_us=per_round["moe"],
                              delta_fusion_on_us=t_twin - t_exp,
                              router=plan_moe["router"], router_fusion_on=plan_twin["router"],
                              launches_fused_moe=len(plan_moe["kernels"]),
                              launches_fusion_on=len(plan_twin["kernels"]),
                              launches_fused_experts=len(plan["kernels"]),
                              backend=plan["backend"], max_abs_diff_vs_torch_routing=diff))
-            print(f"{name:16s} {M:4d} {t_exp:10.1f} {t_moe:12.1f} {t_moe - t_exp:8.1f} {t_warp:11.1f} "
+            print(f"{name:16s} {M:4d} {t_exp:10.1f} {t_moe:12.1f} {t_moe - t_exp:8.1f} "
+                  f"{f'{paired:+.1f} ({paired_min:+.1f}..{paired_max:+.1f})':>23s} {t_warp:11.1f} "
                   f"{t_warp - t_exp:8.1f} {t_cta:10.1f} {t_cta - t_exp:8.1f} {t_twin:10.1f} "
                   f"{t_twin - t_exp:8.1f} {t_sep:22.1f} {plan_moe['kernels'][0]:>26s} {t_router:5.1f}/{t_warp_router:5.1f}/{t_cta_router:5.1f} {plan_twin['router']:>16s} "
                   f"{len(plan_moe['kernels']):>3d}/{len(plan_twin['kernels'])}/{len(plan['kernels']):<3d} {diff:9.2e} "
