@@ -285,6 +285,13 @@ pub const ROUTER_KERNEL_ENV: &str = "SWAPMOE_ROUTER_KERNEL";
 /// or decode experts) it measured 1.9-3.4 with PDL. Alone it routes in 3.1-3.3 us at every M
 /// against the warp router's 4.2-4.4.
 pub const ROUTER_CTA_PDL_MAX_TOKENS: usize = 16;
+/// What launching fused_moe's router kernel with PDL measured where the swap-AB experts'
+/// one-wave rule starts fused_experts' GEMM1 without it (H200, `benches/routing_bench.py`,
+/// its first-kernel-PDL column against the default, four runs on 2026-12-02, benches/NOTES.md
+/// "Router PDL before a one-wave GEMM1"). Inside fused_moe GEMM1 follows the router by PDL
+/// either way, so the rule's reason (GEMM1's CTAs placed while the previous kernel runs)
+/// does not apply to the router.
+const ROUTER_PDL_BEFORE_ONE_WAVE_MEASURED: &str = "fused_moe - fused_experts at qwen3-30b-a3b M = 1 1.6-1.7 us against 2.1-2.2 without, deepseek-v3-tp8 M = 1 2.1-2.3 against 2.5, M = 8 2.6-3.7 against 2.6-3.8";
 
 /// What the driver tells us about a device, or what an offline question assumes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -1734,11 +1741,21 @@ pub fn place_router(
         plan.reasons
             .push(format!("router: {}: {kernel_why}", id.symbol()));
         plan.router = RouterPlacement::Separate(id);
-        if id == KernelId::RouteGroupedCta
-            && m > ROUTER_CTA_PDL_MAX_TOKENS
+        let cta_past_pdl = id == KernelId::RouteGroupedCta && m > ROUTER_CTA_PDL_MAX_TOKENS;
+        // The swap-AB plan drops first-kernel PDL only by its one-wave GEMM1 rule (plan.pdl:
+        // the device has PDL); that rule is about GEMM1's CTAs, which here follow the router.
+        if plan.backend == Backend::CudaWgmmaSwap
+            && plan.pdl
+            && !plan.first_kernel_pdl
+            && !cta_past_pdl
             && request.first_kernel_pdl.is_none()
-            && plan.first_kernel_pdl
         {
+            plan.first_kernel_pdl = true;
+            plan.reasons.push(format!(
+                "router: launched with PDL although fused_experts would start GEMM1 without (its one-wave rule): here GEMM1 follows the router by PDL either way; {ROUTER_PDL_BEFORE_ONE_WAVE_MEASURED}"
+            ));
+        }
+        if cta_past_pdl && request.first_kernel_pdl.is_none() && plan.first_kernel_pdl {
             plan.first_kernel_pdl = false;
             plan.reasons.push(format!(
                 "router: launched without PDL (M = {m} > {ROUTER_CTA_PDL_MAX_TOKENS}): launched early, the CTA router's M CTAs measured 2-3 us slower inside fused_moe"
@@ -3223,6 +3240,39 @@ mod tests {
                     .any(|r| r.starts_with("router: launched without PDL")),
                 !pdl
             );
+        }
+        // Where the swap-AB experts' one-wave rule starts fused_experts' GEMM1 without PDL,
+        // fused_moe's router (either kernel) still starts with PDL, unless overridden.
+        let swap_placed = |m: i64, e: i64, request: RouterRequest, cfg: &RouterConfig| {
+            let p = problem(m, e, 8, 7168, 256, DType::BF16);
+            let mut plan = plan_with(&p, Some(&h200()), Some(Backend::CudaWgmmaSwap)).unwrap();
+            let experts_alone = plan.first_kernel_pdl;
+            place_router(&mut plan, p.m, e as usize, cfg, request);
+            (experts_alone, plan)
+        };
+        let softmax = RouterConfig {
+            groups: None,
+            scoring: Scoring::Softmax,
+            ..deepseek.clone()
+        };
+        for (m, e, cfg) in [(1, 256, &deepseek), (8, 256, &deepseek), (1, 128, &softmax)] {
+            let (alone, plan) = swap_placed(m, e, RouterRequest::default(), cfg);
+            assert!(!alone, "M = {m}: fused_experts' GEMM1 fits one wave");
+            assert!(plan.first_kernel_pdl, "M = {m} E = {e}");
+            assert!(plan
+                .reasons
+                .iter()
+                .any(|r| r.starts_with("router: launched with PDL although")));
+            let off = RouterRequest {
+                first_kernel_pdl: Some(false),
+                ..RouterRequest::default()
+            };
+            let (_, plan) = swap_placed(m, e, off, cfg);
+            assert!(!plan.first_kernel_pdl);
+            assert!(!plan
+                .reasons
+                .iter()
+                .any(|r| r.starts_with("router: launched with PDL although")));
         }
         // The plan records the kernel and its reason.
         let mut plan = plan(&problem(1, 256, 8, 7168, 256, DType::BF16), Some(&h200()));

@@ -199,3 +199,30 @@ def test_first_kernel_without_pdl_gives_the_same_output(backend, M, rng, monkeyp
     for a, b in zip(runs["on"], runs["off"]):
         assert torch.equal(a, b), f"{backend} M={M}: the first kernel's launch mode changed the result"
     check_close(runs["off"][1], moe_ref(r, inp), "bfloat16", what=f"{backend} M={M}")
+
+
+@pytest.mark.parametrize("name,M", [("deepseek_v3", 1), ("deepseek_v3", 8), ("qwen3", 1)])
+def test_router_starts_with_pdl_before_a_one_wave_swap_gemm1(name, M, rng, monkeypatch):
+    """Where the swap-AB GEMM1 fits one wave, fused_experts starts it without PDL, but
+    fused_moe still starts its router kernel with PDL (GEMM1 follows the router by PDL either
+    way; benches/NOTES.md "Router PDL before a one-wave GEMM1"): the plan says so, and the
+    result is bitwise that of select_experts + fused_experts, eagerly and in a CUDA graph."""
+    r = next(v for v in VARIANTS if v.name == name)
+    monkeypatch.setenv("SWAPMOE_BACKEND", "cuda_wgmma_swap")
+    inp = moe_inputs(moe_problem(rng, r, M, ep=False), "torch", "bfloat16", "float32", device=DEV)
+    w, ids = route(r, inp["logits"], inp["bias"])
+    experts_plan = swapmoe._core.describe_plan(inp["x"], inp["w1"], inp["w2"], w, ids)
+    moe_plan = placement(r, inp)
+    assert experts_plan["backend"] == moe_plan["backend"] == "cuda_wgmma_swap"
+    assert experts_plan["first_kernel_pdl"] is False, experts_plan["reasons"]
+    assert moe_plan["first_kernel_pdl"] is True and moe_plan["router"] == "separate", moe_plan["reasons"]
+    assert any(s.startswith("router: launched with PDL although") for s in moe_plan["reasons"])
+    sep = separate_call(r, inp)
+    moe = moe_call(r, inp)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = moe_call(r, inp)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(moe, sep) and torch.equal(captured, sep)
+    check_close(moe, moe_ref(r, inp), "bfloat16", what=f"{name} M={M}")

@@ -133,7 +133,12 @@ def describe_plan(
     fused_moe: bool = False,
     scoring: str = "softmax",
     num_expert_group: Optional[int] = None,
-) -> dict[str, Any]: ...
+) -> dict[str, Any]:
+    """The plan a call with these tensors would run, without running it: problem, backend,
+    source, table, kernels (fused_moe's router kernel first where it has its own), router,
+    rows_per_cta, tokens_per_pass, splits, swap_gemm2_one_per_sm, pdl (later kernels start by
+    programmatic dependent launch), first_kernel_pdl (so does the first: fused_experts' first
+    kernel, or fused_moe's router), ctas, wgmma_persistent, reasons, workspace_bytes."""
 def build_info() -> dict[str, Any]: ...
 def driver_version() -> int: ...
 def device_info(ordinal: int) -> dict[str, Any]: ...

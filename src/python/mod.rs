@@ -587,6 +587,8 @@ fn describe_plan<'py>(
     d.set_item("tokens_per_pass", plan.tokens_per_pass)?;
     d.set_item("splits", plan.splits)?;
     d.set_item("swap_gemm2_one_per_sm", plan.swap_gemm2_one_per_sm)?;
+    d.set_item("pdl", plan.pdl)?;
+    d.set_item("first_kernel_pdl", plan.first_kernel_pdl)?;
     d.set_item("ctas", plan.ctas)?;
     d.set_item("wgmma_persistent", plan.wgmma_persistent)?;
     d.set_item("reasons", plan.reasons)?;
