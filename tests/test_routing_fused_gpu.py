@@ -169,6 +169,19 @@ def test_cuda_graph_fused_moe_placements(backend, M, fusion, rng, monkeypatch):
         check_close(captured, moe_ref(r, inp), "bfloat16", what="graph replay")
 
 
+def separate_eager_and_graph(r: Router, inp: dict):
+    """(select_experts + fused_experts, fused_moe eagerly, fused_moe captured in a CUDA graph
+    and replayed), synchronized."""
+    experts = separate_call(r, inp)
+    moe = moe_call(r, inp)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = moe_call(r, inp)
+    graph.replay()
+    torch.cuda.synchronize()
+    return experts, moe, captured.clone()
+
+
 BACKENDS_FIRST_PDL = [("cuda_decode", 3), ("cuda_wgmma_swap", 5), ("cuda_wgmma", 40), ("cuda_mma", 17),
                       ("cuda_generic", 2), ("cuda_bulk_decode", 2)]
 
@@ -188,14 +201,7 @@ def test_first_kernel_without_pdl_gives_the_same_output(backend, M, rng, monkeyp
         plan = swapmoe._core.describe_plan(inp["x"], inp["w1"], inp["w2"], w, ids, expert_map=inp["emap"])
         assert plan["backend"] == backend
         assert any(s.startswith(f"override: $SWAPMOE_FIRST_KERNEL_PDL={mode}") for s in plan["reasons"])
-        experts = separate_call(r, inp)
-        moe = moe_call(r, inp)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            captured = moe_call(r, inp)
-        graph.replay()
-        torch.cuda.synchronize()
-        runs[mode] = (experts, moe, captured.clone())
+        runs[mode] = separate_eager_and_graph(r, inp)
     for a, b in zip(runs["on"], runs["off"]):
         assert torch.equal(a, b), f"{backend} M={M}: the first kernel's launch mode changed the result"
     check_close(runs["off"][1], moe_ref(r, inp), "bfloat16", what=f"{backend} M={M}")
@@ -217,12 +223,6 @@ def test_router_starts_with_pdl_before_a_one_wave_swap_gemm1(name, M, rng, monke
     assert experts_plan["first_kernel_pdl"] is False, experts_plan["reasons"]
     assert moe_plan["first_kernel_pdl"] is True and moe_plan["router"] == "separate", moe_plan["reasons"]
     assert any(s.startswith("router: launched with PDL although") for s in moe_plan["reasons"])
-    sep = separate_call(r, inp)
-    moe = moe_call(r, inp)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = moe_call(r, inp)
-    graph.replay()
-    torch.cuda.synchronize()
+    sep, moe, captured = separate_eager_and_graph(r, inp)
     assert torch.equal(moe, sep) and torch.equal(captured, sep)
     check_close(moe, moe_ref(r, inp), "bfloat16", what=f"{name} M={M}")
