@@ -841,6 +841,10 @@ pub struct Plan {
     /// cuda_wgmma_swap: GEMM2 asks for more than half an SM's shared memory
     /// (`SWAP_GEMM2_ONE_PER_SM_SMEM_BYTES`), so that its CTAs spread one per SM.
     pub swap_gemm2_one_per_sm: bool,
+    /// cuda_wgmma_swap (bf16/fp16): GEMM1's CTAs fit one resident wave, which is why the
+    /// plan starts GEMM1 without PDL (`first_kernel_pdl` false although `pdl` is true).
+    /// fused_moe's router, launched before GEMM1, is not bound by that rule (`place_router`).
+    pub one_wave_gemm1: bool,
     /// Why each choice was made or each candidate rejected.
     pub reasons: Vec<String>,
     /// What decided: an override, a tuned table or the heuristics.
@@ -1742,10 +1746,8 @@ pub fn place_router(
             .push(format!("router: {}: {kernel_why}", id.symbol()));
         plan.router = RouterPlacement::Separate(id);
         let cta_past_pdl = id == KernelId::RouteGroupedCta && m > ROUTER_CTA_PDL_MAX_TOKENS;
-        // The swap-AB plan drops first-kernel PDL only by its one-wave GEMM1 rule (plan.pdl:
-        // the device has PDL); that rule is about GEMM1's CTAs, which here follow the router.
-        if plan.backend == Backend::CudaWgmmaSwap
-            && plan.pdl
+        // The one-wave rule is about GEMM1's CTAs, which here follow the router by PDL.
+        if plan.one_wave_gemm1
             && !plan.first_kernel_pdl
             && !cta_past_pdl
             && request.first_kernel_pdl.is_none()
@@ -2576,6 +2578,7 @@ impl<'a> Candidates<'a> {
             },
         };
         let first_kernel_pdl = pdl_ok && !kernels.is_empty() && first_kernel_pdl_off.is_none();
+        let one_wave_gemm1 = first_kernel_pdl_off.is_some();
         if let Some(why) = first_kernel_pdl_off {
             reasons.push(why);
         }
@@ -2592,6 +2595,7 @@ impl<'a> Candidates<'a> {
             wgmma_persistent,
             splits,
             swap_gemm2_one_per_sm,
+            one_wave_gemm1,
             reasons,
             source: Source::Heuristic,
             table: None,
@@ -2958,6 +2962,7 @@ mod tests {
             (swap(8, 128, 2048, 768), false),
         ] {
             assert_eq!(plan.first_kernel_pdl, !one_wave, "{:?}", plan.reasons);
+            assert_eq!(plan.one_wave_gemm1, one_wave);
             assert!(plan.pdl, "GEMM2 keeps PDL");
             assert_eq!(
                 plan.reasons
@@ -2967,7 +2972,7 @@ mod tests {
             );
         }
         let decode = plan_with(&p, Some(&h200()), Some(Backend::CudaDecode)).unwrap();
-        assert!(decode.first_kernel_pdl);
+        assert!(decode.first_kernel_pdl && !decode.one_wave_gemm1);
         assert!(!plan(&p, Some(&a100)).first_kernel_pdl);
         let ask = |caps: &DeviceCaps, want: bool| {
             let req = Request {
@@ -3258,7 +3263,10 @@ mod tests {
         for (m, e, cfg) in [(1, 256, &deepseek), (8, 256, &deepseek), (1, 128, &softmax)] {
             let (alone, plan) = swap_placed(m, e, RouterRequest::default(), cfg);
             assert!(!alone, "M = {m}: fused_experts' GEMM1 fits one wave");
-            assert!(plan.first_kernel_pdl, "M = {m} E = {e}");
+            assert!(
+                plan.one_wave_gemm1 && plan.first_kernel_pdl,
+                "M = {m} E = {e}"
+            );
             assert!(plan
                 .reasons
                 .iter()
