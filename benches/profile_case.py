@@ -1,6 +1,7 @@
 """One MoE layer per backend, for Nsight Compute (what limits the decode kernels and the
 prefill wgmma GEMMs), plus fused_moe's router. Shape: qwen3 (default), deepseek or mixtral.
-$PROFILE_BACKENDS (comma-separated, default cuda_decode,cuda_bulk_decode) picks the backends;
+$PROFILE_BACKENDS (comma-separated, default cuda_decode,cuda_bulk_decode) picks the backends
+("oracle": the plan the oracle picks for the call, as `swapmoe bench` runs it);
 $PROFILE_ROUTER=0 leaves out fused_moe. $PROFILE_QUANT=fp8_tensor|fp8_channel|fp8_block128 runs FP8
 weights instead (static per-tensor activation scales, as `swapmoe bench` calibrates them).
 
@@ -42,7 +43,8 @@ for backend in os.environ.get("PROFILE_BACKENDS", "cuda_decode,cuda_bulk_decode"
         continue
     for _ in range(2):
         flush.zero_()  # L2 cold, as in the benchmark
-        swapmoe.fused_experts(x, w1, w2, tw, ids, backend=backend, **fp8)
+        chosen = {} if backend == "oracle" else {"backend": backend}
+        swapmoe.fused_experts(x, w1, w2, tw, ids, **chosen, **fp8)
 for fusion in ("on", "off") if os.environ.get("PROFILE_ROUTER", "1") != "0" else ():  # fused_moe with the router placed by the oracle, then separate
     os.environ["SWAPMOE_ROUTER_FUSION"] = fusion
     flush.zero_()
