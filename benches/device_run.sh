@@ -94,6 +94,16 @@ for step in "$@"; do
         grep -E "wgmma_moe_|Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Registers Per|Local Memory|Shared Memory Throughput|Issue Slots Busy|No Eligible|Stall|Tensor" "$f" | head -60
       done
       tar czf "$OUT/ncu_wgmma.tgz" -C /tmp $(cd /tmp && ls ncu_wgmma_*.txt) ;;
+    ktimes)
+      # per-kernel durations of the default plan (ncu, one metric; caches flushed before each
+      # kernel) per "shape:M:quant" of $KTIMES_CASES (quant none = bf16); summary to stdout
+      for c in ${KTIMES_CASES:-qwen3:4096:none deepseek:4096:none qwen3:4096:fp8_tensor}; do
+        IFS=: read -r shape m quant <<< "$c"
+        f="$OUT/ktimes_${shape}_${m}_${quant}.csv"
+        env $([ "$quant" != none ] && echo PROFILE_QUANT=$quant) PROFILE_BACKENDS=oracle PROFILE_ROUTER=0 \
+          ncu --clock-control none --metrics gpu__time_duration.sum --csv python3 benches/profile_case.py $m $shape > "$f" 2>&1
+        echo "ncu $c: exit $?"; python3 benches/kernel_times.py "$f"
+      done ;;
     routing) python3 benches/routing_bench.py --m ${ROUTING_M:-1,8,64} --json "$OUT/routing.json" 2>&1 | tee "$OUT/routing.txt" ;;
     pytest) python3 -m pytest -m gpu -q -p no:cacheprovider ${PYTEST_FILES:-tests} 2>&1 | tee "$OUT/pytest_gpu.txt" | tail -25 ;;
     pytest-all) python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest_all.txt" | tail -25 ;;
