@@ -2,7 +2,9 @@
 //! and tile lives here, with a one-line reason; launch code only carries a plan out.
 
 use crate::error::{Error, Result};
-use crate::problem::{DType, Device, Fp8Quant, MoeProblem, QuantScheme, FP8_BLOCK};
+use crate::problem::{
+    DType, Device, Fp8Quant, MoeProblem, QuantScheme, FP8_BLOCK, MAX_GPU_LOCAL_EXPERTS,
+};
 use crate::routing::{RouterConfig, Scoring};
 use crate::tables::{self, ActivationScales, Choice, ExternalBackend, Loaded, Quant, TableSet};
 use std::collections::HashSet;
@@ -245,6 +247,15 @@ const FP8_SIMT_VS_TRITON: &str = "0.5-0.8x at M = 1 and 0.01-0.3x from M = 8 on"
 pub const FP8_MIN_CAPABILITY: (i32, i32) = (8, 9);
 /// Threads of the routing-alignment CTA (`kThreads` in cuda/route_align.cu).
 pub const ROUTE_ALIGN_THREADS: usize = 1024;
+/// Slots per CTA of the routing alignment past which it runs as a thread-block cluster of
+/// `ceil(slots / ALIGN_SLOTS_PER_CTA)` CTAs (`Plan::align_ctas`, sm_90+). One CTA groups about
+/// 1.3 ns a slot, mostly shared-memory atomics and scattered stores: 42 us at 32768 slots
+/// (qwen3-30b-a3b and deepseek-v3-tp8 at M = 4096) and 13 us at 8192 (H200, ncu).
+pub const ALIGN_SLOTS_PER_CTA: usize = 4096;
+/// Most CTAs of the alignment's cluster: the portable cluster size.
+pub const ALIGN_MAX_CTAS: usize = 8;
+/// `$SWAPMOE_ALIGN_CTAS` = 1..=8: force `Plan::align_ctas` on sm_90+ (for tuning).
+pub const ALIGN_CTAS_ENV: &str = "SWAPMOE_ALIGN_CTAS";
 /// Threads per CTA of the top-k reduction.
 pub const REDUCE_THREADS: usize = 256;
 /// Experts per lane of the router's warp (cuda/common/router.cuh `PMAX`): the narrow
@@ -710,10 +721,12 @@ impl KernelId {
     }
 
     /// The most dynamic shared memory a launch of this kernel may ask for (its attribute):
-    /// `dynamic_smem_bytes`, or for a swap-AB GEMM2, what running one CTA per SM asks for.
+    /// `dynamic_smem_bytes`, or for a swap-AB GEMM2, what running one CTA per SM asks for, or
+    /// for the routing alignment as a cluster, counts and cursors of the most local experts.
     pub fn max_dynamic_smem_bytes(&self) -> Option<usize> {
         let own = self.dynamic_smem_bytes();
         match *self {
+            KernelId::RouteAlign => Some(2 * 4 * MAX_GPU_LOCAL_EXPERTS),
             KernelId::SwapGemm2Sum(..)
             | KernelId::SwapFp8Gemm2Sum(..)
             | KernelId::SwapFp8StaticGemm2Sum(..) => {
@@ -845,6 +858,9 @@ pub struct Plan {
     /// plan starts GEMM1 without PDL (`first_kernel_pdl` false although `pdl` is true).
     /// fused_moe's router, launched before GEMM1, is not bound by that rule (`place_router`).
     pub one_wave_gemm1: bool,
+    /// CTAs of the routing alignment (`KernelId::RouteAlign`), launched as one thread-block
+    /// cluster when more than 1 (sm_90+); 1 for plans without that kernel.
+    pub align_ctas: usize,
     /// Why each choice was made or each candidate rejected.
     pub reasons: Vec<String>,
     /// What decided: an override, a tuned table or the heuristics.
@@ -1787,6 +1803,7 @@ pub fn place_router(
     match plan.kernels.first().copied() {
         Some(KernelId::RouteAlign) if m <= ROUTER_IN_ALIGN_MAX_TOKENS => {
             plan.kernels[0] = KernelId::RouteAlignRouted;
+            plan.align_ctas = 1;  // the routing twin runs as one CTA
             plan.router = RouterPlacement::InAlign;
             plan.reasons.push(format!(
                 "router: inside the align kernel (M = {m} <= {ROUTER_IN_ALIGN_MAX_TOKENS}: its 32 warps route the tokens, then group them; one launch less)"
@@ -2352,6 +2369,42 @@ impl<'a> Candidates<'a> {
         }
     }
 
+    /// CTAs of the routing alignment (`Plan::align_ctas`) and why: `$SWAPMOE_ALIGN_CTAS`, else
+    /// one per ALIGN_SLOTS_PER_CTA slots, at most ALIGN_MAX_CTAS, on sm_90+ (clusters).
+    fn align_ctas(&self) -> (usize, String) {
+        let slots = self.p.slots();
+        if !self.pdl_ok {
+            return (
+                1,
+                "align: one CTA (thread-block clusters need sm_90)".into(),
+            );
+        }
+        let rule = slots.div_ceil(ALIGN_SLOTS_PER_CTA).clamp(1, ALIGN_MAX_CTAS);
+        let why = |n: usize| {
+            if n == 1 {
+                format!("align: one CTA ({slots} slots <= {ALIGN_SLOTS_PER_CTA})")
+            } else {
+                format!("align: a cluster of {n} CTAs for {slots} slots (one CTA per {ALIGN_SLOTS_PER_CTA}: alone it groups ~1.3 ns a slot, 42 us at 32768)")
+            }
+        };
+        match std::env::var(ALIGN_CTAS_ENV) {
+            Err(_) => (rule, why(rule)),
+            Ok(v) => match v.trim().parse::<usize>() {
+                Ok(n) if (1..=ALIGN_MAX_CTAS).contains(&n) => (
+                    n,
+                    format!("align: {n} CTAs, forced by ${ALIGN_CTAS_ENV}={v}"),
+                ),
+                _ => (
+                    rule,
+                    format!(
+                        "${ALIGN_CTAS_ENV}={v:?} ignored (expected 1 to {ALIGN_MAX_CTAS}); {}",
+                        why(rule)
+                    ),
+                ),
+            },
+        }
+    }
+
     fn build(self, b: Backend) -> Plan {
         let d = self.p.dtype;
         let (g1, g2) = (self.gemm1_vec, self.gemm2_vec);
@@ -2361,6 +2414,7 @@ impl<'a> Candidates<'a> {
         let swap_slice_choice = (b == Backend::CudaWgmmaSwap).then(|| self.swap_slices());
         let swap_gemm2_placement =
             (b == Backend::CudaWgmmaSwap).then(|| self.swap_gemm2_placement());
+        let align_choice = self.align_ctas();
         let active_experts = self.expected_active_experts();
         let mut reasons = self.reasons;
         let mut ctas = 0;
@@ -2582,6 +2636,13 @@ impl<'a> Candidates<'a> {
         if let Some(why) = first_kernel_pdl_off {
             reasons.push(why);
         }
+        let align_ctas = if kernels.first() == Some(&KernelId::RouteAlign) {
+            let (n, why) = align_choice;
+            reasons.push(why);
+            n
+        } else {
+            1
+        };
         Plan {
             backend: b,
             kernels,
@@ -2596,6 +2657,7 @@ impl<'a> Candidates<'a> {
             splits,
             swap_gemm2_one_per_sm,
             one_wave_gemm1,
+            align_ctas,
             reasons,
             source: Source::Heuristic,
             table: None,
@@ -2935,6 +2997,80 @@ mod tests {
         assert!(
             !plan(&problem(1, 8, 2, 4096, 14336, DType::BF16), Some(&ampere)).swap_gemm2_one_per_sm
         );
+    }
+
+    #[test]
+    fn align_runs_as_a_cluster_for_many_slots() {
+        let a100 = DeviceCaps {
+            name: "A100".into(),
+            capability: (8, 0),
+            sm_count: 108,
+        };
+        let wgmma = |m: i64, caps: &DeviceCaps| {
+            let p = problem(m, 128, 8, 2048, 768, DType::BF16);
+            let b = if caps.capability.0 >= 9 {
+                Backend::CudaWgmma
+            } else {
+                Backend::CudaMma
+            };
+            plan_with(&p, Some(caps), Some(b)).unwrap()
+        };
+        // One CTA per ALIGN_SLOTS_PER_CTA slots, at most ALIGN_MAX_CTAS, with the reason.
+        for (m, ctas) in [
+            (64, 1),
+            (512, 1),
+            (513, 2),
+            (1024, 2),
+            (2048, 4),
+            (4096, 8),
+            (16384, 8),
+        ] {
+            let plan = wgmma(m, &h200());
+            assert_eq!(plan.kernels[0], KernelId::RouteAlign);
+            assert_eq!(plan.align_ctas, ctas, "M = {m}");
+            let why = if ctas == 1 {
+                "align: one CTA ("
+            } else {
+                "align: a cluster of "
+            };
+            assert!(
+                plan.reasons.iter().any(|r| r.starts_with(why)),
+                "{:?}",
+                plan.reasons
+            );
+        }
+        // No cluster before sm_90; none for plans without the align kernel.
+        let ampere = wgmma(4096, &a100);
+        assert_eq!(ampere.align_ctas, 1);
+        assert!(ampere
+            .reasons
+            .iter()
+            .any(|r| r == "align: one CTA (thread-block clusters need sm_90)"));
+        let swap = plan_with(
+            &problem(1, 128, 8, 2048, 768, DType::BF16),
+            Some(&h200()),
+            Some(Backend::CudaWgmmaSwap),
+        )
+        .unwrap();
+        assert_eq!(swap.align_ctas, 1);
+        assert!(!swap.reasons.iter().any(|r| r.starts_with("align:")));
+        // The override, and what it does not take.
+        std::env::set_var(ALIGN_CTAS_ENV, "3");
+        let forced = wgmma(64, &h200());
+        assert_eq!(forced.align_ctas, 3);
+        assert!(forced
+            .reasons
+            .iter()
+            .any(|r| r == "align: 3 CTAs, forced by $SWAPMOE_ALIGN_CTAS=3"));
+        assert_eq!(wgmma(64, &a100).align_ctas, 1);
+        std::env::set_var(ALIGN_CTAS_ENV, "9");
+        let ignored = wgmma(4096, &h200());
+        assert_eq!(ignored.align_ctas, 8);
+        assert!(ignored
+            .reasons
+            .iter()
+            .any(|r| r.starts_with("$SWAPMOE_ALIGN_CTAS=\"9\" ignored (expected 1 to 8)")));
+        std::env::remove_var(ALIGN_CTAS_ENV);
     }
 
     #[test]

@@ -93,6 +93,7 @@ PREFILL = [
     _case(600, E=8, topk=1, on_input=True, ep=True),
     _case(200, E=64, topk=6, ids="dup", out="inplace"),
     _case(300, E=64, topk=6, ids="none"),
+    _case(800, E=64, topk=6, ids="invalid", ep=True),  # 4800 slots: the alignment as a cluster of two CTAs
 ]
 
 

@@ -190,6 +190,40 @@ def test_wgmma_backend(case, dtype, tile, rng, monkeypatch):
     assert (plan["backend"], plan["tokens_per_pass"]) == ("cuda_wgmma", tile)
 
 
+# The routing alignment as a thread-block cluster ($SWAPMOE_ALIGN_CTAS; the oracle takes one CTA
+# per 4096 slots): the slot runs of 1-8 CTAs, with empty runs (fewer slots than CTAs), a last
+# partial batch, invalid ids, an expert map with -1, strided int64 ids and concentrated experts,
+# for each backend behind route_align. The grouping within an expert may differ between cluster
+# sizes; every slot is computed on its own, so the output must be bit-identical.
+ALIGN_CLUSTER_CASES = [
+    ("cuda_wgmma", Case(1500, 128, 8, 128, 256, ids="invalid", ep=True, id_dtype="int64", out="poison")),
+    # strided topk_ids (offsets by division); the tensor-map backends need aligned row strides
+    ("cuda_generic", Case(1500, 64, 6, 40, 48, ids="invalid", ep=True, id_dtype="int64", layout="strided",
+                          out="poison")),
+    ("cuda_wgmma", Case(3, 64, 2, 64, 64, out="poison")),
+    ("cuda_mma", Case(700, 64, 6, 96, 200, ids="concentrated", out="poison")),
+    ("cuda_generic", Case(33, 8, 2, 40, 48, "gelu", ids="invalid", ep=True, out="poison")),
+]
+
+
+@pytest.mark.skipif(not HAS_BACKEND_ARG, reason="this build has no backend= argument")
+@pytest.mark.parametrize("ctas", [2, 3, 8])
+@pytest.mark.parametrize("backend,case", ALIGN_CLUSTER_CASES, ids=[f"{b}-{c.id}" for b, c in ALIGN_CLUSTER_CASES])
+def test_align_cluster_gives_the_same_output(backend, case, ctas, rng, monkeypatch):
+    _needs_hopper()
+    monkeypatch.setenv("SWAPMOE_BACKEND", backend)
+    monkeypatch.setenv("SWAPMOE_ALIGN_CTAS", str(ctas))
+    out, _, inp = run_case(case, "torch", "bfloat16", rng, device=DEV)
+    plan = swapmoe._core.describe_plan(inp["x"], inp["w1"], inp["w2"], inp["tw"], inp["ids"],
+                                       expert_map=inp["expert_map"])
+    assert (plan["backend"], plan["align_ctas"], plan["kernels"][0]) == (backend, ctas, "swapmoe_route_align")
+    clustered = out.clone()
+    monkeypatch.setenv("SWAPMOE_ALIGN_CTAS", "1")
+    one = call(inp, case, out=torch.full_like(out, float("nan")))
+    torch.cuda.synchronize()
+    assert torch.equal(one, clustered), f"{backend} {case.id}: {ctas} align CTAs differ from one"
+
+
 # Persistent grids with several work items per CTA (one CTA per SM, ~370 items): GEMM2 with
 # 4 k-stages (N = 256), then GEMM1 with 4 (K = 256); the ring's stages and phases run on
 # across tiles.
@@ -394,6 +428,9 @@ def test_decode_sizes_bf16(M, ids, rng):
         (Case(512, 128, 8, 128, 256, "gelu", ids="concentrated", ep=True), "float16"),
         (Case(512, 64, 6, 96, 200, ids="invalid", id_dtype="int64", layout="strided", out="poison"), "bfloat16"),
         (Case(512, 8, 2, 64, 64, out="inplace"), "float32"),
+        # 12000 slots: the alignment as a cluster of three CTAs (one per 4096 slots)
+        (Case(1500, 128, 8, 128, 256, ids="invalid", ep=True, id_dtype="int64", layout="strided", out="poison"),
+         "bfloat16"),
     ],
     ids=lambda v: v.id if isinstance(v, Case) else v,
 )

@@ -133,6 +133,20 @@ __device__ __forceinline__ float ld_shared_cluster_f32(uint32_t addr, uint32_t r
   asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
   return v;
 }
+__device__ __forceinline__ int ld_shared_cluster_s32(uint32_t addr, uint32_t rank) {
+  uint32_t remote;
+  int v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+  asm volatile("ld.shared::cluster.s32 %0, [%1];" : "=r"(v) : "r"(remote) : "memory");
+  return v;
+}
+// The two halves of cluster_sync, for a CTA that must not exit while others may still read
+// its shared memory: arrive once done reading the others' (no ordering of its own writes),
+// wait before exiting.
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait;" ::: "memory"); }
 #endif  // SWAPMOE_SM90
 
 #ifdef SWAPMOE_SM90A

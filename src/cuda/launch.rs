@@ -374,24 +374,35 @@ fn experts(
             tile_start,
             num_tiles
         );
-        let smem = (4 * p.local_experts) as u32;
-        // The routing twin takes RouterArgs in place of the three topk_ids arguments.
-        let (skip, threads) = if router.is_some() {
-            (3, ROUTE_ALIGN_ROUTED_THREADS)
+        if router.is_some() {
+            // The routing twin (one CTA) takes RouterArgs in place of the three topk_ids arguments.
+            launch_routed(
+                dev,
+                plan.kernels[0],
+                (1, 1, 1),
+                ROUTE_ALIGN_ROUTED_THREADS as u32,
+                (4 * p.local_experts) as u32,
+                stream,
+                first_pdl,
+                router,
+                &mut args[3..],
+            )?;
         } else {
-            (0, ROUTE_ALIGN_THREADS)
-        };
-        launch_routed(
-            dev,
-            plan.kernels[0],
-            (1, 1, 1),
-            threads as u32,
-            smem,
-            stream,
-            first_pdl,
-            router,
-            &mut args[skip..],
-        )?;
+            // One cluster of `align_ctas` CTAs; past one, each also keeps its scatter cursors.
+            let ctas = plan.align_ctas as u32;
+            let smem = (4 * p.local_experts * if ctas > 1 { 2 } else { 1 }) as u32;
+            launch_clustered(
+                dev,
+                plan.kernels[0],
+                (ctas, 1, 1),
+                ROUTE_ALIGN_THREADS as u32,
+                smem,
+                stream,
+                first_pdl,
+                ctas,
+                &mut args,
+            )?;
+        }
     }
 
     if p.quant.is_some() {
