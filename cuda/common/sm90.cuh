@@ -119,25 +119,26 @@ __device__ __forceinline__ void tma_prefetch_map(const TensorMap* map) {
 // Thread-block clusters: this CTA's rank in its cluster (0 without a cluster launch), the
 // cluster's number of CTAs (1 without), a
 // barrier over every thread of the cluster (release/acquire: shared-memory writes before it
-// are visible to the cluster's loads after it), and a 4-byte load from the shared memory of
+// are visible to the cluster's loads after it), and 4-byte loads from the shared memory of
 // CTA `rank` of the cluster at the address `addr` has in this CTA (distributed shared memory).
 SWAPMOE_SPECIAL_REGISTER_U32(cluster_ctarank, cluster_ctarank)
 SWAPMOE_SPECIAL_REGISTER_U32(cluster_nctarank, cluster_nctarank)
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
 }
-__device__ __forceinline__ float ld_shared_cluster_f32(uint32_t addr, uint32_t rank) {
+__device__ __forceinline__ uint32_t cluster_shared_address(uint32_t addr, uint32_t rank) {
   uint32_t remote;
-  float v;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+  return remote;
+}
+__device__ __forceinline__ float ld_shared_cluster_f32(uint32_t addr, uint32_t rank) {
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(cluster_shared_address(addr, rank)) : "memory");
   return v;
 }
 __device__ __forceinline__ int ld_shared_cluster_s32(uint32_t addr, uint32_t rank) {
-  uint32_t remote;
   int v;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
-  asm volatile("ld.shared::cluster.s32 %0, [%1];" : "=r"(v) : "r"(remote) : "memory");
+  asm volatile("ld.shared::cluster.s32 %0, [%1];" : "=r"(v) : "r"(cluster_shared_address(addr, rank)) : "memory");
   return v;
 }
 // The two halves of cluster_sync, for a CTA that must not exit while others may still read
