@@ -2370,10 +2370,11 @@ impl<'a> Candidates<'a> {
     }
 
     /// CTAs of the routing alignment (`Plan::align_ctas`) and why: `$SWAPMOE_ALIGN_CTAS`, else
-    /// one per ALIGN_SLOTS_PER_CTA slots, at most ALIGN_MAX_CTAS, on sm_90+ (clusters).
-    fn align_ctas(&self) -> (usize, String) {
-        let slots = self.p.slots();
-        if !self.pdl_ok {
+    /// one per ALIGN_SLOTS_PER_CTA slots, at most ALIGN_MAX_CTAS, on sm_90+ (clusters, which
+    /// `sm90` says the device has). Asked only by plans that start with the align kernel.
+    fn align_ctas(p: &MoeProblem, sm90: bool) -> (usize, String) {
+        let slots = p.slots();
+        if !sm90 {
             return (
                 1,
                 "align: one CTA (thread-block clusters need sm_90)".into(),
@@ -2414,7 +2415,6 @@ impl<'a> Candidates<'a> {
         let swap_slice_choice = (b == Backend::CudaWgmmaSwap).then(|| self.swap_slices());
         let swap_gemm2_placement =
             (b == Backend::CudaWgmmaSwap).then(|| self.swap_gemm2_placement());
-        let align_choice = self.align_ctas();
         let active_experts = self.expected_active_experts();
         let mut reasons = self.reasons;
         let mut ctas = 0;
@@ -2637,7 +2637,7 @@ impl<'a> Candidates<'a> {
             reasons.push(why);
         }
         let align_ctas = if kernels.first() == Some(&KernelId::RouteAlign) {
-            let (n, why) = align_choice;
+            let (n, why) = Self::align_ctas(self.p, pdl_ok);
             reasons.push(why);
             n
         } else {
