@@ -369,6 +369,31 @@ def test_swap_static_quantizes_strided_inputs(M, layout, dtype, rng):
     assert same_bits(snapshot(got), snapshot(want))
 
 
+@needs_sm89
+@pytest.mark.parametrize("layout", ["odd-rows", "odd-start"])
+@pytest.mark.parametrize("case", [_case(9, E=16, topk=4), _case(300, (80, 336), E=8, topk=2, ep=True)],
+                         ids=lambda c: c.id)
+@pytest.mark.parametrize("scheme", ["tensor", "channel"])
+def test_quantize_x_vector_and_scalar_paths_agree(scheme, case, layout, rng):
+    """quantize-x reads 16-byte vectors of rows that allow them (aligned, K a multiple of 8)
+    and falls back to element loads otherwise: the same e4m3 codes and scales, so an x with
+    misaligned rows or start gives the aligned x's output bit for bit, for the dynamic
+    per-tensor and per-token scales (decode and prefill plans)."""
+    inp = to_fp8_inputs(make_fp8_problem(rng, case, scheme), case, "torch", "bfloat16", DEV)
+    ref, flips = fp8_reference(inp, case)
+    want = fp8_call(inp, case)
+    x = inp["x"]
+    K = x.shape[1]
+    pad, start = {"odd-rows": (4, 0), "odd-start": (8, 1)}[layout]
+    wide = torch.full((case.M, K + pad), float("nan"), dtype=x.dtype, device=DEV)
+    wide[:, start:start + K] = x
+    inp["x"] = wide[:, start:start + K]
+    got = fp8_call(inp, case)
+    torch.cuda.synchronize()
+    check_fp8_close(want, ref, flips, "bfloat16", what=f"{case.id}-aligned")
+    assert same_bits(snapshot(got), snapshot(want)), f"{case.id}-{layout}"
+
+
 @needs_sm90
 @pytest.mark.parametrize("case", [_case(5, E=64, topk=4, ids="dup"), _case(9, (80, 336), E=16, topk=2, ep=True)],
                          ids=lambda c: c.id)
