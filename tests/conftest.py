@@ -140,7 +140,9 @@ class Case:
     # concentrated: every row picks from a few hot experts (most experts get no tokens);
     # invalid: some ids are -1, < -1 or >= global_num_experts;
     # dup: ids drawn with replacement (an expert may appear twice in a row);
-    # none: every id is -1.
+    # none: every id is -1;
+    # tile_edges: each of E = 16 experts gets a count of TILE_EDGE_COUNTS (0, 1, and both sides
+    # of 64, 128, 192 and 256), so M * topk must be their sum (1994: M = 997 at topk = 2).
     ids: str = "uniform"
     ep: bool = False  # expert_map [global_E] with -1 entries, global_E > E
     id_dtype: str = "int32"
@@ -202,10 +204,21 @@ def make_ids(rng: np.random.Generator, case: Case, emap: Optional[np.ndarray]) -
     return ids
 
 
+# Tokens per expert on both sides of the token tiles' edges (ids="tile_edges"): at token tile
+# 128 an expert's last tile may hold rows for one consumer warpgroup of the wgmma GEMMs or
+# for both, and an expert may end exactly on a tile.
+TILE_EDGE_COUNTS = (0, 1, 63, 64, 65, 127, 128, 129, 191, 192, 193, 255, 256, 257, 3, 70)
+
+
 def _make_ids(rng: np.random.Generator, case: Case, emap: Optional[np.ndarray]) -> np.ndarray:
     M, k, G = case.M, case.topk, case.global_experts
     if case.ids == "none":
         return np.full((M, k), -1, dtype=np.int64)
+    if case.ids == "tile_edges":
+        assert G == len(TILE_EDGE_COUNTS) and M * k == sum(TILE_EDGE_COUNTS) and emap is None, case
+        # each expert's slots are a run of < M, so slots s and s + M (one row) differ in expert
+        slots = np.repeat(rng.permutation(G), TILE_EDGE_COUNTS)
+        return slots.reshape(k, M).T[rng.permutation(M)].astype(np.int64)
     if case.ids == "dup":
         return rng.integers(0, G, size=(M, k)).astype(np.int64)
     if case.ids == "concentrated":

@@ -13,11 +13,13 @@ from hypothesis import strategies as st
 
 import swapmoe
 from conftest import (
+    TILE_EDGE_COUNTS,
     TOLERANCE,
     Case,
     call,
     check_close,
     dtype_name,
+    make_ids,
     make_problem,
     poison,
     reference,
@@ -90,6 +92,17 @@ def test_grid_torch(case, dtype, rng):
 @pytest.mark.parametrize("case", GRID, ids=_ids(GRID))
 def test_grid_numpy(case, dtype, rng):
     run_case(case, "numpy", dtype, rng)
+
+
+def test_tile_edge_ids_and_cpu_path(rng):
+    """ids="tile_edges" (the GPU tests of the token tiles' edges) gives every expert its count of
+    TILE_EDGE_COUNTS with distinct experts per row; the CPU path matches the reference on it."""
+    case = Case(997, 16, 2, 40, 48, ids="tile_edges", out="poison")
+    ids = make_ids(rng, case, None)
+    assert ids.shape == (997, 2) and (ids[:, 0] != ids[:, 1]).all()
+    counts = np.bincount(ids.reshape(-1), minlength=16)
+    assert sorted(counts.tolist()) == sorted(TILE_EDGE_COUNTS)
+    run_case(case, "numpy", "float32", rng)
 
 
 @pytest.mark.parametrize(

@@ -547,6 +547,17 @@ def test_wgmma_backend(scheme, case, tile, a_mode, rng, monkeypatch):
 
 
 @needs_sm90
+@pytest.mark.parametrize("tile", WGMMA_FP8_TILES, ids=lambda t: f"t{t}")
+@pytest.mark.parametrize("scheme", WGMMA_SCHEMES, ids=_scheme_id)
+def test_wgmma_tile_edges(scheme, tile, rng, monkeypatch):
+    """Experts on both sides of the token tiles' edges (conftest TILE_EDGE_COUNTS: 0, 1, 63-65,
+    127-129, 191-193, 255-257 tokens), every scheme, each token tile."""
+    _wgmma_tile(monkeypatch, tile)
+    case = _case(997, (256, 512), E=16, topk=2, ids="tile_edges")
+    run_fp8_case(case, scheme[0], "torch", "bfloat16", rng, device=DEV, static=scheme[1], backend="cuda_wgmma")
+
+
+@needs_sm90
 @pytest.mark.parametrize("a_mode", WGMMA_A_MODES)
 @pytest.mark.parametrize("tile", WGMMA_FP8_TILES, ids=lambda t: f"t{t}")
 @pytest.mark.parametrize("shape", [(256, 2048), (1024, 256)], ids=["gemm2-persistent", "gemm1-gemm2-persistent"])

@@ -190,6 +190,27 @@ def test_wgmma_backend(case, dtype, tile, rng, monkeypatch):
     assert (plan["backend"], plan["tokens_per_pass"]) == ("cuda_wgmma", tile)
 
 
+# Experts whose token counts sit on both sides of the tile edges (conftest TILE_EDGE_COUNTS:
+# 0, 1, 63-65, 127-129, 191-193, 255-257 tokens), in the one-CTA-per-item grids and in the
+# persistent ones (GEMM2 at N = 256, GEMM1 at K = 256), where the ring runs on into the next
+# tile; 20 reruns must be bit-identical.
+TILE_EDGE_CASES = [Case(997, 16, 2, 256, 512, ids="tile_edges", out="poison"),
+                   Case(997, 16, 2, 512, 256, "gelu", ids="tile_edges", out="poison")]
+
+
+@pytest.mark.skipif(not HAS_BACKEND_ARG, reason="this build has no backend= argument")
+@pytest.mark.parametrize("tile", [64, 128])
+@pytest.mark.parametrize("case", TILE_EDGE_CASES, ids=_ids(TILE_EDGE_CASES))
+def test_wgmma_tile_edges(case, tile, rng, monkeypatch):
+    _needs_hopper()
+    monkeypatch.setenv("SWAPMOE_MMA_TOKEN_TILE", str(tile))
+    monkeypatch.setenv("SWAPMOE_BACKEND", "cuda_wgmma")
+    _, _, inp = run_case(case, "torch", "bfloat16", rng, device=DEV)
+    plan = swapmoe._core.describe_plan(inp["x"], inp["w1"], inp["w2"], inp["tw"], inp["ids"])
+    assert (plan["backend"], plan["tokens_per_pass"]) == ("cuda_wgmma", tile)
+    _assert_deterministic("cuda_wgmma", case, rng)
+
+
 # The routing alignment as a thread-block cluster ($SWAPMOE_ALIGN_CTAS; the oracle takes one CTA
 # per 4096 slots): the slot runs of 1-8 CTAs, with empty runs (fewer slots than CTAs), a last
 # partial batch, invalid ids, an expert map with -1, strided int64 ids and concentrated experts,
