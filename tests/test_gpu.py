@@ -175,12 +175,9 @@ def _needs_hopper():
         pytest.skip("cuda_wgmma runs on sm_90 only")
 
 
-@pytest.mark.skipif(not HAS_BACKEND_ARG, reason="this build has no backend= argument")
-@pytest.mark.parametrize("tile", [64, 128])
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("case", WGMMA_CASES, ids=_ids(WGMMA_CASES))
-def test_wgmma_backend(case, dtype, tile, rng, monkeypatch):
-    """The Hopper wgmma + TMA GEMMs on their own (sm_90 only), each token tile."""
+def _run_wgmma_tile(case, dtype, tile, rng, monkeypatch):
+    """Runs `case` on cuda_wgmma at token tile `tile` (sm_90 only) against the reference, checks
+    that the plan took that backend and tile, and returns the plan."""
     _needs_hopper()
     monkeypatch.setenv("SWAPMOE_MMA_TOKEN_TILE", str(tile))
     monkeypatch.setenv("SWAPMOE_BACKEND", "cuda_wgmma")
@@ -188,6 +185,16 @@ def test_wgmma_backend(case, dtype, tile, rng, monkeypatch):
     plan = swapmoe._core.describe_plan(inp["x"], inp["w1"], inp["w2"], inp["tw"], inp["ids"],
                                        expert_map=inp["expert_map"])
     assert (plan["backend"], plan["tokens_per_pass"]) == ("cuda_wgmma", tile)
+    return plan
+
+
+@pytest.mark.skipif(not HAS_BACKEND_ARG, reason="this build has no backend= argument")
+@pytest.mark.parametrize("tile", [64, 128])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("case", WGMMA_CASES, ids=_ids(WGMMA_CASES))
+def test_wgmma_backend(case, dtype, tile, rng, monkeypatch):
+    """The Hopper wgmma + TMA GEMMs on their own (sm_90 only), each token tile."""
+    _run_wgmma_tile(case, dtype, tile, rng, monkeypatch)
 
 
 # Experts whose token counts sit on both sides of the tile edges (conftest TILE_EDGE_COUNTS:
@@ -202,12 +209,7 @@ TILE_EDGE_CASES = [Case(997, 16, 2, 256, 512, ids="tile_edges", out="poison"),
 @pytest.mark.parametrize("tile", [64, 128])
 @pytest.mark.parametrize("case", TILE_EDGE_CASES, ids=_ids(TILE_EDGE_CASES))
 def test_wgmma_tile_edges(case, tile, rng, monkeypatch):
-    _needs_hopper()
-    monkeypatch.setenv("SWAPMOE_MMA_TOKEN_TILE", str(tile))
-    monkeypatch.setenv("SWAPMOE_BACKEND", "cuda_wgmma")
-    _, _, inp = run_case(case, "torch", "bfloat16", rng, device=DEV)
-    plan = swapmoe._core.describe_plan(inp["x"], inp["w1"], inp["w2"], inp["tw"], inp["ids"])
-    assert (plan["backend"], plan["tokens_per_pass"]) == ("cuda_wgmma", tile)
+    _run_wgmma_tile(case, "bfloat16", tile, rng, monkeypatch)
     _assert_deterministic("cuda_wgmma", case, rng)
 
 
@@ -256,11 +258,7 @@ PERSISTENT_CASES = [Case(1200, 8, 2, 256, 2048, out="poison"),
 @pytest.mark.parametrize("tile", [64, 128])
 @pytest.mark.parametrize("case", PERSISTENT_CASES, ids=_ids(PERSISTENT_CASES))
 def test_wgmma_persistent_grids(case, tile, rng, monkeypatch):
-    _needs_hopper()
-    monkeypatch.setenv("SWAPMOE_MMA_TOKEN_TILE", str(tile))
-    monkeypatch.setenv("SWAPMOE_BACKEND", "cuda_wgmma")
-    _, _, inp = run_case(case, "torch", "bfloat16", rng, device=DEV)
-    plan = swapmoe._core.describe_plan(inp["x"], inp["w1"], inp["w2"], inp["tw"], inp["ids"])
+    plan = _run_wgmma_tile(case, "bfloat16", tile, rng, monkeypatch)
     assert plan["wgmma_persistent"] == ((False, True) if case.N == 256 else (True, False))
     assert 0 < plan["ctas"] < 2 * torch.cuda.get_device_properties(0).multi_processor_count
 
