@@ -96,12 +96,15 @@ for step in "$@"; do
       tar czf "$OUT/ncu_wgmma.tgz" -C /tmp $(cd /tmp && ls ncu_wgmma_*.txt) ;;
     ktimes)
       # per-kernel durations of the default plan (ncu, one metric; caches flushed before each
-      # kernel) per "shape:M:quant" of $KTIMES_CASES (quant none = bf16); summary to stdout
+      # kernel) per "shape:M:quant" of $KTIMES_CASES (quant none = bf16); summary to stdout.
+      # KTIMES_METRICS=dram adds the DRAM bytes each kernel reads and writes.
+      metrics=gpu__time_duration.sum
+      [ "${KTIMES_METRICS:-}" = dram ] && metrics=$metrics,dram__bytes_read.sum,dram__bytes_write.sum
       for c in ${KTIMES_CASES:-qwen3:4096:none deepseek:4096:none qwen3:4096:fp8_tensor}; do
         IFS=: read -r shape m quant <<< "$c"
         f="$OUT/ktimes_${shape}_${m}_${quant}.csv"
         env $([ "$quant" != none ] && echo PROFILE_QUANT=$quant) PROFILE_BACKENDS=oracle PROFILE_ROUTER=0 \
-          ncu --clock-control none --metrics gpu__time_duration.sum --csv python3 benches/profile_case.py $m $shape > "$f" 2>&1
+          ncu --clock-control none --metrics $metrics --csv python3 benches/profile_case.py $m $shape > "$f" 2>&1
         echo "ncu $c: exit $?"; python3 benches/kernel_times.py "$f"
       done ;;
     routing) python3 benches/routing_bench.py --m ${ROUTING_M:-1,8,64} --json "$OUT/routing.json" 2>&1 | tee "$OUT/routing.txt" ;;
