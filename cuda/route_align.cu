@@ -152,19 +152,9 @@ __device__ __forceinline__ void align_slots(
   const int per = (local_E + THREADS - 1) / THREADS;
   const int e0 = min(tid * per, local_E), e1 = min(e0 + per, local_E);
   int my_slots = 0, my_active = 0, my_tiles = 0;
-  // The counts of the CTAs before this one, kept from this pass for the first experts of the
-  // chunk (all of them while local_E <= kKeptBefore * THREADS), so the pass below does not read
-  // the cluster's counts again. Indexed by unrolled constants only: registers, not local memory.
-  constexpr int kKeptBefore = 8;
-  int kept_before[kKeptBefore];
-#pragma unroll
-  for (int i = 0; i < kKeptBefore; ++i) kept_before[i] = 0;
   for (int e = e0; e < e1; ++e) {
     int before;
     const int c = cluster_count(e, before);
-#pragma unroll
-    for (int i = 0; i < kKeptBefore; ++i)
-      if (e == e0 + i) kept_before[i] = before;
     cursor[e] = c;  // the total, until the loop below
     my_slots += c;
     my_active += c > 0;
@@ -176,13 +166,7 @@ __device__ __forceinline__ void align_slots(
   for (int e = e0; e < e1; ++e) {
     const int c = cursor[e];
     int before = 0;
-    if (e - e0 >= kKeptBefore) {
-      cluster_count(e, before);
-    } else {
-#pragma unroll
-      for (int i = 0; i < kKeptBefore; ++i)
-        if (e == e0 + i) before = kept_before[i];
-    }
+    if (ctas > 1) cluster_count(e, before);
     cursor[e] = slot_base + before;  // this CTA's scatter cursor for e
     if (rank == 0) {
       expert_offsets[e] = slot_base;
