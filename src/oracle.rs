@@ -161,6 +161,9 @@ pub const SWAP_GEMM2_ONE_PER_SM_ENV: &str = "SWAPMOE_SWAP_GEMM2_ONE_PER_SM";
 /// so two cannot share an SM, while one GEMM1 CTA (~109 KiB with both) still fits beside it.
 /// The kernel's ring stays its own; the rest is unused.
 pub const SWAP_GEMM2_ONE_PER_SM_SMEM_BYTES: usize = 112 * 1024;
+/// `$SWAPMOE_SWAP_GEMM2_PDL` = "0" | "1": force `Plan::swap_gemm2_pdl` (where the plan has
+/// PDL at all); for tuning.
+pub const SWAP_GEMM2_PDL_ENV: &str = "SWAPMOE_SWAP_GEMM2_PDL";
 /// Shared memory of one Hopper SM (228 KiB), of which each resident CTA also reserves 1 KiB.
 pub const SM_SHARED_MEMORY_BYTES: usize = 228 * 1024;
 /// CTAs with `smem` bytes of dynamic shared memory that fit one SM's shared memory.
@@ -854,6 +857,10 @@ pub struct Plan {
     /// cuda_wgmma_swap: GEMM2 asks for more than half an SM's shared memory
     /// (`SWAP_GEMM2_ONE_PER_SM_SMEM_BYTES`), so that its CTAs spread one per SM.
     pub swap_gemm2_one_per_sm: bool,
+    /// cuda_wgmma_swap: GEMM2 is launched with PDL (its CTAs start under GEMM1's tail and
+    /// stream their first weights before they wait). False: it starts once GEMM1 has
+    /// finished, on an idle machine. Always false where `pdl` is.
+    pub swap_gemm2_pdl: bool,
     /// cuda_wgmma_swap (bf16/fp16): GEMM1's CTAs fit one resident wave, which is why the
     /// plan starts GEMM1 without PDL (`first_kernel_pdl` false although `pdl` is true).
     /// fused_moe's router, launched before GEMM1, is not bound by that rule (`place_router`).
@@ -2369,6 +2376,28 @@ impl<'a> Candidates<'a> {
         }
     }
 
+    /// Whether cuda_wgmma_swap's GEMM2 starts with PDL (`Plan::swap_gemm2_pdl`), for a plan
+    /// with PDL, and the reason when that is not the default: `$SWAPMOE_SWAP_GEMM2_PDL`.
+    fn swap_gemm2_pdl() -> (bool, Option<String>) {
+        match std::env::var(SWAP_GEMM2_PDL_ENV).as_deref() {
+            Ok("1") => (
+                true,
+                Some(format!("gemm2: launched with PDL, forced by ${SWAP_GEMM2_PDL_ENV}=1")),
+            ),
+            Ok("0") => (
+                false,
+                Some(format!("gemm2: starts after GEMM1 has finished (no PDL), forced by ${SWAP_GEMM2_PDL_ENV}=0")),
+            ),
+            Ok(v) => (
+                true,
+                Some(format!(
+                    "${SWAP_GEMM2_PDL_ENV}={v:?} ignored (expected \"0\" or \"1\"); gemm2 launched with PDL"
+                )),
+            ),
+            Err(_) => (true, None),
+        }
+    }
+
     /// CTAs of the routing alignment (`Plan::align_ctas`) and why: `$SWAPMOE_ALIGN_CTAS`, else
     /// one per ALIGN_SLOTS_PER_CTA slots, at most ALIGN_MAX_CTAS, on sm_90+ (clusters, which
     /// `sm90` says the device has). Asked only by plans that start with the align kernel.
@@ -2636,6 +2665,13 @@ impl<'a> Candidates<'a> {
         if let Some(why) = first_kernel_pdl_off {
             reasons.push(why);
         }
+        let swap_gemm2_pdl = if b == Backend::CudaWgmmaSwap && pdl {
+            let (on, why) = Self::swap_gemm2_pdl();
+            reasons.extend(why);
+            on
+        } else {
+            false
+        };
         let align_ctas = if kernels.first() == Some(&KernelId::RouteAlign) {
             let (n, why) = Self::align_ctas(self.p, pdl_ok);
             reasons.push(why);
@@ -2656,6 +2692,7 @@ impl<'a> Candidates<'a> {
             wgmma_persistent,
             splits,
             swap_gemm2_one_per_sm,
+            swap_gemm2_pdl,
             one_wave_gemm1,
             align_ctas,
             reasons,
@@ -2997,6 +3034,24 @@ mod tests {
         assert!(
             !plan(&problem(1, 8, 2, 4096, 14336, DType::BF16), Some(&ampere)).swap_gemm2_one_per_sm
         );
+        // GEMM2 by PDL where the plan has PDL, unless forced off; a bad value ignored
+        assert!(qwen.pdl && qwen.swap_gemm2_pdl);
+        std::env::set_var(SWAP_GEMM2_PDL_ENV, "0");
+        let off = swap(&problem(1, 128, 8, 2048, 768, DType::BF16));
+        std::env::set_var(SWAP_GEMM2_PDL_ENV, "on");
+        let bad = swap(&problem(1, 128, 8, 2048, 768, DType::BF16));
+        std::env::remove_var(SWAP_GEMM2_PDL_ENV);
+        assert!(off.pdl && !off.swap_gemm2_pdl);
+        assert!(off
+            .reasons
+            .iter()
+            .any(|r| r.contains("SWAPMOE_SWAP_GEMM2_PDL=0")));
+        assert!(bad.swap_gemm2_pdl);
+        assert!(bad
+            .reasons
+            .iter()
+            .any(|r| r.contains("SWAPMOE_SWAP_GEMM2_PDL=\"on\" ignored")));
+        assert!(!plan(&problem(1, 128, 8, 2048, 768, DType::BF16), Some(&ampere)).swap_gemm2_pdl);
     }
 
     #[test]

@@ -334,13 +334,16 @@ def test_swap_backend(scheme, case, splits, rng, monkeypatch):
 
 
 @needs_sm90
+@pytest.mark.parametrize("gemm2_pdl", ["0", "1"], ids=lambda v: f"gemm2_pdl={v}")
 @pytest.mark.parametrize("one_per_sm", ["0", "1"])
 @pytest.mark.parametrize("case", [SWAP_CASES[0], SWAP_CASES[3], SWAP_CASES[6]], ids=lambda c: c.id)
 @pytest.mark.parametrize("scheme", SWAP_SCHEMES, ids=_scheme_id)
-def test_swap_gemm2_one_per_sm(scheme, case, one_per_sm, rng, monkeypatch):
+def test_swap_gemm2_launch(scheme, case, one_per_sm, gemm2_pdl, rng, monkeypatch):
     """Both FP8 swap GEMM2s launched with more than half an SM's shared memory (one CTA per
-    SM) or their own: the same kernels, so the same results."""
+    SM) or their own, by programmatic dependent launch under GEMM1 or after it: the same
+    kernels, so the same results."""
     monkeypatch.setenv("SWAPMOE_SWAP_GEMM2_ONE_PER_SM", one_per_sm)
+    monkeypatch.setenv("SWAPMOE_SWAP_GEMM2_PDL", gemm2_pdl)
     run_fp8_case(case, scheme[0], "torch", "bfloat16", rng, device=DEV, static=scheme[1],
                  backend="cuda_wgmma_swap")
 

@@ -371,14 +371,17 @@ def test_wgmma_swap_k_slices(case, slices, rng, monkeypatch):
 
 
 @pytest.mark.skipif(not HAS_BACKEND_ARG, reason="this build has no backend= argument")
+@pytest.mark.parametrize("gemm2_pdl", ["0", "1"], ids=lambda v: f"gemm2_pdl={v}")
 @pytest.mark.parametrize("one_per_sm", ["0", "1"])
 @pytest.mark.parametrize("splits", [None, "2,4"], ids=lambda s: f"splits={s or 'oracle'}")
 @pytest.mark.parametrize("case", [SWAP_CASES[i] for i in (0, 3, 6)], ids=_ids([SWAP_CASES[i] for i in (0, 3, 6)]))
-def test_wgmma_swap_gemm2_one_per_sm(case, splits, one_per_sm, rng, monkeypatch):
+def test_wgmma_swap_gemm2_launch(case, splits, one_per_sm, gemm2_pdl, rng, monkeypatch):
     """GEMM2 launched with more than half an SM's shared memory (one CTA per SM) or its own
-    (two): the same kernel and ring, so the same result; the plan says which it launched."""
+    (two), by programmatic dependent launch under GEMM1 or after it: the same kernel and ring,
+    so the same result; the plan says how it launched."""
     _needs_hopper()
     monkeypatch.setenv("SWAPMOE_SWAP_GEMM2_ONE_PER_SM", one_per_sm)
+    monkeypatch.setenv("SWAPMOE_SWAP_GEMM2_PDL", gemm2_pdl)
     if splits:
         monkeypatch.setenv("SWAPMOE_SWAP_SPLITS", splits)
     monkeypatch.setenv("SWAPMOE_BACKEND", "cuda_wgmma_swap")
@@ -386,6 +389,7 @@ def test_wgmma_swap_gemm2_one_per_sm(case, splits, one_per_sm, rng, monkeypatch)
     plan = swapmoe._core.describe_plan(inp["x"], inp["w1"], inp["w2"], inp["tw"], inp["ids"],
                                        expert_map=inp["expert_map"])
     assert plan["swap_gemm2_one_per_sm"] is (one_per_sm == "1")
+    assert plan["swap_gemm2_pdl"] is (gemm2_pdl == "1")
 
 
 @pytest.mark.skipif(not HAS_BACKEND_ARG, reason="this build has no backend= argument")

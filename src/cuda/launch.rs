@@ -1281,7 +1281,7 @@ fn swap_decode(
         SWAP_THREADS as u32,
         swap_gemm2_smem(plan.kernels[1], plan),
         stream,
-        plan.pdl,
+        plan.swap_gemm2_pdl,
         g2_split,
         &mut args,
     )
@@ -1412,7 +1412,7 @@ fn swap_fp8(
         threads as u32,
         swap_gemm2_smem(id, plan),
         stream,
-        plan.pdl,
+        plan.swap_gemm2_pdl,
         g2_split,
         &mut args,
     )
