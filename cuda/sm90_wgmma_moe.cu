@@ -96,7 +96,18 @@ struct Tiles {
   const int* tile_start;
   const int* num_tiles;
   int tiles_bound, raster_group;
+  int l2_hints;  // `WGMMA_L2_*` bits: weights evict first (1), activations evict last (2)
 };
+
+#ifdef SWAPMOE_SM90A
+// The L2 policies of a tile's loads, from `Tiles::l2_hints`.
+struct LoadPolicies {
+  uint64_t weights, acts;
+  __device__ explicit LoadPolicies(int hints)
+      : weights(l2_policy(hints & 1 ? kEvictFirst : kEvictNormal)),
+        acts(l2_policy(hints & 2 ? kEvictLast : kEvictNormal)) {}
+};
+#endif
 
 // The CTA is persistent: it runs work items blockIdx.x, blockIdx.x + gridDim.x, ... through
 // one ring of stages, so the producer loads the next tile's first stages while the
@@ -422,16 +433,17 @@ __device__ __forceinline__ void gemm1_produce(const TA* __restrict__ x, long lon
       dst[i] = r * kRowBytes + ((chunk ^ (r & 7)) << 4);
     }
   }
+  const LoadPolicies pol(tl.l2_hints);
   auto load = [&](int kt, unsigned char* a, unsigned char* b, uint64_t* bar) {
     const int k0 = kt * kK;
     if (threadIdx.x == 0) {
       mbar_arrive_expect(bar, kGatherA ? kBBytes : L::kStageBytes);
-      if (!kGatherA) tma_load_2d(a, xs_map, k0, c.start, bar);
+      if (!kGatherA) tma_load_2d_hint(a, xs_map, k0, c.start, bar, pol.acts);
       constexpr int kBox = L::kGateBox, kBoxBytes = kBox * kRowBytes;
 #pragma unroll
       for (int h = 0; h < kCols / kBox; ++h) {
-        tma_load_3d(b + 2 * h * kBoxBytes, w1_map, k0, j0 + h * kBox, c.expert, bar);
-        tma_load_3d(b + (2 * h + 1) * kBoxBytes, w1_map, k0, N + j0 + h * kBox, c.expert, bar);
+        tma_load_3d_hint(b + 2 * h * kBoxBytes, w1_map, k0, j0 + h * kBox, c.expert, bar, pol.weights);
+        tma_load_3d_hint(b + (2 * h + 1) * kBoxBytes, w1_map, k0, N + j0 + h * kBox, c.expert, bar, pol.weights);
       }
     }
     if (!kGatherA) return;
@@ -440,7 +452,7 @@ __device__ __forceinline__ void gemm1_produce(const TA* __restrict__ x, long lon
 #pragma unroll
     for (int i = 0; i < kRowsPerThread; ++i) {
       const bool ok = k_ok && src[i] != nullptr;
-      cp_async_16_zfill(a_base + dst[i], ok ? src[i] + k0 : x, ok);
+      cp_async_16_zfill_hint(a_base + dst[i], ok ? src[i] + k0 : x, ok, pol.acts);
     }
     cp_async_arrive_noinc(bar);
   };
@@ -452,16 +464,17 @@ __device__ __forceinline__ void gemm1_produce(const TA* __restrict__ x, long lon
 // sorted order (a 2-D tensor map), B the expert's w2 rows.
 template <typename TA, int BM>
 __device__ __forceinline__ void gemm2_produce(const TensorMap* inter_map, const TensorMap* w2_map, int N,
-                                              const TileCoord& c, Ring& ring) {
+                                              const TileCoord& c, int l2_hints, Ring& ring) {
 #ifdef SWAPMOE_SM90A
   using L = Tile<BM>;
   constexpr int kK = kStageK<TA>;
   const int r0 = c.block * kBN;
+  const LoadPolicies pol(l2_hints);
   auto load = [&](int kt, unsigned char* a, unsigned char* b, uint64_t* bar) {
     const int k0 = kt * kK;
     mbar_arrive_expect(bar, L::kStageBytes);
-    tma_load_2d(a, inter_map, k0, c.start, bar);
-    tma_load_3d(b, w2_map, k0, r0, c.expert, bar);
+    tma_load_2d_hint(a, inter_map, k0, c.start, bar, pol.acts);
+    tma_load_3d_hint(b, w2_map, k0, r0, c.expert, bar, pol.weights);
   };
   produce<BM, false>((N + kK - 1) / kK, ring, load);
 #endif
@@ -613,7 +626,7 @@ __device__ __forceinline__ void gemm2(const TensorMap* inter_map, const TensorMa
   Ring ring = gemm2_ring<BM>(inter_map, w2_map);
   for_each_tile(tl, (K + kBN - 1) / kBN, BM, [&](const TileCoord& c) {
     float acc[L::kAccs];
-    if (!both_roles<T, BM, false>([&] { gemm2_produce<T, BM>(inter_map, w2_map, N, c, ring); },
+    if (!both_roles<T, BM, false>([&] { gemm2_produce<T, BM>(inter_map, w2_map, N, c, tl.l2_hints, ring); },
                                   (N + kStageK<T> - 1) / kStageK<T>, ring, acc))
       return;
     gemm2_store<T, BM>(
@@ -953,7 +966,7 @@ __device__ __forceinline__ void fp8_gemm2(const TensorMap* inter_map, const Tens
   Ring ring = gemm2_ring<BM>(inter_map, w2_map);
   fp8_roles(
       tl, (K + kBN - 1) / kBN, BM,
-      [&](const TileCoord& c) { gemm2_produce<__nv_fp8_e4m3, BM>(inter_map, w2_map, N, c, ring); },
+      [&](const TileCoord& c) { gemm2_produce<__nv_fp8_e4m3, BM>(inter_map, w2_map, N, c, tl.l2_hints, ring); },
       [&](const TileCoord& c) {
         fp8_gemm2_tile<T, SCHEME, BM>(sc, topk_weights, topk_weights_code, topk_weights_row_stride, tl, topk, N, K,
                                       weight_on_input, y, c, ring);
@@ -1018,9 +1031,10 @@ extern "C" __global__ void __launch_bounds__(swapmoe::kPreGatherThreads)
 // GEMM1 in both A modes: ..._t<BM> gathers in the kernel, ..._t<BM>_xs reads the gathered xs.
 #define SWAPMOE_WGMMA_TILES                                                                                       \
   const int *expert_offsets, const int *sorted_slots, const int *tile_expert, const int *tile_start,             \
-      const int *num_tiles, int tiles_bound, int raster_group
+      const int *num_tiles, int tiles_bound, int raster_group, int l2_hints
 #define SWAPMOE_WGMMA_MAKE_TILES                                                                                  \
-  const swapmoe::Tiles tl{expert_offsets, sorted_slots, tile_expert, tile_start, num_tiles, tiles_bound, raster_group}
+  const swapmoe::Tiles tl{expert_offsets, sorted_slots, tile_expert, tile_start, num_tiles, tiles_bound,         \
+                          raster_group, l2_hints}
 
 #define SWAPMOE_WGMMA_GEMM1(NAME, T, BM, GATHER)                                                                  \
   extern "C" __global__ void __launch_bounds__(swapmoe::kThreads, 1) NAME(                                       \

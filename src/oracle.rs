@@ -177,6 +177,18 @@ const SWAP_ONE_WAVE_FIRST_PDL_MEASURED: &str = "deepseek-v3-tp8 M = 8 took 124.0
 /// `$SWAPMOE_WGMMA_PREGATHER` = "on" | "off" (else the N rule): whether cuda_wgmma's GEMM1
 /// reads token rows gathered beforehand (by TMA) or gathers them itself; for tuning.
 pub const WGMMA_PREGATHER_ENV: &str = "SWAPMOE_WGMMA_PREGATHER";
+/// `Plan::wgmma_l2_hints` bit: cuda_wgmma's weight loads (TMA) ask L2 to evict their lines
+/// first (`createpolicy ... evict_first`), so that the token rows stay.
+pub const WGMMA_L2_WEIGHTS_EVICT_FIRST: u8 = 1;
+/// `Plan::wgmma_l2_hints` bit: cuda_wgmma's token-row loads (GEMM1's gathered x, GEMM2's
+/// intermediate) ask L2 to keep their lines last (`evict_last`).
+pub const WGMMA_L2_ACTS_EVICT_LAST: u8 = 2;
+/// Smallest N (intermediate size) from which cuda_wgmma's loads carry L2 eviction hints at
+/// any number of tokens per expert (`wgmma_l2_hints`).
+pub const WGMMA_L2_HINTS_MIN_N: usize = 4096;
+/// `$SWAPMOE_WGMMA_L2_HINTS` = 0-3: force `Plan::wgmma_l2_hints` (the bits above); for tuning.
+/// Else the tokens-per-expert rule of `wgmma_l2_hints`.
+pub const WGMMA_L2_HINTS_ENV: &str = "SWAPMOE_WGMMA_L2_HINTS";
 /// `$SWAPMOE_WGMMA_PERSISTENT` = "on" | "off" (else the stage rule,
 /// `WGMMA_PERSISTENT_MAX_STAGES`): whether both of cuda_wgmma's GEMMs run as persistent grids.
 pub const WGMMA_PERSISTENT_ENV: &str = "SWAPMOE_WGMMA_PERSISTENT";
@@ -851,6 +863,9 @@ pub struct Plan {
     /// cuda_wgmma: whether (GEMM1, GEMM2) run as the persistent grid of `ctas` CTAs, each
     /// looping over work items, instead of one CTA per item.
     pub wgmma_persistent: (bool, bool),
+    /// cuda_wgmma: L2 eviction hints of the GEMMs' loads (`WGMMA_L2_WEIGHTS_EVICT_FIRST`,
+    /// `WGMMA_L2_ACTS_EVICT_LAST`); 0 for none and for other backends.
+    pub wgmma_l2_hints: u8,
     /// cuda_wgmma_swap: thread-block cluster sizes, (GEMM1's split of K, GEMM2's split of
     /// the active experts); (1, 1) for other backends.
     pub splits: (usize, usize),
@@ -1239,6 +1254,77 @@ fn wgmma_grids(
     ));
     let any = persistent.0 || persistent.1;
     (if any { ctas } else { 0 }, persistent)
+}
+
+/// The L2 eviction hints of cuda_wgmma's loads (`Plan::wgmma_l2_hints`) at token tile `tile`,
+/// and the reason: `$SWAPMOE_WGMMA_L2_HINTS`, else both hints (weights evict first, token rows
+/// evict last) where
+/// - the expected tokens per expert fill at most half a tile (`2 * slots <= tile * E`): nearly
+///   every expert's tokens then fit one tile, so each weight block is read by one CTA and
+///   nothing shares it in L2, while the token rows are read again by the other column blocks
+///   and by the tokens' other experts; or
+/// - N >= WGMMA_L2_HINTS_MIN_N: GEMM1's token rows are read by 2N / 256 >= 32 column blocks,
+///   and keeping them pays more than keeping the weights the expert's tiles share.
+///
+/// None elsewhere: at one or more tiles per expert with narrow N, an expert's tiles share its
+/// weights through L2, and evict-first weights read up to 31% more from DRAM.
+/// Measured (H200, whole op, benches/NOTES.md "L2 eviction hints"): half a tile or less per
+/// expert, qwen3-30b-a3b and deepseek-v3-tp8, bf16 and fp8_tensor, M = 256-2048: -5 to -9%;
+/// Mixtral (N = 14336) at every M measured: -2.5 to -12%; qwen3 / deepseek at one or more
+/// tiles per expert: +0.5 to +6% (deepseek-v3-tp8 M = 4096 bf16: 1460 -> 1550 us).
+fn wgmma_l2_hints(p: &MoeProblem, tile: usize, reasons: &mut Vec<String>) -> u8 {
+    let what = |h: u8| match h {
+        0 => "no L2 eviction hints".to_string(),
+        _ => [
+            (WGMMA_L2_WEIGHTS_EVICT_FIRST, "weights evict first"),
+            (WGMMA_L2_ACTS_EVICT_LAST, "token rows evict last"),
+        ]
+        .iter()
+        .filter(|(bit, _)| h & bit != 0)
+        .map(|(_, name)| *name)
+        .collect::<Vec<_>>()
+        .join(", "),
+    };
+    let (slots, experts) = (p.slots(), p.global_experts.max(1));
+    let per_expert = slots as f64 / experts as f64;
+    let fit = 2 * slots <= tile * experts;
+    let wide = p.n >= WGMMA_L2_HINTS_MIN_N;
+    let rule = if fit || wide {
+        WGMMA_L2_WEIGHTS_EVICT_FIRST | WGMMA_L2_ACTS_EVICT_LAST
+    } else {
+        0
+    };
+    let why = |h: u8| {
+        if fit {
+            format!("cuda_wgmma loads: {} (~{per_expert:.0} tokens per expert, at most half a {tile}-row tile: each weight block is read by one tile, the token rows again by the others)", what(h))
+        } else if wide {
+            format!("cuda_wgmma loads: {} (N = {} >= {WGMMA_L2_HINTS_MIN_N}: GEMM1 reads each tile's token rows in {} column blocks)", what(h), p.n, (2 * p.n).div_ceil(WGMMA_GEMM2_COLUMNS))
+        } else {
+            format!("cuda_wgmma loads: {} (~{per_expert:.0} tokens per expert, over half a {tile}-row tile: an expert's tiles share its weights through L2)", what(h))
+        }
+    };
+    match std::env::var(WGMMA_L2_HINTS_ENV) {
+        Err(_) => {
+            reasons.push(why(rule));
+            rule
+        }
+        Ok(v) => match v.trim().parse::<u8>() {
+            Ok(h) if h <= WGMMA_L2_WEIGHTS_EVICT_FIRST | WGMMA_L2_ACTS_EVICT_LAST => {
+                reasons.push(format!(
+                    "cuda_wgmma loads: {} (forced by ${WGMMA_L2_HINTS_ENV}={v})",
+                    what(h)
+                ));
+                h
+            }
+            _ => {
+                reasons.push(format!(
+                    "${WGMMA_L2_HINTS_ENV}={v:?} ignored (expected 0 to 3); {}",
+                    why(rule)
+                ));
+                rule
+            }
+        },
+    }
 }
 
 /// Whether cuda_wgmma's GEMM1 reads its token rows gathered beforehand (the gather
@@ -2448,6 +2534,7 @@ impl<'a> Candidates<'a> {
         let mut reasons = self.reasons;
         let mut ctas = 0;
         let mut wgmma_persistent = (false, false);
+        let mut wgmma_hints = 0;
         let mut splits = (1, 1);
         let swap_gemm2_one_per_sm = match swap_gemm2_placement {
             Some((on, why)) => {
@@ -2516,6 +2603,7 @@ impl<'a> Candidates<'a> {
             (Backend::CudaWgmma, Some(q)) => {
                 (ctas, wgmma_persistent) = wgmma_grids(self.p, self.hopper_sms, 128, &mut reasons);
                 let tile = wgmma_tile;
+                wgmma_hints = wgmma_l2_hints(self.p, tile, &mut reasons);
                 let q8 = q.static_intermediate();
                 reasons.push(format!(
                     "cuda_wgmma: FP8, token tiles of {tile} rows in expert order, e4m3 weights by TMA, warp-specialized e4m3 wgmma GEMMs, 128 of K per stage ({WGMMA_GEMM1_COLUMNS} inter columns per GEMM1 CTA, {WGMMA_GEMM2_COLUMNS} output columns per GEMM2 CTA); x quantized first; {}",
@@ -2642,6 +2730,7 @@ impl<'a> Candidates<'a> {
                     (ctas, wgmma_persistent) =
                         wgmma_grids(self.p, self.hopper_sms, 64, &mut reasons);
                     let tile = wgmma_tile;
+                    wgmma_hints = wgmma_l2_hints(self.p, tile, &mut reasons);
                     let (pre, why) = wgmma_pregather(self.p, "the token rows");
                     reasons.push(format!(
                         "cuda_wgmma: token tiles of {tile} rows in expert order, weights by TMA, warp-specialized wgmma GEMMs ({WGMMA_GEMM1_COLUMNS} inter columns per GEMM1 CTA, {WGMMA_GEMM2_COLUMNS} output columns per GEMM2 CTA), {WGMMA_RASTER_GROUP} token tiles per raster group"
@@ -2690,6 +2779,7 @@ impl<'a> Candidates<'a> {
             first_kernel_pdl,
             ctas,
             wgmma_persistent,
+            wgmma_l2_hints: wgmma_hints,
             splits,
             swap_gemm2_one_per_sm,
             swap_gemm2_pdl,
@@ -2775,6 +2865,71 @@ mod tests {
             capability: (9, 0),
             sm_count: 132,
         }
+    }
+
+    #[test]
+    fn wgmma_l2_hints_where_experts_fill_half_a_tile() {
+        // The plan of a bf16 (or `quant`) problem on an H200 with `backend` forced.
+        fn forced(
+            m: i64,
+            shape: (i64, i64, i64, i64),
+            quant: Option<QuantScheme>,
+            backend: Backend,
+        ) -> Plan {
+            let (e, topk, k, n) = shape;
+            let req = Request {
+                backend: Some(backend),
+                ..Request::default()
+            };
+            plan_for_shape(m, e, topk, k, n, DType::BF16, quant, None, &h200(), &req).unwrap()
+        }
+        const DEEPSEEK: (i64, i64, i64, i64) = (256, 8, 7168, 256);
+        let hints = |m: i64, shape: (i64, i64, i64, i64), quant: Option<QuantScheme>| {
+            let p = forced(m, shape, quant, Backend::CudaWgmma);
+            assert_eq!(p.backend, Backend::CudaWgmma);
+            let (e, topk, _, n) = shape;
+            let fit = 2 * m * topk <= p.tokens_per_pass as i64 * e || n >= 4096;
+            assert_eq!(p.wgmma_l2_hints, if fit { 3 } else { 0 }, "{:?}", p.reasons);
+            (p.wgmma_l2_hints, p.reasons)
+        };
+        // deepseek-v3-tp8: 32 tokens per expert at M = 1024, 128 at M = 4096
+        let (on, why) = hints(1024, DEEPSEEK, None);
+        assert_eq!(on, 3);
+        assert!(why.iter().any(|r| r.starts_with(
+            "cuda_wgmma loads: weights evict first, token rows evict last (~32 tokens per expert"
+        )));
+        let (off, why) = hints(4096, DEEPSEEK, Some(QuantScheme::Tensor));
+        assert_eq!(off, 0);
+        assert!(why
+            .iter()
+            .any(|r| r.contains("tokens per expert, over half a")));
+        hints(256, (128, 8, 2048, 768), None);
+        // Mixtral: wide N, at every M
+        let (on, why) = hints(4096, (8, 2, 4096, 14336), Some(QuantScheme::Block));
+        assert_eq!(on, 3);
+        assert!(why.iter().any(|r| r.ends_with(
+            "(N = 14336 >= 4096: GEMM1 reads each tile's token rows in 112 column blocks)"
+        )));
+        // swap-AB and other plans carry none
+        let swap = forced(1, (128, 8, 2048, 768), None, Backend::CudaWgmmaSwap);
+        assert_eq!(swap.wgmma_l2_hints, 0);
+        // forced either way; a bad value keeps the rule
+        std::env::set_var(WGMMA_L2_HINTS_ENV, "1");
+        let one = forced(4096, DEEPSEEK, None, Backend::CudaWgmma);
+        std::env::set_var(WGMMA_L2_HINTS_ENV, "4");
+        let bad = forced(1024, DEEPSEEK, None, Backend::CudaWgmma);
+        std::env::remove_var(WGMMA_L2_HINTS_ENV);
+        assert_eq!(one.wgmma_l2_hints, 1);
+        assert!(one
+            .reasons
+            .iter()
+            .any(|r| r
+                == "cuda_wgmma loads: weights evict first (forced by $SWAPMOE_WGMMA_L2_HINTS=1)"));
+        assert_eq!(bad.wgmma_l2_hints, 3);
+        assert!(bad
+            .reasons
+            .iter()
+            .any(|r| r.starts_with("$SWAPMOE_WGMMA_L2_HINTS=\"4\" ignored (expected 0 to 3)")));
     }
 
     #[test]

@@ -561,6 +561,19 @@ def test_wgmma_tile_edges(scheme, tile, rng, monkeypatch):
 
 
 @needs_sm90
+@pytest.mark.parametrize("hints", [1, 3], ids=lambda h: f"l2_hints={h}")
+@pytest.mark.parametrize("a_mode", WGMMA_A_MODES)
+@pytest.mark.parametrize("scheme", WGMMA_SCHEMES, ids=_scheme_id)
+def test_wgmma_l2_hints(scheme, a_mode, hints, rng, monkeypatch):
+    """L2 eviction hints on the e4m3 wgmma GEMMs' loads ($SWAPMOE_WGMMA_L2_HINTS) leave the
+    results as they are: the tile-edge case, every scheme, both A modes."""
+    _wgmma_tile(monkeypatch, 128, a_mode)
+    monkeypatch.setenv("SWAPMOE_WGMMA_L2_HINTS", str(hints))
+    case = _case(997, (256, 512), E=16, topk=2, ids="tile_edges")
+    run_fp8_case(case, scheme[0], "torch", "bfloat16", rng, device=DEV, static=scheme[1], backend="cuda_wgmma")
+
+
+@needs_sm90
 @pytest.mark.parametrize("a_mode", WGMMA_A_MODES)
 @pytest.mark.parametrize("tile", WGMMA_FP8_TILES, ids=lambda t: f"t{t}")
 @pytest.mark.parametrize("shape", [(256, 2048), (1024, 256)], ids=["gemm2-persistent", "gemm1-gemm2-persistent"])

@@ -213,6 +213,20 @@ def test_wgmma_tile_edges(case, tile, rng, monkeypatch):
     _assert_deterministic("cuda_wgmma", case, rng)
 
 
+@pytest.mark.skipif(not HAS_BACKEND_ARG, reason="this build has no backend= argument")
+@pytest.mark.parametrize("hints", [1, 2, 3], ids=lambda h: f"l2_hints={h}")
+@pytest.mark.parametrize("pregather", ["off", "on"], ids=lambda v: f"pregather={v}")
+@pytest.mark.parametrize("tile", [64, 128])
+def test_wgmma_l2_hints(tile, pregather, hints, rng, monkeypatch):
+    """L2 eviction hints on cuda_wgmma's loads ($SWAPMOE_WGMMA_L2_HINTS: weights evict first,
+    token rows evict last, both) move where lines live in L2, never the results: the tile-edge
+    case against the reference, in both A modes, and the plan says which hints it ran."""
+    monkeypatch.setenv("SWAPMOE_WGMMA_L2_HINTS", str(hints))
+    monkeypatch.setenv("SWAPMOE_WGMMA_PREGATHER", pregather)
+    plan = _run_wgmma_tile(TILE_EDGE_CASES[0], "bfloat16", tile, rng, monkeypatch)
+    assert plan["wgmma_l2_hints"] == hints
+
+
 # The routing alignment as a thread-block cluster ($SWAPMOE_ALIGN_CTAS; the oracle takes one CTA
 # per 4096 slots): the slot runs of 1-8 CTAs, with empty runs (fewer slots than CTAs), a last
 # partial batch, invalid ids, an expert map with -1, strided int64 ids and concentrated experts,

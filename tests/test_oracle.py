@@ -64,6 +64,7 @@ def test_tensor_cores_at_prefill_with_token_tile_from_slots_per_expert():
 
 
 MIXTRAL = (8, 2, 4096, 14336)
+DEEPSEEK = (256, 8, 7168, 256)
 
 
 @pytest.mark.parametrize("quant", [None, "fp8_tensor", "fp8_channel"])
@@ -224,3 +225,27 @@ def test_swap_gemm2_one_cta_per_sm_from_long_rows(quant, monkeypatch):
     assert any('$SWAPMOE_SWAP_GEMM2_ONE_PER_SM="on" ignored' in r for r in p.reasons)
     monkeypatch.setenv("SWAPMOE_SWAP_GEMM2_ONE_PER_SM", "1")
     assert plan(4096, MIXTRAL).tile["swap_gemm2_one_per_sm"] is False  # cuda_wgmma
+
+
+@pytest.mark.parametrize("quant", [None, "fp8_tensor"])
+def test_wgmma_l2_hints_where_experts_fill_half_a_tile(quant, monkeypatch):
+    """cuda_wgmma's loads carry L2 eviction hints (weights first, token rows last: 3) where the
+    expected tokens per expert fill at most half a token tile, none past it; the environment
+    forces any of 0-3 and the plan says why."""
+    kw = {"backend": "cuda_wgmma", **({"quant": quant} if quant else {})}
+    for m in (256, 1024, 4096):
+        p = plan(m, DEEPSEEK, **kw)
+        tile = p.tile["tokens_per_pass"]
+        want = 3 if 2 * m * 8 <= tile * 256 else 0
+        assert p.tile["wgmma_l2_hints"] == want, p.reasons
+        assert any(r.startswith("cuda_wgmma loads: ") for r in p.reasons)
+    assert plan(4096, DEEPSEEK, **kw).tile["wgmma_l2_hints"] == 0
+    monkeypatch.setenv("SWAPMOE_WGMMA_L2_HINTS", "2")
+    p = plan(4096, DEEPSEEK, **kw)
+    assert p.tile["wgmma_l2_hints"] == 2
+    assert "cuda_wgmma loads: token rows evict last (forced by $SWAPMOE_WGMMA_L2_HINTS=2)" in p.reasons
+    assert plan(1, QWEN3, backend="cuda_wgmma_swap").tile["wgmma_l2_hints"] == 0
+    monkeypatch.delenv("SWAPMOE_WGMMA_L2_HINTS")
+    wide = plan(4096, MIXTRAL, **kw)  # N >= 4096: at any tokens per expert
+    assert wide.tile["wgmma_l2_hints"] == 3
+    assert any("GEMM1 reads each tile's token rows in 112 column blocks" in r for r in wide.reasons)

@@ -140,7 +140,8 @@ def describe_plan(
     GEMM2 starts by programmatic dependent launch under GEMM1), align_ctas (CTAs of the
     routing alignment, one thread-block cluster past 1), pdl (later kernels start by
     programmatic dependent launch), first_kernel_pdl (so does the first: fused_experts' first
-    kernel, or fused_moe's router), ctas, wgmma_persistent, reasons, workspace_bytes."""
+    kernel, or fused_moe's router), ctas, wgmma_persistent, wgmma_l2_hints (L2 eviction hints of the
+    cuda_wgmma loads: 1 weights evict first, 2 token rows evict last), reasons, workspace_bytes."""
 def build_info() -> dict[str, Any]: ...
 def driver_version() -> int: ...
 def device_info(ordinal: int) -> dict[str, Any]: ...
