@@ -25,6 +25,8 @@
 //          Tile) -> 128 inter columns;
 //   GEMM2: 256 rows r0.. of w2 -> 256 output columns.
 // K tails are zero-filled by TMA.
+// L2: every load takes the cache policy `Tiles::l2_hints` names (the plan's `wgmma_l2_hints`):
+// weights evict-first, token rows evict-last, or evict-normal (a load without a hint).
 //
 // CTA: 384 threads. Warpgroup 0 produces kStages stages ahead (GEMM1: all its threads;
 // GEMM2: thread 0); warps 4-7 and 8-11 are two consumer warpgroups that run wgmma
