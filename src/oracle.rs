@@ -1256,6 +1256,29 @@ fn wgmma_grids(
     (if any { ctas } else { 0 }, persistent)
 }
 
+/// A "0" | "1" switch in `$env` over the oracle's `rule`: the choice and its reason. `what(on)`
+/// says what each choice does; `why` is the rule's reason (None: the plan says nothing when
+/// the rule stands, and `what(rule)` after a value it ignores).
+fn env_switch(
+    env: &str,
+    rule: bool,
+    what: impl Fn(bool) -> String,
+    why: Option<String>,
+) -> (bool, Option<String>) {
+    match std::env::var(env).as_deref() {
+        Ok("1") => (true, Some(format!("{}, forced by ${env}=1", what(true)))),
+        Ok("0") => (false, Some(format!("{}, forced by ${env}=0", what(false)))),
+        Ok(v) => (
+            rule,
+            Some(format!(
+                "${env}={v:?} ignored (expected \"0\" or \"1\"); {}",
+                why.unwrap_or_else(|| what(rule))
+            )),
+        ),
+        Err(_) => (rule, why),
+    }
+}
+
 /// The L2 eviction hints of cuda_wgmma's loads (`Plan::wgmma_l2_hints`) at token tile `tile`,
 /// and the reason: `$SWAPMOE_WGMMA_L2_HINTS`, else both hints (weights evict first, token rows
 /// evict last) where
@@ -2435,53 +2458,41 @@ impl<'a> Candidates<'a> {
     fn swap_gemm2_placement(&self) -> (bool, String) {
         let n = self.p.n;
         let rule = n >= SWAP_GEMM2_ONE_PER_SM_MIN_N;
-        let why = |on: bool| {
-            if on {
-                format!("gemm2: one CTA per SM (N = {n} >= {SWAP_GEMM2_ONE_PER_SM_MIN_N}: long w2 rows; two per SM, its CTAs crowd the SMs GEMM1 frees first)")
-            } else {
-                format!("gemm2: up to two CTAs per SM (N = {n} < {SWAP_GEMM2_ONE_PER_SM_MIN_N}: short w2 rows, GEMM2 is mostly start-up)")
-            }
+        let why = if rule {
+            format!("gemm2: one CTA per SM (N = {n} >= {SWAP_GEMM2_ONE_PER_SM_MIN_N}: long w2 rows; two per SM, its CTAs crowd the SMs GEMM1 frees first)")
+        } else {
+            format!("gemm2: up to two CTAs per SM (N = {n} < {SWAP_GEMM2_ONE_PER_SM_MIN_N}: short w2 rows, GEMM2 is mostly start-up)")
         };
-        match std::env::var(SWAP_GEMM2_ONE_PER_SM_ENV).as_deref() {
-            Ok("1") => (
-                true,
-                format!("gemm2: one CTA per SM, forced by ${SWAP_GEMM2_ONE_PER_SM_ENV}=1"),
-            ),
-            Ok("0") => (
-                false,
-                format!("gemm2: up to two CTAs per SM, forced by ${SWAP_GEMM2_ONE_PER_SM_ENV}=0"),
-            ),
-            Ok(v) => (
-                rule,
-                format!(
-                    "${SWAP_GEMM2_ONE_PER_SM_ENV}={v:?} ignored (expected \"0\" or \"1\"); {}",
-                    why(rule)
-                ),
-            ),
-            Err(_) => (rule, why(rule)),
-        }
+        let (on, why) = env_switch(
+            SWAP_GEMM2_ONE_PER_SM_ENV,
+            rule,
+            |on| {
+                if on {
+                    "gemm2: one CTA per SM".into()
+                } else {
+                    "gemm2: up to two CTAs per SM".into()
+                }
+            },
+            Some(why),
+        );
+        (on, why.unwrap_or_default())
     }
 
     /// Whether cuda_wgmma_swap's GEMM2 starts with PDL (`Plan::swap_gemm2_pdl`), for a plan
     /// with PDL, and the reason when that is not the default: `$SWAPMOE_SWAP_GEMM2_PDL`.
     fn swap_gemm2_pdl() -> (bool, Option<String>) {
-        match std::env::var(SWAP_GEMM2_PDL_ENV).as_deref() {
-            Ok("1") => (
-                true,
-                Some(format!("gemm2: launched with PDL, forced by ${SWAP_GEMM2_PDL_ENV}=1")),
-            ),
-            Ok("0") => (
-                false,
-                Some(format!("gemm2: starts after GEMM1 has finished (no PDL), forced by ${SWAP_GEMM2_PDL_ENV}=0")),
-            ),
-            Ok(v) => (
-                true,
-                Some(format!(
-                    "${SWAP_GEMM2_PDL_ENV}={v:?} ignored (expected \"0\" or \"1\"); gemm2 launched with PDL"
-                )),
-            ),
-            Err(_) => (true, None),
-        }
+        env_switch(
+            SWAP_GEMM2_PDL_ENV,
+            true,
+            |on| {
+                if on {
+                    "gemm2: launched with PDL".into()
+                } else {
+                    "gemm2: starts after GEMM1 has finished (no PDL)".into()
+                }
+            },
+            None,
+        )
     }
 
     /// CTAs of the routing alignment (`Plan::align_ctas`) and why: `$SWAPMOE_ALIGN_CTAS`, else
