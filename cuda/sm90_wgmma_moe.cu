@@ -27,6 +27,8 @@
 // K tails are zero-filled by TMA.
 // L2: every load takes the cache policy `Tiles::l2_hints` names (the plan's `wgmma_l2_hints`):
 // weights evict-first, token rows evict-last, or evict-normal (a load without a hint).
+// GEMM2's epilogue stores y in 16-byte vectors (column pairs transposed among each quad's
+// lanes) on tiles of at least BM / 2 rows, in 4-byte pairs on sparser ones (gemm2_store).
 //
 // CTA: 384 threads. Warpgroup 0 produces kStages stages ahead (GEMM1: all its threads;
 // GEMM2: thread 0); warps 4-7 and 8-11 are two consumer warpgroups that run wgmma
@@ -593,28 +595,105 @@ __device__ __forceinline__ void gemm1_act(const T* __restrict__ x, long long x_r
   });
 }
 
-// GEMM2's epilogue for one tile: y[slot, col] = value(acc, row(slot), col) for the consumer
-// thread's rows and column pairs (row(slot): what a row needs, read once; rows past the
-// tile's expert and columns past K are dropped), in the activation dtype.
-template <typename T, int BM, typename Row, typename Value>
-__device__ __forceinline__ void gemm2_store(const float (&acc)[Tile<BM>::kAccs], const Tiles& tl,
-                                            const TileCoord& c, int K, T* __restrict__ y, Row row, Value value) {
+// The rows a consumer thread stores in GEMM2's epilogue: slot[h] of tile row row0 + 8h (-1:
+// past the tile's expert) and what row(slot) gives for it (what the epilogue needs per row;
+// RV{} for rows past the expert). Read after the main loop: read before it, so that their
+// latency would hide under it, the FP8 GEMM2 at deepseek-v3-tp8 M = 128 took 17% longer
+// (ncu, 160.9 -> 188.6 µs; benches/NOTES.md "GEMM2 16-byte stores").
+template <typename RV>
+struct Gemm2Rows {
+  int slot[2];
+  RV rv[2];
+};
+
+template <int BM, typename Row>
+__device__ __forceinline__ auto gemm2_rows(const Tiles& tl, const TileCoord& c, Row row) {
+  using RV = decltype(row(0));
   const Frag<BM> f;
-  const int col0 = c.block * kBN + Tile<BM>::gemm2_col_base(f.cw);
+  Gemm2Rows<RV> rows;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = f.row0 + half * 8;
-    if (r >= c.count) continue;
-    const int slot = tl.sorted_slots[c.start + r];
-    const auto rv = row(slot);
-    T* out = y + (long long)slot * K + col0;
+    rows.slot[half] = r < c.count ? tl.sorted_slots[c.start + r] : -1;
+    rows.rv[half] = rows.slot[half] >= 0 ? row(rows.slot[half]) : RV{};
+  }
+  return rows;
+}
+
+// A 4 x 4 transpose of 32-bit words among the 4 lanes of a quad (lane q = lane % 4): lane q
+// holds w[b], its word of n8 block b (columns 2q, 2q + 1 of the block); it gets block q's
+// four words in column order, 16 contiguous bytes. Two butterfly steps (lanes q ^ 1, then
+// q ^ 2), each moving half of the words. Every lane of the warp must call it.
+__device__ __forceinline__ uint4 quad_transpose(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3, int q) {
+  const bool odd = q & 1, upper = q & 2;
+  // Step 1: keep the blocks of q's parity (q & 1 and (q & 1) + 2), send the other two.
+  const uint32_t r0 = __shfl_xor_sync(0xffffffffu, odd ? w0 : w1, 1);  // the partner's word of block q & 1
+  const uint32_t r2 = __shfl_xor_sync(0xffffffffu, odd ? w2 : w3, 1);  // ... of block (q & 1) + 2
+  const uint32_t own0 = odd ? w1 : w0, own2 = odd ? w3 : w2;
+  // The two kept blocks' words from lanes (q & 2) and (q & 2) + 1, in that order.
+  const uint32_t a0 = odd ? r0 : own0, a1 = odd ? own0 : r0;  // block q & 1
+  const uint32_t b0 = odd ? r2 : own2, b1 = odd ? own2 : r2;  // block (q & 1) + 2
+  // Step 2: keep block q, send the other to lane q ^ 2, which holds block q's other two words.
+  const uint32_t s0 = __shfl_xor_sync(0xffffffffu, upper ? a0 : b0, 2);
+  const uint32_t s1 = __shfl_xor_sync(0xffffffffu, upper ? a1 : b1, 2);
+  const uint32_t k0 = upper ? b0 : a0, k1 = upper ? b1 : a1;
+  return upper ? make_uint4(s0, s1, k0, k1) : make_uint4(k0, k1, s0, s1);
+}
+
+// GEMM2's epilogue for one tile: y[slot, col] = value(acc, rv, col) for the consumer
+// thread's rows (`rows`, from gemm2_rows) and columns, in the activation dtype; rows past the
+// tile's expert and columns past K are dropped (K is a multiple of 8: whole n8 blocks).
+// Tiles holding at least kWideStoreMinRows rows transpose the quad's words (quad_transpose)
+// so that each lane stores 16 bytes, 8 columns of one block: a warp's store then writes whole
+// 32-byte sectors, where 4-byte stores of column pairs leave half of every sector to another
+// instruction (ncu, deepseek-v3-tp8 M = 4096: 49% of GEMM2's store sectors excessive, L2 at
+// 85% of its peak; the whole op 1442 -> 1350 µs with the wide stores). Sparser tiles keep the
+// 4-byte stores: there the per-tile latency of the epilogue is what counts, and the
+// transpose's shuffles added to it (FP8 GEMM2 at deepseek M = 128, t64 tiles of ~4 rows:
+// 142 -> 161 µs with wide stores on every tile). benches/NOTES.md "GEMM2 16-byte stores".
+template <int BM>
+constexpr int kWideStoreMinRows = BM / 2;
+
+template <typename T, int BM, typename RV, typename Value>
+__device__ __forceinline__ void gemm2_store(const float (&acc)[Tile<BM>::kAccs], const Gemm2Rows<RV>& rows,
+                                            const TileCoord& c, int K, T* __restrict__ y, Value value) {
+  static_assert(sizeof(T) == 2, "y holds 16-bit values");
+  constexpr int kBlocks = Tile<BM>::kWgN / 8;  // n8 blocks per warpgroup row
+  static_assert(kBlocks % 4 == 0, "blocks go through the quad transpose in fours");
+  const Frag<BM> f;
+  const int q = f.lane & 3;
+  const int col0 = c.block * kBN + Tile<BM>::gemm2_col_base(f.cw);
+  // The thread's two values of block j in row half `half`, as one word (columns 8j + 2q, + 1).
+  auto word = [&](int half, int j) {
+    const int col = col0 + 8 * j + 2 * q;
+    T pair[2] = {from_f32<T>(value(acc[4 * j + 2 * half], rows.rv[half], col)),
+                 from_f32<T>(value(acc[4 * j + 2 * half + 1], rows.rv[half], col + 1))};
+    return *reinterpret_cast<const uint32_t*>(pair);
+  };
+  if (c.count < kWideStoreMinRows<BM>) {  // CTA-uniform
 #pragma unroll
-    for (int j = 0; j < Tile<BM>::kWgN / 8; ++j) {
-      const int col = f.col(j);
-      if (col0 + col >= K) continue;
-      T pair[2] = {from_f32<T>(value(acc[4 * j + 2 * half], rv, col0 + col)),
-                   from_f32<T>(value(acc[4 * j + 2 * half + 1], rv, col0 + col + 1))};
-      *reinterpret_cast<uint32_t*>(out + col) = *reinterpret_cast<const uint32_t*>(pair);
+    for (int half = 0; half < 2; ++half) {
+      if (rows.slot[half] < 0) continue;
+      T* out = y + (long long)rows.slot[half] * K + col0;
+#pragma unroll
+      for (int j = 0; j < kBlocks; ++j)
+        if (col0 + 8 * j < K) *reinterpret_cast<uint32_t*>(out + 8 * j + 2 * q) = word(half, j);
+    }
+    return;
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int slot = rows.slot[half];
+    if (__all_sync(0xffffffffu, slot < 0)) continue;  // warp-uniform: no row of this warp's half
+    T* out = y + (long long)(slot < 0 ? 0 : slot) * K + col0;
+#pragma unroll
+    for (int g = 0; g < kBlocks / 4; ++g) {
+      uint32_t w[4];
+#pragma unroll
+      for (int b = 0; b < 4; ++b) w[b] = col0 + 8 * (4 * g + b) < K ? word(half, 4 * g + b) : 0u;
+      const uint4 v = quad_transpose(w[0], w[1], w[2], w[3], q);
+      const int block = 4 * g + q;  // the block this lane now holds
+      if (slot >= 0 && col0 + 8 * block < K) *reinterpret_cast<uint4*>(out + 8 * block) = v;
     }
   }
 }
@@ -624,22 +703,23 @@ __device__ __forceinline__ void gemm2(const TensorMap* inter_map, const TensorMa
                                       const void* __restrict__ topk_weights, int topk_weights_code,
                                       long long topk_weights_row_stride, const Tiles& tl, int topk, int N, int K,
                                       int weight_on_input, T* __restrict__ y) {
+#ifdef SWAPMOE_SM90A  // consume is sm_90a code
   using L = Tile<BM>;
   Ring ring = gemm2_ring<BM>(inter_map, w2_map);
   for_each_tile(tl, (K + kBN - 1) / kBN, BM, [&](const TileCoord& c) {
-    float acc[L::kAccs];
-    if (!both_roles<T, BM, false>([&] { gemm2_produce<T, BM>(inter_map, w2_map, N, c, tl.l2_hints, ring); },
-                                  (N + kStageK<T> - 1) / kStageK<T>, ring, acc))
+    if (threadIdx.x < 128) {
+      gemm2_produce<T, BM>(inter_map, w2_map, N, c, tl.l2_hints, ring);
       return;
-    gemm2_store<T, BM>(
-        acc, tl, c, K, y,
-        [&](int slot) {
-          return weight_on_input
-                     ? 1.f
-                     : slot_router_weight(topk_weights, topk_weights_code, topk_weights_row_stride, topk, slot);
-        },
-        [](float a, float w, int) { return a * w; });
+    }
+    float acc[L::kAccs];
+    consume<T, BM, false>((N + kStageK<T> - 1) / kStageK<T>, ring, acc);
+    const auto rows = gemm2_rows<BM>(tl, c, [&](int slot) {
+      return weight_on_input ? 1.f
+                             : slot_router_weight(topk_weights, topk_weights_code, topk_weights_row_stride, topk, slot);
+    });
+    gemm2_store<T, BM>(acc, rows, c, K, y, [](float a, float w, int) { return a * w; });
   });
+#endif
 }
 
 // ---- FP8 (e4m3) W8A8 GEMMs: the same main loops over e4m3 operands (wgmma ... e4m3, 128 of K
@@ -909,6 +989,10 @@ __device__ __forceinline__ void fp8_gemm2_tile(const WgmmaFp8Scales& sc, const v
   using L = Tile<BM>;
   float acc[L::kAccs];
   const int ktiles = (N + kStageK<__nv_fp8_e4m3> - 1) / kStageK<__nv_fp8_e4m3>;
+  auto router_weight = [&](int slot) {
+    return weight_on_input ? 1.f
+                           : slot_router_weight(topk_weights, topk_weights_code, topk_weights_row_stride, topk, slot);
+  };
   if constexpr (SCHEME == kQBlock) {
     // Rows: the intermediate's group scales at the tile's sorted positions (rows past the
     // tile's expert take row 0's). Column groups of 128 output columns: BM = 64, the
@@ -926,37 +1010,27 @@ __device__ __forceinline__ void fp8_gemm2_tile(const WgmmaFp8Scales& sc, const v
     bs.col[1] = block_col_scales(sc, ws, BM == 128 ? group0 + 1 : group0);
     bs.col_stride = sc.w_scale_col;
     consume_fp8<BM, false>(ktiles, ring, acc, bs);
-    gemm2_store<T, BM>(
-        acc, tl, c, K, y,
-        [&](int slot) {
-          return weight_on_input
-                     ? 1.f
-                     : slot_router_weight(topk_weights, topk_weights_code, topk_weights_row_stride, topk, slot);
-        },
-        [](float a, float w, int) { return a * w; });
+    const auto rows = gemm2_rows<BM>(tl, c, router_weight);
+    gemm2_store<T, BM>(acc, rows, c, K, y, [](float a, float w, int) { return a * w; });
     return;
   }
-  consume_fp8<BM, false>(ktiles, ring, acc, NoStageScales{});
   const float* ws = sc.w_scale + (long long)c.expert * sc.w_scale_expert;
-  const float w2_tensor = SCHEME == kQTensor ? ws[0] : 1.f;
-  const float s2_tensor = SCHEME == kQTensor ? inter_scale<kQTensor>(sc.inter_amax, sc.a2_static, 0, 0, 1) : 1.f;
   struct RowScales {
     float s2, w;  // the intermediate's scale, the router weight
   };
-  gemm2_store<T, BM>(
-      acc, tl, c, K, y,
-      [&](int slot) {
-        return RowScales{
-            SCHEME == kQTensor ? s2_tensor : inter_scale<kQChannel>(sc.inter_amax, nullptr, slot, 0, 1),
-            weight_on_input ? 1.f
-                            : slot_router_weight(topk_weights, topk_weights_code, topk_weights_row_stride, topk, slot)};
-      },
-      [&](float a, const RowScales& rs, int col) {
-        const float s = SCHEME == kQChannel ? ws[(long long)col * sc.w_scale_row] : w2_tensor;
-        float v = a * (rs.s2 * s);
-        if (!weight_on_input) v *= rs.w;
-        return v;
-      });
+  consume_fp8<BM, false>(ktiles, ring, acc, NoStageScales{});
+  const auto rows = gemm2_rows<BM>(tl, c, [&](int slot) {
+    return RowScales{SCHEME == kQTensor ? 0.f : inter_scale<kQChannel>(sc.inter_amax, nullptr, slot, 0, 1),
+                     router_weight(slot)};
+  });
+  const float w2_tensor = SCHEME == kQTensor ? ws[0] : 1.f;
+  const float s2_tensor = SCHEME == kQTensor ? inter_scale<kQTensor>(sc.inter_amax, sc.a2_static, 0, 0, 1) : 1.f;
+  gemm2_store<T, BM>(acc, rows, c, K, y, [&](float a, const RowScales& rs, int col) {
+    const float s = SCHEME == kQChannel ? ws[(long long)col * sc.w_scale_row] : w2_tensor;
+    float v = a * ((SCHEME == kQTensor ? s2_tensor : rs.s2) * s);
+    if (!weight_on_input) v *= rs.w;
+    return v;
+  });
 #endif
 }
 
