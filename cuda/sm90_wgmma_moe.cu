@@ -703,23 +703,19 @@ __device__ __forceinline__ void gemm2(const TensorMap* inter_map, const TensorMa
                                       const void* __restrict__ topk_weights, int topk_weights_code,
                                       long long topk_weights_row_stride, const Tiles& tl, int topk, int N, int K,
                                       int weight_on_input, T* __restrict__ y) {
-#ifdef SWAPMOE_SM90A  // consume is sm_90a code
   using L = Tile<BM>;
   Ring ring = gemm2_ring<BM>(inter_map, w2_map);
   for_each_tile(tl, (K + kBN - 1) / kBN, BM, [&](const TileCoord& c) {
-    if (threadIdx.x < 128) {
-      gemm2_produce<T, BM>(inter_map, w2_map, N, c, tl.l2_hints, ring);
-      return;
-    }
     float acc[L::kAccs];
-    consume<T, BM, false>((N + kStageK<T> - 1) / kStageK<T>, ring, acc);
+    if (!both_roles<T, BM, false>([&] { gemm2_produce<T, BM>(inter_map, w2_map, N, c, tl.l2_hints, ring); },
+                                  (N + kStageK<T> - 1) / kStageK<T>, ring, acc))
+      return;
     const auto rows = gemm2_rows<BM>(tl, c, [&](int slot) {
       return weight_on_input ? 1.f
                              : slot_router_weight(topk_weights, topk_weights_code, topk_weights_row_stride, topk, slot);
     });
     gemm2_store<T, BM>(acc, rows, c, K, y, [](float a, float w, int) { return a * w; });
   });
-#endif
 }
 
 // ---- FP8 (e4m3) W8A8 GEMMs: the same main loops over e4m3 operands (wgmma ... e4m3, 128 of K
@@ -1016,13 +1012,14 @@ __device__ __forceinline__ void fp8_gemm2_tile(const WgmmaFp8Scales& sc, const v
   }
   const float* ws = sc.w_scale + (long long)c.expert * sc.w_scale_expert;
   struct RowScales {
-    float s2, w;  // the intermediate's scale, the router weight
+    float s2, w;  // the intermediate's scale (per channel; per tensor s2_tensor), the router weight
   };
   consume_fp8<BM, false>(ktiles, ring, acc, NoStageScales{});
   const auto rows = gemm2_rows<BM>(tl, c, [&](int slot) {
     return RowScales{SCHEME == kQTensor ? 0.f : inter_scale<kQChannel>(sc.inter_amax, nullptr, slot, 0, 1),
                      router_weight(slot)};
   });
+  // One scalar rather than a copy per row: 216 fewer instructions in the t128 kernel (SASS).
   const float w2_tensor = SCHEME == kQTensor ? ws[0] : 1.f;
   const float s2_tensor = SCHEME == kQTensor ? inter_scale<kQTensor>(sc.inter_amax, sc.a2_static, 0, 0, 1) : 1.f;
   gemm2_store<T, BM>(acc, rows, c, K, y, [&](float a, const RowScales& rs, int col) {
