@@ -101,6 +101,7 @@ struct Tiles {
   const int* num_tiles;
   int tiles_bound, raster_group;
   int l2_hints;  // `WGMMA_L2_*` bits: weights evict first (1), activations evict last (2)
+  int gemm2_block_run;  // GEMM2: column blocks per token tile a CTA takes in a row (`for_each_tile`)
 };
 
 #ifdef SWAPMOE_SM90A
@@ -391,11 +392,28 @@ __device__ __forceinline__ Ring make_ring(int full_arrivals, const TensorMap* a,
 
 #endif
 
-// Calls body(c) for each existing tile of this CTA's work items (CTA-uniform).
+// Calls body(c) for each existing tile of this CTA's work items (CTA-uniform). With run > 1
+// (GEMM2's `Tiles::gemm2_block_run`) a work item is a run of `run` consecutive column blocks
+// of one token tile, items in token tile order (an expert's tiles are neighbors, so they run
+// at the same time and share each w2 block through L2), and body sees the run's blocks in
+// order: the producer then finds the tile's rows still in the ring (`HeldRows`).
 template <typename Body>
-__device__ __forceinline__ void for_each_tile(const Tiles& tl, int blocks, int bm, Body body) {
+__device__ __forceinline__ void for_each_tile(const Tiles& tl, int blocks, int bm, Body body, int run = 1) {
   const int items = tl.tiles_bound * blocks;
 #ifdef SWAPMOE_SM90A
+  if (run > 1) {
+    const int runs = (blocks + run - 1) / run;
+    for (int item = blockIdx.x; item < tl.tiles_bound * runs; item += gridDim.x) {
+      const int tile = item / runs, first = (item - tile * runs) * run;
+      if (tile >= *tl.num_tiles) break;  // items go in tile order
+      TileCoord c;
+      c.expert = tl.tile_expert[tile];
+      c.start = tl.tile_start[tile];
+      c.count = min(bm, tl.expert_offsets[c.expert + 1] - c.start);
+      for (c.block = first; c.block < min(blocks, first + run); ++c.block) body(c);
+    }
+    return;
+  }
   for (int item = blockIdx.x; item < items; item += gridDim.x) {
     TileCoord c;
     if (tile_coord(tl.tile_expert, tl.tile_start, tl.num_tiles, tl.expert_offsets, tl.tiles_bound, blocks,
@@ -464,20 +482,38 @@ __device__ __forceinline__ void gemm1_produce(const TA* __restrict__ x, long lon
 #endif
 }
 
+// The tile rows (GEMM2's A) each ring buffer holds, as 8 * tile start + k-stage (-1: none
+// known), kept by GEMM2's producer thread across its tiles.
+template <int S>
+struct HeldRows {
+  int tag[S];
+  __device__ HeldRows() {
+#pragma unroll
+    for (int i = 0; i < S; ++i) tag[i] = -1;
+  }
+};
+
 // GEMM2's loads for one tile c (token tile, kBN output columns): A is the intermediate in
-// sorted order (a 2-D tensor map), B the expert's w2 rows.
+// sorted order (a 2-D tensor map), B the expert's w2 rows. With a block run (`keep_rows`) a
+// k-stage whose buffer still holds the same tile rows (the run's previous block put them
+// there: N's k-stages divide the ring's stages, which the oracle checks) loads B alone.
 template <typename TA, int BM>
 __device__ __forceinline__ void gemm2_produce(const TensorMap* inter_map, const TensorMap* w2_map, int N,
-                                              const TileCoord& c, int l2_hints, Ring& ring) {
+                                              const TileCoord& c, int l2_hints, bool keep_rows,
+                                              HeldRows<Tile<BM>::kStages>& held, Ring& ring) {
 #ifdef SWAPMOE_SM90A
   using L = Tile<BM>;
   constexpr int kK = kStageK<TA>;
   const int r0 = c.block * kBN;
   const LoadPolicies pol(l2_hints);
   auto load = [&](int kt, unsigned char* a, unsigned char* b, uint64_t* bar) {
-    const int k0 = kt * kK;
-    mbar_arrive_expect(bar, L::kStageBytes);
-    tma_load_2d_hint(a, inter_map, k0, c.start, bar, pol.acts);
+    const int k0 = kt * kK, st = (int)(bar - ring.full), tag = 8 * c.start + kt;
+    const bool have = keep_rows && held.tag[st] == tag;
+    mbar_arrive_expect(bar, have ? kBBytes : L::kStageBytes);
+    if (!have) {
+      tma_load_2d_hint(a, inter_map, k0, c.start, bar, pol.acts);
+      held.tag[st] = tag;
+    }
     tma_load_3d_hint(b, w2_map, k0, r0, c.expert, bar, pol.weights);
   };
   produce<BM, false>((N + kK - 1) / kK, ring, load);
@@ -507,14 +543,14 @@ __device__ __forceinline__ bool both_roles(Produce produce_tile, int ktiles, Rin
 // consumers consume_tile(c) (main loop and epilogue), in the same tile order.
 template <typename Produce, typename Consume>
 __device__ __forceinline__ void fp8_roles(const Tiles& tl, int blocks, int bm, Produce produce_tile,
-                                          Consume consume_tile) {
+                                          Consume consume_tile, int run = 1) {
 #ifdef SWAPMOE_SM90A
   if (threadIdx.x < 128) {
     setmaxnreg_dec<kFp8ProducerRegs>();
-    for_each_tile(tl, blocks, bm, produce_tile);
+    for_each_tile(tl, blocks, bm, produce_tile, run);
   } else {
     setmaxnreg_inc<kFp8ConsumerRegs>();
-    for_each_tile(tl, blocks, bm, consume_tile);
+    for_each_tile(tl, blocks, bm, consume_tile, run);
   }
 #endif
 }
@@ -705,17 +741,24 @@ __device__ __forceinline__ void gemm2(const TensorMap* inter_map, const TensorMa
                                       int weight_on_input, T* __restrict__ y) {
   using L = Tile<BM>;
   Ring ring = gemm2_ring<BM>(inter_map, w2_map);
-  for_each_tile(tl, (K + kBN - 1) / kBN, BM, [&](const TileCoord& c) {
-    float acc[L::kAccs];
-    if (!both_roles<T, BM, false>([&] { gemm2_produce<T, BM>(inter_map, w2_map, N, c, tl.l2_hints, ring); },
-                                  (N + kStageK<T> - 1) / kStageK<T>, ring, acc))
-      return;
-    const auto rows = gemm2_rows<BM>(tl, c, [&](int slot) {
-      return weight_on_input ? 1.f
-                             : slot_router_weight(topk_weights, topk_weights_code, topk_weights_row_stride, topk, slot);
-    });
-    gemm2_store<T, BM>(acc, rows, c, K, y, [](float a, float w, int) { return a * w; });
-  });
+  HeldRows<L::kStages> held;
+  const int run = tl.gemm2_block_run;
+  for_each_tile(
+      tl, (K + kBN - 1) / kBN, BM,
+      [&](const TileCoord& c) {
+        float acc[L::kAccs];
+        if (!both_roles<T, BM, false>(
+                [&] { gemm2_produce<T, BM>(inter_map, w2_map, N, c, tl.l2_hints, run > 1, held, ring); },
+                (N + kStageK<T> - 1) / kStageK<T>, ring, acc))
+          return;
+        const auto rows = gemm2_rows<BM>(tl, c, [&](int slot) {
+          return weight_on_input
+                     ? 1.f
+                     : slot_router_weight(topk_weights, topk_weights_code, topk_weights_row_stride, topk, slot);
+        });
+        gemm2_store<T, BM>(acc, rows, c, K, y, [](float a, float w, int) { return a * w; });
+      },
+      run);
 }
 
 // ---- FP8 (e4m3) W8A8 GEMMs: the same main loops over e4m3 operands (wgmma ... e4m3, 128 of K
@@ -1037,13 +1080,18 @@ __device__ __forceinline__ void fp8_gemm2(const TensorMap* inter_map, const Tens
                                           long long topk_weights_row_stride, const Tiles& tl, int topk, int N, int K,
                                           int weight_on_input, T* __restrict__ y) {
   Ring ring = gemm2_ring<BM>(inter_map, w2_map);
+  HeldRows<Tile<BM>::kStages> held;
+  const int run = tl.gemm2_block_run;
   fp8_roles(
       tl, (K + kBN - 1) / kBN, BM,
-      [&](const TileCoord& c) { gemm2_produce<__nv_fp8_e4m3, BM>(inter_map, w2_map, N, c, tl.l2_hints, ring); },
+      [&](const TileCoord& c) {
+        gemm2_produce<__nv_fp8_e4m3, BM>(inter_map, w2_map, N, c, tl.l2_hints, run > 1, held, ring);
+      },
       [&](const TileCoord& c) {
         fp8_gemm2_tile<T, SCHEME, BM>(sc, topk_weights, topk_weights_code, topk_weights_row_stride, tl, topk, N, K,
                                       weight_on_input, y, c, ring);
-      });
+      },
+      run);
 }
 
 // out[t, c .. c + 8) = sum over k, in k order, of y[t * topk + k, c .. c + 8) for the slots
@@ -1104,10 +1152,10 @@ extern "C" __global__ void __launch_bounds__(swapmoe::kPreGatherThreads)
 // GEMM1 in both A modes: ..._t<BM> gathers in the kernel, ..._t<BM>_xs reads the gathered xs.
 #define SWAPMOE_WGMMA_TILES                                                                                       \
   const int *expert_offsets, const int *sorted_slots, const int *tile_expert, const int *tile_start,             \
-      const int *num_tiles, int tiles_bound, int raster_group, int l2_hints
+      const int *num_tiles, int tiles_bound, int raster_group, int l2_hints, int gemm2_block_run
 #define SWAPMOE_WGMMA_MAKE_TILES                                                                                  \
   const swapmoe::Tiles tl{expert_offsets, sorted_slots, tile_expert, tile_start, num_tiles, tiles_bound,         \
-                          raster_group, l2_hints}
+                          raster_group, l2_hints, gemm2_block_run}
 
 #define SWAPMOE_WGMMA_GEMM1(NAME, T, BM, GATHER)                                                                  \
   extern "C" __global__ void __launch_bounds__(swapmoe::kThreads, 1) NAME(                                       \

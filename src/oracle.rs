@@ -87,8 +87,15 @@ pub const WGMMA_THREADS: usize = 384;
 /// (tile 64) stages of a tile x 64 token block and a 256 x 64 weight block, plus 1 KiB to
 /// align them (`Tile<BM>::kSmemBytes`).
 pub fn wgmma_smem_bytes(tile: usize) -> usize {
-    let stages = if tile >= 128 { 4 } else { 5 };
-    stages * (tile * 64 * 2 + 256 * 64 * 2) + 1024
+    wgmma_stages(tile) * (tile * 64 * 2 + 256 * 64 * 2) + 1024
+}
+/// Shared-memory stages of the wgmma GEMMs' ring at token tile `tile` (`Tile<BM>::kStages`).
+pub fn wgmma_stages(tile: usize) -> usize {
+    if tile >= 128 {
+        4
+    } else {
+        5
+    }
 }
 /// Rows per TMA box of GEMM1's gate and up blocks (`Tile<BM>::kGateBox`).
 pub fn wgmma_gate_box(tile: usize) -> usize {
@@ -189,6 +196,12 @@ pub const WGMMA_L2_HINTS_MIN_N: usize = 4096;
 /// `$SWAPMOE_WGMMA_L2_HINTS` = 0-3: force `Plan::wgmma_l2_hints` (the bits above); for tuning.
 /// Else the tokens-per-expert rule of `wgmma_l2_hints`.
 pub const WGMMA_L2_HINTS_ENV: &str = "SWAPMOE_WGMMA_L2_HINTS";
+/// `$SWAPMOE_WGMMA_GEMM2_BLOCK_RUN` = 1-255: force `Plan::wgmma_gemm2_block_run` where the
+/// GEMM2 can keep its token tile (`wgmma_gemm2_block_run`); for tuning. Else the oracle's rule.
+pub const WGMMA_GEMM2_BLOCK_RUN_ENV: &str = "SWAPMOE_WGMMA_GEMM2_BLOCK_RUN";
+/// cuda_wgmma's e4m3 GEMM2 column-block run where a token tile's rows fill it (runs of 2 and
+/// 4 measured at deepseek-v3-tp8 fp8_tensor M = 4096: 4 is 4% faster, 2 about 2%).
+pub const WGMMA_GEMM2_DENSE_E4M3_BLOCK_RUN: u8 = 4;
 /// `$SWAPMOE_WGMMA_PERSISTENT` = "on" | "off" (else the stage rule,
 /// `WGMMA_PERSISTENT_MAX_STAGES`): whether both of cuda_wgmma's GEMMs run as persistent grids.
 pub const WGMMA_PERSISTENT_ENV: &str = "SWAPMOE_WGMMA_PERSISTENT";
@@ -866,6 +879,11 @@ pub struct Plan {
     /// cuda_wgmma: L2 eviction hints of the GEMMs' loads (`WGMMA_L2_WEIGHTS_EVICT_FIRST`,
     /// `WGMMA_L2_ACTS_EVICT_LAST`); 0 for none and for other backends.
     pub wgmma_l2_hints: u8,
+    /// cuda_wgmma: consecutive column blocks of one token tile that each CTA of the persistent
+    /// GEMM2 takes in a row, loading the tile's intermediate rows once for all of them (the
+    /// ring's stages keep them); 1: work items one column block each, as route_align's raster
+    /// groups order them. 1 for other backends.
+    pub wgmma_gemm2_block_run: u8,
     /// cuda_wgmma_swap: thread-block cluster sizes, (GEMM1's split of K, GEMM2's split of
     /// the active experts); (1, 1) for other backends.
     pub splits: (usize, usize),
@@ -1345,6 +1363,71 @@ fn wgmma_l2_hints(p: &MoeProblem, tile: usize, reasons: &mut Vec<String>) -> u8 
                     why(rule)
                 ));
                 rule
+            }
+        },
+    }
+}
+
+/// The column-block run of cuda_wgmma's GEMM2 (`Plan::wgmma_gemm2_block_run`) at token tile
+/// `tile`, stages of `stage_k` elements of K, and the reason. A run of r > 1 blocks lets the
+/// producer skip the tile's intermediate rows (64 KB of 192 KB per bf16 stage set at N = 256)
+/// on all but the first block, since each k-stage of a tile then lands in a ring buffer that
+/// still holds it. That needs a persistent GEMM2 and N's k-stages dividing the ring's stages
+/// (deepseek-v3-tp8, N = 256: 4 bf16 or 2 e4m3 k-stages, tile 128's 4 stages); elsewhere 1.
+/// Measured (benches/NOTES.md "GEMM2 block runs, measured"): runs of 4 only pay on e4m3 with
+/// a full token tile per expert on average; `$SWAPMOE_WGMMA_GEMM2_BLOCK_RUN` overrides.
+fn wgmma_gemm2_block_run(
+    p: &MoeProblem,
+    tile: usize,
+    stage_k: usize,
+    gemm2_persistent: bool,
+    reasons: &mut Vec<String>,
+) -> u8 {
+    let (ktiles, stages) = (p.n.div_ceil(stage_k), wgmma_stages(tile));
+    let blocks = p.k.div_ceil(WGMMA_GEMM2_COLUMNS);
+    let eligible = gemm2_persistent && stages % ktiles == 0;
+    let why_not = if !gemm2_persistent {
+        "GEMM2 is not a persistent grid".to_string()
+    } else {
+        format!("N's {ktiles} k-stages do not divide the ring's {stages} stages, so a tile's stages do not return to the buffers that hold its rows")
+    };
+    match std::env::var(WGMMA_GEMM2_BLOCK_RUN_ENV) {
+        Err(_) => {
+            let slots_per_expert = (p.m * p.topk) / p.global_experts.max(1);
+            if !eligible {
+                1
+            } else if p.quant.is_some() && slots_per_expert >= tile {
+                let r =
+                    WGMMA_GEMM2_DENSE_E4M3_BLOCK_RUN.min(u8::try_from(blocks).unwrap_or(u8::MAX));
+                reasons.push(format!("cuda_wgmma GEMM2: runs of {r} of the {blocks} column blocks per token tile, the tile's rows loaded once per run (e4m3, ~{slots_per_expert} tokens per expert fill the {tile}-row tile: measured 4% faster at deepseek-v3-tp8 M = 4096)"));
+                r
+            } else {
+                let what = if p.quant.is_some() {
+                    format!("~{slots_per_expert} tokens per expert, under the {tile}-row tile")
+                } else {
+                    "bf16/f16".to_string()
+                };
+                reasons.push(format!("cuda_wgmma GEMM2: one column block per work item ({what}: runs of blocks measured no faster; ${WGMMA_GEMM2_BLOCK_RUN_ENV} asks for them)"));
+                1
+            }
+        }
+        Ok(v) => match v.trim().parse::<u8>() {
+            Ok(r) if r >= 1 && eligible => {
+                let r = r.min(u8::try_from(blocks).unwrap_or(u8::MAX)).max(1);
+                reasons.push(format!("cuda_wgmma GEMM2: runs of {r} of the {blocks} column blocks per token tile, the tile's rows loaded once per run (forced by ${WGMMA_GEMM2_BLOCK_RUN_ENV}={v})"));
+                r
+            }
+            Ok(r) if r >= 1 => {
+                reasons.push(format!(
+                    "${WGMMA_GEMM2_BLOCK_RUN_ENV}={v} ignored: {why_not}"
+                ));
+                1
+            }
+            _ => {
+                reasons.push(format!(
+                    "${WGMMA_GEMM2_BLOCK_RUN_ENV}={v:?} ignored (expected 1 to 255)"
+                ));
+                1
             }
         },
     }
@@ -2546,6 +2629,7 @@ impl<'a> Candidates<'a> {
         let mut ctas = 0;
         let mut wgmma_persistent = (false, false);
         let mut wgmma_hints = 0;
+        let mut wgmma_block_run = 1;
         let mut splits = (1, 1);
         let swap_gemm2_one_per_sm = match swap_gemm2_placement {
             Some((on, why)) => {
@@ -2615,6 +2699,8 @@ impl<'a> Candidates<'a> {
                 (ctas, wgmma_persistent) = wgmma_grids(self.p, self.hopper_sms, 128, &mut reasons);
                 let tile = wgmma_tile;
                 wgmma_hints = wgmma_l2_hints(self.p, tile, &mut reasons);
+                wgmma_block_run =
+                    wgmma_gemm2_block_run(self.p, tile, 128, wgmma_persistent.1, &mut reasons);
                 let q8 = q.static_intermediate();
                 reasons.push(format!(
                     "cuda_wgmma: FP8, token tiles of {tile} rows in expert order, e4m3 weights by TMA, warp-specialized e4m3 wgmma GEMMs, 128 of K per stage ({WGMMA_GEMM1_COLUMNS} inter columns per GEMM1 CTA, {WGMMA_GEMM2_COLUMNS} output columns per GEMM2 CTA); x quantized first; {}",
@@ -2742,6 +2828,8 @@ impl<'a> Candidates<'a> {
                         wgmma_grids(self.p, self.hopper_sms, 64, &mut reasons);
                     let tile = wgmma_tile;
                     wgmma_hints = wgmma_l2_hints(self.p, tile, &mut reasons);
+                    wgmma_block_run =
+                        wgmma_gemm2_block_run(self.p, tile, 64, wgmma_persistent.1, &mut reasons);
                     let (pre, why) = wgmma_pregather(self.p, "the token rows");
                     reasons.push(format!(
                         "cuda_wgmma: token tiles of {tile} rows in expert order, weights by TMA, warp-specialized wgmma GEMMs ({WGMMA_GEMM1_COLUMNS} inter columns per GEMM1 CTA, {WGMMA_GEMM2_COLUMNS} output columns per GEMM2 CTA), {WGMMA_RASTER_GROUP} token tiles per raster group"
@@ -2791,6 +2879,7 @@ impl<'a> Candidates<'a> {
             ctas,
             wgmma_persistent,
             wgmma_l2_hints: wgmma_hints,
+            wgmma_gemm2_block_run: wgmma_block_run,
             splits,
             swap_gemm2_one_per_sm,
             swap_gemm2_pdl,
@@ -2878,23 +2967,26 @@ mod tests {
         }
     }
 
+    /// deepseek-v3-tp8's MoE shape (E, topk, K, N).
+    const DEEPSEEK: (i64, i64, i64, i64) = (256, 8, 7168, 256);
+
+    /// The plan of a bf16 (or `quant`) problem on an H200 with `backend` forced.
+    fn forced(
+        m: i64,
+        shape: (i64, i64, i64, i64),
+        quant: Option<QuantScheme>,
+        backend: Backend,
+    ) -> Plan {
+        let (e, topk, k, n) = shape;
+        let req = Request {
+            backend: Some(backend),
+            ..Request::default()
+        };
+        plan_for_shape(m, e, topk, k, n, DType::BF16, quant, None, &h200(), &req).unwrap()
+    }
+
     #[test]
     fn wgmma_l2_hints_where_experts_fill_half_a_tile() {
-        // The plan of a bf16 (or `quant`) problem on an H200 with `backend` forced.
-        fn forced(
-            m: i64,
-            shape: (i64, i64, i64, i64),
-            quant: Option<QuantScheme>,
-            backend: Backend,
-        ) -> Plan {
-            let (e, topk, k, n) = shape;
-            let req = Request {
-                backend: Some(backend),
-                ..Request::default()
-            };
-            plan_for_shape(m, e, topk, k, n, DType::BF16, quant, None, &h200(), &req).unwrap()
-        }
-        const DEEPSEEK: (i64, i64, i64, i64) = (256, 8, 7168, 256);
         let hints = |m: i64, shape: (i64, i64, i64, i64), quant: Option<QuantScheme>| {
             let p = forced(m, shape, quant, Backend::CudaWgmma);
             assert_eq!(p.backend, Backend::CudaWgmma);
@@ -2941,6 +3033,68 @@ mod tests {
             .reasons
             .iter()
             .any(|r| r.starts_with("$SWAPMOE_WGMMA_L2_HINTS=\"4\" ignored (expected 0 to 3)")));
+    }
+
+    #[test]
+    fn wgmma_gemm2_block_run_on_dense_e4m3_tiles_or_where_forced() {
+        let run = |m: i64, quant: Option<QuantScheme>, tile: usize| {
+            let (e, topk, k, n) = DEEPSEEK;
+            let req = Request {
+                backend: Some(Backend::CudaWgmma),
+                mma_token_tile: Some(tile),
+                ..Request::default()
+            };
+            let p =
+                plan_for_shape(m, e, topk, k, n, DType::BF16, quant, None, &h200(), &req).unwrap();
+            assert_eq!((p.backend, p.tokens_per_pass), (Backend::CudaWgmma, tile));
+            (p.wgmma_gemm2_block_run, p.reasons)
+        };
+        // default: bf16 one block per item; e4m3 runs of 4 where ~M·topk/E fills the tile
+        let (one, why) = run(4096, None, 128);
+        assert_eq!(one, 1);
+        assert!(why
+            .iter()
+            .any(|r| r.starts_with("cuda_wgmma GEMM2: one column block per work item (bf16/f16")));
+        let (dense, why_dense) = run(4096, Some(QuantScheme::Tensor), 128);
+        assert_eq!(dense, WGMMA_GEMM2_DENSE_E4M3_BLOCK_RUN);
+        assert!(why_dense.iter().any(|r| r.starts_with(
+            "cuda_wgmma GEMM2: runs of 4 of the 28 column blocks per token tile, the tile's rows loaded once per run (e4m3, ~128 tokens per expert"
+        )));
+        let (sparse, why_sparse) = run(2048, Some(QuantScheme::Block), 128);
+        assert_eq!(sparse, 1);
+        assert!(why_sparse.iter().any(|r| r.starts_with(
+            "cuda_wgmma GEMM2: one column block per work item (~64 tokens per expert, under the 128-row tile"
+        )));
+        // tile 64 (5 stages) is not eligible at any M: no run and no reason about it
+        let (t64_default, _) = run(8192, Some(QuantScheme::Tensor), 64);
+        assert_eq!(t64_default, 1);
+        std::env::set_var(WGMMA_GEMM2_BLOCK_RUN_ENV, "7");
+        // bf16 N = 256: 4 k-stages in tile 128's 4 stages; e4m3: 2 in 4
+        let (bf16, why) = run(4096, None, 128);
+        let (fp8, _) = run(4096, Some(QuantScheme::Tensor), 128);
+        // tile 64's 5 stages: 4 bf16 k-stages do not divide them, 2 e4m3 ones neither
+        let (t64, why64) = run(4096, None, 64);
+        std::env::set_var(WGMMA_GEMM2_BLOCK_RUN_ENV, "99");
+        let (capped, _) = run(4096, None, 128);
+        std::env::set_var(WGMMA_GEMM2_BLOCK_RUN_ENV, "0");
+        let (bad, why_bad) = run(4096, None, 128);
+        std::env::remove_var(WGMMA_GEMM2_BLOCK_RUN_ENV);
+        assert_eq!((bf16, fp8, t64), (7, 7, 1));
+        assert!(why.iter().any(|r| r
+            == "cuda_wgmma GEMM2: runs of 7 of the 28 column blocks per token tile, the tile's rows loaded once per run (forced by $SWAPMOE_WGMMA_GEMM2_BLOCK_RUN=7)"));
+        assert!(why64.iter().any(|r| r.starts_with(
+            "$SWAPMOE_WGMMA_GEMM2_BLOCK_RUN=7 ignored: N's 4 k-stages do not divide the ring's 5 stages"
+        )));
+        assert_eq!(capped, 28, "a run is at most the column blocks");
+        assert_eq!(bad, 1);
+        assert!(why_bad
+            .iter()
+            .any(|r| r == "$SWAPMOE_WGMMA_GEMM2_BLOCK_RUN=\"0\" ignored (expected 1 to 255)"));
+        // swap-AB plans carry 1
+        assert_eq!(
+            forced(1, DEEPSEEK, None, Backend::CudaWgmmaSwap).wgmma_gemm2_block_run,
+            1
+        );
     }
 
     #[test]

@@ -587,6 +587,39 @@ def test_wgmma_persistent_grids(scheme, shape, tile, a_mode, rng, monkeypatch):
 
 
 @needs_sm90
+@pytest.mark.parametrize("run", [3, 12])
+@pytest.mark.parametrize("shape", [(256, 2064), (128, 528)], ids=["N256", "N128"])
+@pytest.mark.parametrize("scheme", WGMMA_SCHEMES, ids=_scheme_id)
+def test_wgmma_gemm2_block_run(scheme, shape, run, rng, monkeypatch):
+    """The e4m3 GEMM2 in runs of column blocks per token tile ($SWAPMOE_WGMMA_GEMM2_BLOCK_RUN):
+    N = 256 and 128 (2 and 1 e4m3 k-stages in tile 128's 4 stages), K = 2064 (9 column blocks,
+    the last of 16 columns) and 528 (3), tile-edge token counts; the plan says the run."""
+    _wgmma_tile(monkeypatch, 128)
+    monkeypatch.setenv("SWAPMOE_WGMMA_GEMM2_BLOCK_RUN", str(run))
+    case = _case(997, shape, E=16, topk=2, ids="tile_edges")
+    run_fp8_case(case, scheme[0], "torch", "bfloat16", rng, device=DEV, static=scheme[1], backend="cuda_wgmma")
+    quant = {"tensor": "fp8_tensor", "channel": "fp8_channel", "block": "fp8_block128"}[scheme[0]]
+    plan = swapmoe.select_backend(case.M, case.E, case.topk, case.K, case.N, quant=quant, backend="cuda_wgmma")
+    assert plan.tile["wgmma_gemm2_block_run"] == min(run, -(-case.K // 256)), plan.reasons
+
+
+@needs_sm90
+@pytest.mark.parametrize("scheme", WGMMA_SCHEMES, ids=_scheme_id)
+def test_wgmma_gemm2_block_run_by_default_where_tokens_fill_the_tile(scheme, rng, monkeypatch):
+    """Unforced, the oracle gives the e4m3 GEMM2 runs of 4 column blocks per token tile where
+    the tokens per expert fill tile 128 (1200 x 2 / 8 = 300; K = 2064: 9 blocks, so a short
+    last run), and not where they do not (997 x 2 / 16 = 124); both results hold."""
+    _wgmma_tile(monkeypatch, 128)
+    monkeypatch.delenv("SWAPMOE_WGMMA_GEMM2_BLOCK_RUN", raising=False)
+    quant = {"tensor": "fp8_tensor", "channel": "fp8_channel", "block": "fp8_block128"}[scheme[0]]
+    for case, want in [(_case(1200, (256, 2064), E=8, topk=2), 4),
+                       (_case(997, (256, 2064), E=16, topk=2, ids="tile_edges"), 1)]:
+        plan = swapmoe.select_backend(case.M, case.E, case.topk, case.K, case.N, quant=quant, backend="cuda_wgmma")
+        assert plan.tile["wgmma_gemm2_block_run"] == want, plan.reasons
+        run_fp8_case(case, scheme[0], "torch", "bfloat16", rng, device=DEV, static=scheme[1], backend="cuda_wgmma")
+
+
+@needs_sm90
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("scheme", WGMMA_SCHEMES, ids=_scheme_id)
 def test_wgmma_output_dtypes(scheme, dtype, rng):

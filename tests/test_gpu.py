@@ -227,6 +227,27 @@ def test_wgmma_l2_hints(tile, pregather, hints, rng, monkeypatch):
     assert plan["wgmma_l2_hints"] == hints
 
 
+# GEMM2 in runs of column blocks per token tile ($SWAPMOE_WGMMA_GEMM2_BLOCK_RUN): the producer
+# loads a tile's rows once per run and finds them in the ring's buffers for the run's other
+# blocks. N = 256 (4 k-stages in tile 128's 4 stages) and N = 128 (2 in 4); K = 2056 makes 9
+# column blocks, the last of 8 columns, so runs end inside K and at its edge; tile-edge token
+# counts, concentrated experts, invalid ids with an expert map. 20 reruns must be bit-identical.
+BLOCK_RUN_CASES = [Case(997, 16, 2, 256, 2056, ids="tile_edges", out="poison"),
+                   Case(1200, 8, 2, 256, 2048, ids="concentrated", out="poison"),
+                   Case(600, 64, 6, 128, 520, "gelu", ids="invalid", ep=True, out="poison")]
+
+
+@pytest.mark.skipif(not HAS_BACKEND_ARG, reason="this build has no backend= argument")
+@pytest.mark.parametrize("run", [2, 4, 12])
+@pytest.mark.parametrize("case", BLOCK_RUN_CASES, ids=_ids(BLOCK_RUN_CASES))
+def test_wgmma_gemm2_block_run(case, run, rng, monkeypatch):
+    monkeypatch.setenv("SWAPMOE_WGMMA_GEMM2_BLOCK_RUN", str(run))
+    plan = _run_wgmma_tile(case, "bfloat16", 128, rng, monkeypatch)
+    assert plan["wgmma_persistent"][1]
+    assert plan["wgmma_gemm2_block_run"] == min(run, -(-case.K // 256))
+    _assert_deterministic("cuda_wgmma", case, rng)
+
+
 # The routing alignment as a thread-block cluster ($SWAPMOE_ALIGN_CTAS; the oracle takes one CTA
 # per 4096 slots): the slot runs of 1-8 CTAs, with empty runs (fewer slots than CTAs), a last
 # partial batch, invalid ids, an expert map with -1, strided int64 ids and concentrated experts,

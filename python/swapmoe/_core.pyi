@@ -141,7 +141,9 @@ def describe_plan(
     routing alignment, one thread-block cluster past 1), pdl (later kernels start by
     programmatic dependent launch), first_kernel_pdl (so does the first: fused_experts' first
     kernel, or fused_moe's router), ctas, wgmma_persistent, wgmma_l2_hints (L2 eviction hints of the
-    cuda_wgmma loads: 1 weights evict first, 2 token rows evict last), reasons, workspace_bytes."""
+    cuda_wgmma loads: 1 weights evict first, 2 token rows evict last), wgmma_gemm2_block_run
+    (column blocks per token tile that each cuda_wgmma GEMM2 CTA takes in a row), reasons,
+    workspace_bytes."""
 def build_info() -> dict[str, Any]: ...
 def driver_version() -> int: ...
 def device_info(ordinal: int) -> dict[str, Any]: ...

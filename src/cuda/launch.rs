@@ -709,6 +709,7 @@ struct WgmmaArgs {
     tiles: i32,
     raster: i32,
     l2_hints: i32,
+    gemm2_block_run: i32,
     topk: i32,
     n: i32,
     k: i32,
@@ -721,14 +722,15 @@ struct WgmmaArgs {
 
 /// `params!` of a wgmma GEMM's arguments: `head`, the router weights (pointer, dtype code,
 /// row stride), the tile metadata (expert_offsets, sorted_slots, tile_expert, tile_start,
-/// num_tiles, tile bound, raster group, L2 hints), topk, N, K from a `WgmmaArgs`, then `tail`.
+/// num_tiles, tile bound, raster group, L2 hints, GEMM2 block run), topk, N, K from a
+/// `WgmmaArgs`, then `tail`.
 macro_rules! wgmma_params {
     ([$($head:expr),* $(,)?], $wa:expr, [$($tail:expr),* $(,)?]) => {
         params!(
             $($head,)*
             $wa.tw, $wa.tw_code, $wa.tw_row, $wa.expert_offsets, $wa.sorted_slots,
             $wa.tile_expert, $wa.tile_start, $wa.num_tiles, $wa.tiles, $wa.raster,
-            $wa.l2_hints, $wa.topk, $wa.n, $wa.k,
+            $wa.l2_hints, $wa.gemm2_block_run, $wa.topk, $wa.n, $wa.k,
             $($tail),*
         )
     };
@@ -751,6 +753,7 @@ impl WgmmaArgs {
             tiles: tiles_bound as i32,
             raster: WGMMA_RASTER_GROUP as i32,
             l2_hints: i32::from(plan.wgmma_l2_hints),
+            gemm2_block_run: i32::from(plan.wgmma_gemm2_block_run),
             topk: p.topk as i32,
             n: p.n as i32,
             k: p.k as i32,
@@ -1985,7 +1988,8 @@ mod tests {
     /// `wgmma_params!` passes the arguments every wgmma GEMM takes after its head in the
     /// order of the kernels' signatures (cuda/sm90_wgmma_moe.cu): topk_weights, its dtype code
     /// and row stride, then `SWAPMOE_WGMMA_TILES` (expert_offsets, sorted_slots, tile_expert,
-    /// tile_start, num_tiles, tiles_bound, raster_group, l2_hints), then topk, N, K.
+    /// tile_start, num_tiles, tiles_bound, raster_group, l2_hints, gemm2_block_run), then topk,
+    /// N, K.
     #[test]
     fn wgmma_params_follow_the_kernel_signatures() {
         use super::{c_void, WgmmaArgs}; // c_void: params! names it
@@ -2001,6 +2005,7 @@ mod tests {
             tiles: 9,
             raster: 10,
             l2_hints: 16,
+            gemm2_block_run: 17,
             topk: 11,
             n: 12,
             k: 13,
@@ -2012,7 +2017,7 @@ mod tests {
         };
         let (head, tail) = (100u64, 200i32);
         let args = wgmma_params!([head], wa, [tail]);
-        assert_eq!(args.len(), 16);
+        assert_eq!(args.len(), 17);
         fn addr<T>(r: &T) -> usize {
             r as *const T as usize
         }
@@ -2029,6 +2034,7 @@ mod tests {
             addr(&wa.tiles),
             addr(&wa.raster),
             addr(&wa.l2_hints),
+            addr(&wa.gemm2_block_run),
             addr(&wa.topk),
             addr(&wa.n),
             addr(&wa.k),

@@ -594,6 +594,7 @@ fn describe_plan<'py>(
     d.set_item("ctas", plan.ctas)?;
     d.set_item("wgmma_persistent", plan.wgmma_persistent)?;
     d.set_item("wgmma_l2_hints", plan.wgmma_l2_hints)?;
+    d.set_item("wgmma_gemm2_block_run", plan.wgmma_gemm2_block_run)?;
     d.set_item("reasons", plan.reasons)?;
     d.set_item(
         "workspace_bytes",
@@ -728,6 +729,7 @@ fn select_backend<'py>(
     tile.set_item("ctas", plan.ctas)?;
     tile.set_item("wgmma_persistent", plan.wgmma_persistent)?;
     tile.set_item("wgmma_l2_hints", plan.wgmma_l2_hints)?;
+    tile.set_item("wgmma_gemm2_block_run", plan.wgmma_gemm2_block_run)?;
     tile.set_item("gemm1_vec", plan.gemm1_vec)?;
     tile.set_item("gemm2_vec", plan.gemm2_vec)?;
     tile.set_item("pdl", plan.pdl)?;
