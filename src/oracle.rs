@@ -54,9 +54,13 @@ pub const BULK_SMEM_BYTES: usize = 5 * 20480;
 /// cuda/sm90_wgmma_moe.cu): the route_align token tile of a cuda_wgmma plan.
 pub const WGMMA_TOKEN_TILES: [usize; 2] = [64, 128];
 /// The wgmma token tile the heuristic takes up to this many expected slots per active
-/// expert: 64 (each tile half the MMA work, so fewer padded rows at 1-3 tiles per expert),
-/// 128 beyond.
-pub const WGMMA_SMALL_TILE_MAX_SLOTS_PER_EXPERT: f64 = 192.0;
+/// expert: 64 (fewer padded rows when an expert holds under one 64-row tile), 128 beyond.
+/// From the shipped H200 tables (`swapmoe tune` of 2026-12-02/03, t64 against t128 at every
+/// public shape): at 32 slots per expert and fewer t64 won every point (at 32: all 7, by
+/// 1-20%); at 64 t128 won the three bf16 points (by 7-12%) and the two fp8_tensor ones (by
+/// 0.6-3%), t64 the two fp8_block128 ones (by 1-3%); from 128 on t128 won all 15 (by 3-39%). It was 192 from wgmma v1's kernels, which cost
+/// deepseek-v3-tp8 M = 4096 (128 slots) 8-10% wherever no table held the shape.
+pub const WGMMA_SMALL_TILE_MAX_SLOTS_PER_EXPERT: f64 = 48.0;
 /// Fewest expected slots per active expert for which the heuristic takes cuda_wgmma over
 /// cuda_mma on Hopper. Measured (H200, `swapmoe tune`, benches/NOTES.md "wgmma v1"): from
 /// 16 slots per expert on, cuda_wgmma won at every point of the three public shapes; below
@@ -4759,7 +4763,7 @@ mod tests {
                 &Request::default(),
             )
             .unwrap();
-            // M = 1024, 64 slots per expert: the e4m3 wgmma GEMMs; with 128x128 blocks and
+            // M = 1024, 64 slots per expert: the e4m3 wgmma GEMMs at token tile 128; with 128x128 blocks and
             // with a static per-tensor a2_scale GEMM1 quantizes the intermediate itself.
             {
                 assert_eq!(p.backend, Backend::CudaWgmma, "{:?}", p.reasons);
@@ -4772,14 +4776,14 @@ mod tests {
                     p.kernels,
                     [
                         vec![KernelId::RouteAlign, KernelId::Fp8QuantX(DType::BF16)],
-                        vec![KernelId::WgmmaFp8Gemm1(q, 64, q8, false)],
+                        vec![KernelId::WgmmaFp8Gemm1(q, 128, q8, false)],
                         if q8 || q == QuantScheme::Block {
                             vec![]
                         } else {
                             vec![KernelId::WgmmaFp8QuantInter(q)]
                         },
                         vec![
-                            KernelId::WgmmaFp8Gemm2(DType::BF16, q, 64),
+                            KernelId::WgmmaFp8Gemm2(DType::BF16, q, 128),
                             KernelId::WgmmaTopkReduce(DType::BF16)
                         ],
                     ]

@@ -48,9 +48,11 @@ def test_decode_gemm2_bounded_when_its_ctas_exceed_two_per_sm():
 
 
 def test_tensor_cores_at_prefill_with_token_tile_from_slots_per_expert():
-    # Hopper: the wgmma GEMMs from 16 slots per expert on, tile 64 up to 192 slots per expert
-    p = plan(1024)
+    # Hopper: the wgmma GEMMs from 16 slots per expert on, tile 64 up to 48 slots per expert
+    p = plan(512)  # 32 slots per expert
     assert p.backend == "cuda_wgmma" and not p.swap_ab and p.tile["tokens_per_pass"] == 64
+    p = plan(1024)  # 64
+    assert p.backend == "cuda_wgmma" and p.tile["tokens_per_pass"] == 128
     p = plan(4096, shape=(8, 2, 4096, 14336))
     assert p.backend == "cuda_wgmma" and p.tile["tokens_per_pass"] == 128
     assert any(r.startswith("cuda_decode: rejected") for r in p.reasons)
@@ -69,7 +71,7 @@ DEEPSEEK = (256, 8, 7168, 256)
 
 @pytest.mark.parametrize("quant", [None, "fp8_tensor", "fp8_channel"])
 def test_wgmma_token_tile_and_gemm1_a_mode(quant, monkeypatch):
-    """cuda_wgmma (bf16 and FP8): tile 128 past 192 slots per expert, GEMM1's rows gathered
+    """cuda_wgmma (bf16 and FP8): tile 128 past 48 slots per expert, GEMM1's rows gathered
     beforehand (the gather kernel, then TMA) for N >= 4096, both forced by the environment."""
     kw = {"quant": quant, "activation_scales": "static" if quant == "fp8_tensor" else None} if quant else {}
     gemm1 = "wgmma_moe_fp8_gemm1" if quant else "wgmma_moe_gemm1_act"
@@ -83,11 +85,11 @@ def test_wgmma_token_tile_and_gemm1_a_mode(quant, monkeypatch):
     assert p.tile["tokens_per_pass"] == 128
     assert k[0] == "wgmma_moe_gather" and k[1].endswith("_t128_xs"), k
     assert any(r.startswith("gemm1: N=14336 >= 4096") for r in p.reasons)
-    p, k = kernels(1024, QWEN3)  # 64 slots per expert, N = 768
+    p, k = kernels(512, QWEN3)  # 32 slots per expert, N = 768
     assert p.tile["tokens_per_pass"] == 64 and k[0].endswith("_t64"), k
     monkeypatch.setenv("SWAPMOE_WGMMA_PREGATHER", "on")
     monkeypatch.setenv("SWAPMOE_MMA_TOKEN_TILE", "128")
-    p, k = kernels(1024, QWEN3)
+    p, k = kernels(512, QWEN3)
     assert k[0] == "wgmma_moe_gather" and k[1].endswith("_t128_xs"), k
     assert any("forced by $SWAPMOE_WGMMA_PREGATHER=on" in r for r in p.reasons)
     monkeypatch.setenv("SWAPMOE_WGMMA_PREGATHER", "off")
@@ -185,7 +187,7 @@ def test_explain_offline(capsys):
     assert cli.main(["explain", "--model", "qwen3-30b-a3b", "--device-name", "NVIDIA H200", "--m", "1,1024"]) == 0
     out = capsys.readouterr().out
     assert "M=1: cuda_decode (heuristic; swap_ab=True) on NVIDIA H200 sm_90" in out
-    assert "M=1024: cuda_wgmma" in out and "token tiles of 64 rows" in out  # heuristic: 64 slots per expert
+    assert "M=1024: cuda_wgmma" in out and "token tiles of 128 rows" in out  # heuristic: 64 slots per expert
 
 
 def test_explain_errors_exit_2(capsys):
@@ -201,8 +203,8 @@ def test_explain_fp8(capsys):
                      "fp8_block128", "--m", "1,1024"]) == 0
     out = capsys.readouterr().out
     assert "fp8_block128" in out and "M=1: cuda_wgmma_swap" in out and "swap_moe_fp8_gemm1_block_n8" in out
-    assert "M=1024: cuda_wgmma" in out and "wgmma_moe_fp8_gemm1_block_t64" in out
-    assert "wgmma_moe_fp8_gemm2_bf16_block_t64" in out and "quant_inter" not in out
+    assert "M=1024: cuda_wgmma" in out and "wgmma_moe_fp8_gemm1_block_t128" in out
+    assert "wgmma_moe_fp8_gemm2_bf16_block_t128" in out and "quant_inter" not in out
 
 
 @pytest.mark.parametrize("quant", [None, "fp8_tensor"])
