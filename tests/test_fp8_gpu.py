@@ -573,6 +573,7 @@ def test_wgmma_l2_hints(scheme, a_mode, hints, rng, monkeypatch):
     run_fp8_case(case, scheme[0], "torch", "bfloat16", rng, device=DEV, static=scheme[1], backend="cuda_wgmma")
 
 
+@pytest.mark.serial
 @needs_sm90
 @pytest.mark.parametrize("a_mode", WGMMA_A_MODES)
 @pytest.mark.parametrize("tile", WGMMA_FP8_TILES, ids=lambda t: f"t{t}")
@@ -619,6 +620,7 @@ def test_wgmma_gemm2_block_run_by_default_where_tokens_fill_the_tile(scheme, rng
         run_fp8_case(case, scheme[0], "torch", "bfloat16", rng, device=DEV, static=scheme[1], backend="cuda_wgmma")
 
 
+@pytest.mark.serial
 @needs_sm90
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("scheme", WGMMA_SCHEMES, ids=_scheme_id)
@@ -627,6 +629,7 @@ def test_wgmma_output_dtypes(scheme, dtype, rng):
     run_fp8_case(case, scheme[0], "torch", dtype, rng, device=DEV, static=scheme[1], backend="cuda_wgmma")
 
 
+@pytest.mark.serial
 @needs_sm90
 @pytest.mark.parametrize("scheme", WGMMA_SCHEMES, ids=_scheme_id)
 def test_wgmma_no_expert_at_all(scheme, rng):
@@ -638,6 +641,7 @@ def test_wgmma_no_expert_at_all(scheme, rng):
     assert (to_f64(out) == 0).all()
 
 
+@pytest.mark.serial
 @needs_sm90
 @pytest.mark.parametrize("a_mode", WGMMA_A_MODES)
 @pytest.mark.parametrize("tile", WGMMA_FP8_TILES, ids=lambda t: f"t{t}")
@@ -662,6 +666,7 @@ def test_wgmma_is_deterministic_and_graph_safe(scheme, tile, a_mode, rng, monkey
     _replay_on_fresh_inputs(graph, out_buf, inp, case, scheme[0], rng)
 
 
+@pytest.mark.serial
 @needs_sm90
 @pytest.mark.parametrize("what", ["block N=80", "float32", "K=200"])
 def test_wgmma_refuses_what_it_cannot_run(what, rng):
@@ -676,6 +681,7 @@ def test_wgmma_refuses_what_it_cannot_run(what, rng):
         fp8_call(inp, case, backend="cuda_wgmma")
 
 
+@pytest.mark.serial
 @needs_sm90
 def test_wgmma_picked_for_fp8_prefill(rng, monkeypatch):
     """The heuristic takes the e4m3 wgmma GEMMs for per-tensor FP8 with many slots per

@@ -289,6 +289,7 @@ PERSISTENT_CASES = [Case(1200, 8, 2, 256, 2048, out="poison"),
                     Case(1200, 8, 2, 1024, 256, ids="concentrated", out="poison")]
 
 
+@pytest.mark.serial
 @pytest.mark.skipif(not HAS_BACKEND_ARG, reason="this build has no backend= argument")
 @pytest.mark.parametrize("tile", [64, 128])
 @pytest.mark.parametrize("case", PERSISTENT_CASES, ids=_ids(PERSISTENT_CASES))
@@ -305,6 +306,7 @@ def test_wgmma_every_decode_size(M, rng):
     run_case(Case(M, 128, 8, 128, 256, out="poison"), "torch", "bfloat16", rng, device=DEV, backend="cuda_wgmma")
 
 
+@pytest.mark.serial
 @pytest.mark.skipif(not HAS_BACKEND_ARG, reason="this build has no backend= argument")
 @pytest.mark.parametrize("tile", [64, 128])
 def test_wgmma_is_deterministic(tile, rng, monkeypatch):
@@ -348,6 +350,7 @@ def _graph_capture_and_replay(backend, M, rng, monkeypatch):
         check_close(captured, reference(inp, case), "bfloat16", what="graph replay")
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("M", [4, 300])
 def test_wgmma_cuda_graph_capture_and_replay(M, rng, monkeypatch):
     _graph_capture_and_replay("cuda_wgmma", M, rng, monkeypatch)
