@@ -58,8 +58,9 @@ pub const WGMMA_TOKEN_TILES: [usize; 2] = [64, 128];
 /// From the shipped H200 tables (`swapmoe tune` of 2026-12-02/03, t64 against t128 at every
 /// public shape): at 32 slots per expert and fewer t64 won every point (at 32: all 7, by
 /// 1-20%); at 64 t128 won the three bf16 points (by 7-12%) and the two fp8_tensor ones (by
-/// 0.6-3%), t64 the two fp8_block128 ones (by 1-3%); from 128 on t128 won all 15 (by 3-39%). It was 192 from wgmma v1's kernels, which cost
-/// deepseek-v3-tp8 M = 4096 (128 slots) 8-10% wherever no table held the shape.
+/// 0.6-3%), t64 the two fp8_block128 ones (by 1-3%); from 128 on t128 won all 15 (by
+/// 3-39%). It was 192 from wgmma v1's kernels, which cost deepseek-v3-tp8 M = 4096 (128
+/// slots) 8-10% wherever no table held the shape.
 pub const WGMMA_SMALL_TILE_MAX_SLOTS_PER_EXPERT: f64 = 48.0;
 /// Fewest expected slots per active expert for which the heuristic takes cuda_wgmma over
 /// cuda_mma on Hopper. Measured (H200, `swapmoe tune`, benches/NOTES.md "wgmma v1"): from
@@ -1301,6 +1302,12 @@ fn env_switch(
     }
 }
 
+/// Tokens (slots) per expert of the whole model on average, M·topk / E: what decides the
+/// cuda_wgmma loads' L2 hints and GEMM2's block runs against the token tile.
+fn tokens_per_expert(p: &MoeProblem) -> f64 {
+    p.slots() as f64 / p.global_experts.max(1) as f64
+}
+
 /// The L2 eviction hints of cuda_wgmma's loads (`Plan::wgmma_l2_hints`) at token tile `tile`,
 /// and the reason: `$SWAPMOE_WGMMA_L2_HINTS`, else both hints (weights evict first, token rows
 /// evict last) where
@@ -1331,7 +1338,7 @@ fn wgmma_l2_hints(p: &MoeProblem, tile: usize, reasons: &mut Vec<String>) -> u8 
         .join(", "),
     };
     let (slots, experts) = (p.slots(), p.global_experts.max(1));
-    let per_expert = slots as f64 / experts as f64;
+    let per_expert = tokens_per_expert(p);
     let fit = 2 * slots <= tile * experts;
     let wide = p.n >= WGMMA_L2_HINTS_MIN_N;
     let rule = if fit || wide {
@@ -1389,6 +1396,8 @@ fn wgmma_gemm2_block_run(
 ) -> u8 {
     let (ktiles, stages) = (p.n.div_ceil(stage_k), wgmma_stages(tile));
     let blocks = p.k.div_ceil(WGMMA_GEMM2_COLUMNS);
+    // a run is at most the column blocks
+    let most = u8::try_from(blocks).unwrap_or(u8::MAX);
     let eligible = gemm2_persistent && stages % ktiles == 0;
     let why_not = if !gemm2_persistent {
         "GEMM2 is not a persistent grid".to_string()
@@ -1397,17 +1406,16 @@ fn wgmma_gemm2_block_run(
     };
     match std::env::var(WGMMA_GEMM2_BLOCK_RUN_ENV) {
         Err(_) => {
-            let slots_per_expert = (p.m * p.topk) / p.global_experts.max(1);
+            let per_expert = tokens_per_expert(p);
             if !eligible {
                 1
-            } else if p.quant.is_some() && slots_per_expert >= tile {
-                let r =
-                    WGMMA_GEMM2_DENSE_E4M3_BLOCK_RUN.min(u8::try_from(blocks).unwrap_or(u8::MAX));
-                reasons.push(format!("cuda_wgmma GEMM2: runs of {r} of the {blocks} column blocks per token tile, the tile's rows loaded once per run (e4m3, ~{slots_per_expert} tokens per expert fill the {tile}-row tile: measured 4% faster at deepseek-v3-tp8 M = 4096)"));
+            } else if p.quant.is_some() && per_expert >= tile as f64 {
+                let r = WGMMA_GEMM2_DENSE_E4M3_BLOCK_RUN.min(most);
+                reasons.push(format!("cuda_wgmma GEMM2: runs of {r} of the {blocks} column blocks per token tile, the tile's rows loaded once per run (e4m3, ~{per_expert:.0} tokens per expert fill the {tile}-row tile: measured 4% faster at deepseek-v3-tp8 M = 4096)"));
                 r
             } else {
                 let what = if p.quant.is_some() {
-                    format!("~{slots_per_expert} tokens per expert, under the {tile}-row tile")
+                    format!("~{per_expert:.0} tokens per expert, under the {tile}-row tile")
                 } else {
                     "bf16/f16".to_string()
                 };
@@ -1417,7 +1425,7 @@ fn wgmma_gemm2_block_run(
         }
         Ok(v) => match v.trim().parse::<u8>() {
             Ok(r) if r >= 1 && eligible => {
-                let r = r.min(u8::try_from(blocks).unwrap_or(u8::MAX)).max(1);
+                let r = r.min(most).max(1);
                 reasons.push(format!("cuda_wgmma GEMM2: runs of {r} of the {blocks} column blocks per token tile, the tile's rows loaded once per run (forced by ${WGMMA_GEMM2_BLOCK_RUN_ENV}={v})"));
                 r
             }

@@ -30,6 +30,7 @@ from conftest import (
     torch,
     wgmma_fp8_case,
 )
+from swapmoe.bench import FP8_SCHEMES as QUANT_SCHEMES
 from swapmoe.reference import rel_error_with_flips
 from test_routing import BY_NAME as ROUTERS, draw_logits
 
@@ -523,6 +524,8 @@ WGMMA_CASES = [
     _case(257, (144, 384), E=8, topk=2, layout="strided"),
 ]
 WGMMA_SCHEMES = [("tensor", False), ("tensor", True), ("channel", False), ("block", False)]
+# select_backend's quant name of each scheme ("tensor" -> "fp8_tensor", ...)
+QUANT_OF_SCHEME = {scheme: quant for quant, scheme in QUANT_SCHEMES.items()}
 
 
 WGMMA_FP8_TILES = [64, 128]  # the token tiles of the FP8 wgmma GEMMs
@@ -599,7 +602,7 @@ def test_wgmma_gemm2_block_run(scheme, shape, run, rng, monkeypatch):
     monkeypatch.setenv("SWAPMOE_WGMMA_GEMM2_BLOCK_RUN", str(run))
     case = _case(997, shape, E=16, topk=2, ids="tile_edges")
     run_fp8_case(case, scheme[0], "torch", "bfloat16", rng, device=DEV, static=scheme[1], backend="cuda_wgmma")
-    quant = {"tensor": "fp8_tensor", "channel": "fp8_channel", "block": "fp8_block128"}[scheme[0]]
+    quant = QUANT_OF_SCHEME[scheme[0]]
     plan = swapmoe.select_backend(case.M, case.E, case.topk, case.K, case.N, quant=quant, backend="cuda_wgmma")
     assert plan.tile["wgmma_gemm2_block_run"] == min(run, -(-case.K // 256)), plan.reasons
 
@@ -612,7 +615,7 @@ def test_wgmma_gemm2_block_run_by_default_where_tokens_fill_the_tile(scheme, rng
     last run), and not where they do not (997 x 2 / 16 = 124); both results hold."""
     _wgmma_tile(monkeypatch, 128)
     monkeypatch.delenv("SWAPMOE_WGMMA_GEMM2_BLOCK_RUN", raising=False)
-    quant = {"tensor": "fp8_tensor", "channel": "fp8_channel", "block": "fp8_block128"}[scheme[0]]
+    quant = QUANT_OF_SCHEME[scheme[0]]
     for case, want in [(_case(1200, (256, 2064), E=8, topk=2), 4),
                        (_case(997, (256, 2064), E=16, topk=2, ids="tile_edges"), 1)]:
         plan = swapmoe.select_backend(case.M, case.E, case.topk, case.K, case.N, quant=quant, backend="cuda_wgmma")
