@@ -767,6 +767,51 @@ __device__ __forceinline__ void gemm2(const TensorMap* inter_map, const TensorMa
 // each stage's promotion (BlockStageScales), and GEMM1 then quantizes the intermediate in
 // 1 x 128 groups itself, each group's absmax taken over one CTA tile's columns.
 
+// Pulls the line holding *p into L1 (no register written).
+__device__ __forceinline__ void prefetch_l1(const void* p) {
+  asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+}
+
+// Per-channel weight scales of a thread's accumulator columns: s[j] = the scales of its
+// column pair in n8 block j0 + j (index(j): the scale row of the pair's first column, -1 past
+// the matrix), read-only loads issued together. Reading them per value in the store loop
+// instead (one load per value and row half, in dependent batches) made the fp8_channel GEMM2
+// 4x slower than the per-tensor one (benches/NOTES.md "fp8_channel GEMM2").
+template <int kBlocks, typename Index>
+__device__ __forceinline__ void load_column_pairs(float (&s)[kBlocks][2], const float* __restrict__ ws,
+                                                  long long stride, Index index, int j0 = 0) {
+#pragma unroll
+  for (int j = 0; j < kBlocks; ++j) {
+    const int i = index(j0 + j);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) s[j][e] = i >= 0 ? __ldg(ws + (long long)(i + e) * stride) : 0.f;
+  }
+}
+
+// acc[4 (j0 + j) + a] *= s[j][a & 1]: a block's 4 accumulators are its pair in two row halves.
+template <int kBlocks, int kAccs>
+__device__ __forceinline__ void apply_column_pairs(float (&acc)[kAccs], const float (&s)[kBlocks][2], int j0 = 0) {
+  static_assert(4 * kBlocks <= kAccs, "4 accumulators per n8 block");
+#pragma unroll
+  for (int j = 0; j < kBlocks; ++j)
+#pragma unroll
+    for (int a = 0; a < 4; ++a) acc[4 * (j0 + j) + a] *= s[j][a & 1];
+}
+
+// Both, after the main loop, 8 blocks (16 loads) at a time.
+template <int kBlocks, int kAccs, typename Index>
+__device__ __forceinline__ void scale_column_pairs(float (&acc)[kAccs], const float* __restrict__ ws,
+                                                   long long stride, Index index) {
+  constexpr int kBatch = kBlocks < 8 ? kBlocks : 8;
+  static_assert(kBlocks % kBatch == 0, "whole batches");
+#pragma unroll
+  for (int j0 = 0; j0 < kBlocks; j0 += kBatch) {
+    float s[kBatch][2];
+    load_column_pairs<kBatch>(s, ws, stride, index, j0);
+    apply_column_pairs<kBatch>(acc, s, j0);
+  }
+}
+
 // The scales an FP8 wgmma GEMM reads (`WgmmaFp8Scales` in src/cuda/launch.rs, by value).
 struct WgmmaFp8Scales {
   const float* x_scale;      // GEMM1: the input's scales, per token [M] (per tensor: all equal)
@@ -903,6 +948,12 @@ __device__ __forceinline__ void fp8_gemm1_tile(const WgmmaFp8Scales& sc,
   }
   const float* ws = sc.w_scale + (long long)c.expert * sc.w_scale_expert;
   const float w1_tensor = SCHEME == kQTensor ? ws[0] : 1.f;
+  if constexpr (SCHEME == kQChannel) {  // gate blocks: rows col of w1; up blocks: rows N + col
+    scale_column_pairs<2 * kGateBlocks>(acc, ws, sc.w_scale_row, [&](int j) {
+      const int col = col0 + f.col(j < kGateBlocks ? j : j - kGateBlocks);
+      return col < N ? (j < kGateBlocks ? col : N + col) : -1;
+    });
+  }
   float q_scale = 1.f, q_inv = 1.f;
   if constexpr (kQ8) {
     q_scale = *sc.a2_static;
@@ -926,16 +977,10 @@ __device__ __forceinline__ void fp8_gemm1_tile(const WgmmaFp8Scales& sc,
       for (int j = 0; j < kGateBlocks; ++j) {
         const int col = col0 + f.col(j);  // even; N is a multiple of 16, so col + 1 < N too
         if (col >= N) continue;
-        float sg0 = w1_tensor, sg1 = w1_tensor, su0 = w1_tensor, su1 = w1_tensor;
-        if constexpr (SCHEME == kQChannel) {
-          sg0 = ws[(long long)col * sc.w_scale_row];
-          sg1 = ws[(long long)(col + 1) * sc.w_scale_row];
-          su0 = ws[(long long)(N + col) * sc.w_scale_row];
-          su1 = ws[(long long)(N + col + 1) * sc.w_scale_row];
-        }
-        float g0 = acc[4 * j + 2 * half] * (xs * sg0), g1 = acc[4 * j + 2 * half + 1] * (xs * sg1);
-        float u0 = acc[4 * (j + kGateBlocks) + 2 * half] * (xs * su0);
-        float u1 = acc[4 * (j + kGateBlocks) + 2 * half + 1] * (xs * su1);
+        const float s = xs * w1_tensor;  // per channel: w1's scales are in acc already
+        float g0 = acc[4 * j + 2 * half] * s, g1 = acc[4 * j + 2 * half + 1] * s;
+        float u0 = acc[4 * (j + kGateBlocks) + 2 * half] * s;
+        float u1 = acc[4 * (j + kGateBlocks) + 2 * half + 1] * s;
         if (weight_on_input) {
           g0 *= w;
           g1 *= w;
@@ -1057,7 +1102,22 @@ __device__ __forceinline__ void fp8_gemm2_tile(const WgmmaFp8Scales& sc, const v
   struct RowScales {
     float s2, w;  // the intermediate's scale (per channel; per tensor s2_tensor), the router weight
   };
+  // Per channel: w2's scales of the warpgroup's output columns are pulled into L1 before the
+  // main loop, then multiplied into acc after it. (Held in registers across the loop instead,
+  // they spilled 320 bytes a thread at BM = 128; the prefetch gained 0.6-2% on the whole op.)
+  const Frag<BM> f;
+  const int col0 = c.block * kBN + L::gemm2_col_base(f.cw);
+  if constexpr (SCHEME == kQChannel) {
+    const int col = col0 + f.lane * (L::kWgN / 32);
+    if (((threadIdx.x >> 5) & 3) == 0 && col < K) prefetch_l1(ws + (long long)col * sc.w_scale_row);
+  }
   consume_fp8<BM, false>(ktiles, ring, acc, NoStageScales{});
+  if constexpr (SCHEME == kQChannel) {
+    scale_column_pairs<L::kWgN / 8>(acc, ws, sc.w_scale_row, [&](int j) {
+      const int col = col0 + f.col(j);
+      return col < K ? col : -1;
+    });
+  }
   const auto rows = gemm2_rows<BM>(tl, c, [&](int slot) {
     return RowScales{SCHEME == kQTensor ? 0.f : inter_scale<kQChannel>(sc.inter_amax, nullptr, slot, 0, 1),
                      router_weight(slot)};
@@ -1065,9 +1125,9 @@ __device__ __forceinline__ void fp8_gemm2_tile(const WgmmaFp8Scales& sc, const v
   // One scalar rather than a copy per row: 216 fewer instructions in the t128 kernel (SASS).
   const float w2_tensor = SCHEME == kQTensor ? ws[0] : 1.f;
   const float s2_tensor = SCHEME == kQTensor ? inter_scale<kQTensor>(sc.inter_amax, sc.a2_static, 0, 0, 1) : 1.f;
-  gemm2_store<T, BM>(acc, rows, c, K, y, [&](float a, const RowScales& rs, int col) {
-    const float s = SCHEME == kQChannel ? ws[(long long)col * sc.w_scale_row] : w2_tensor;
-    float v = a * ((SCHEME == kQTensor ? s2_tensor : rs.s2) * s);
+  gemm2_store<T, BM>(acc, rows, c, K, y, [&](float a, const RowScales& rs, int) {
+    // per channel: w2's scales are in acc already
+    float v = a * (SCHEME == kQTensor ? s2_tensor * w2_tensor : rs.s2);
     if (!weight_on_input) v *= rs.w;
     return v;
   });
