@@ -11,8 +11,9 @@ kernel:
   quantization, sum (5 kernels).
 At larger M those kernels take longer than a launch gap, so the estimate is a lower bound
 of vLLM's time: it errs toward routing to vLLM. The anchor has no per-channel FP8 rows, so
-per-channel tables get no vllm_triton times (the plugin then keeps such calls on vLLM unless
-a table says otherwise; do not ship those). The entry's `backend` becomes the fastest of all
+per-channel tables get no vllm_triton times: the oracle keeps their calls on vLLM's Triton
+inside vLLM (an FP8 entry that never timed vLLM cannot say swapmoe is faster), and outside
+vLLM they choose among swapmoe's kernels. The entry's `backend` becomes the fastest of all
 its times; without `external_backends` the oracle takes the fastest swapmoe time (tables.rs).
 
 FP8 tables written by a `swapmoe tune` older than the `activation_scales` metadata get it

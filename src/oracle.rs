@@ -272,10 +272,8 @@ pub fn swap_token_tile(m: usize) -> usize {
         .find(|&t| m <= t)
         .unwrap_or(SWAP_MAX_TOKENS)
 }
-/// What the FP8 SIMT kernels measured against vLLM's Triton (whole op against its GEMMs
-/// alone, H200, benches/NOTES.md): the reason the oracle sends untabled FP8 calls to vLLM's
-/// Triton when the caller (the vLLM plugin) can run it.
-const FP8_SIMT_VS_TRITON: &str = "0.5-0.8x at M = 1 and 0.01-0.3x from M = 8 on";
+/// Why an FP8 call no table measured goes to vLLM's Triton where the caller can run it.
+const FP8_TRITON_VS_SWAPMOE: &str = "vLLM's Triton is the faster at 47 of the 66 points of the shipped H200 FP8 tables that timed both (per-tensor and 128x128 blocks, vLLM's times from the anchor: benches/merge_anchor.py)";
 /// Smallest compute capability the FP8 path runs on (Ada, Hopper and later).
 pub const FP8_MIN_CAPABILITY: (i32, i32) = (8, 9);
 /// Threads of the routing-alignment CTA (`kThreads` in cuda/route_align.cu).
@@ -1185,7 +1183,7 @@ pub fn decide(p: &MoeProblem, caps: Option<&DeviceCaps>, req: &Request) -> Resul
                 let b = heuristic(&mut c);
                 if p.quant.is_some() && req.external.contains(&ExternalBackend::VllmTriton) {
                     c.reasons.push(format!(
-                        "vllm_triton: no tuned entry for this FP8 call and the caller can run vLLM's Triton; swapmoe's FP8 kernels measured 0.46-0.74x of vLLM's Triton GEMMs (tensor-core swap-AB, M = 1-16, benches/NOTES.md \"FP8 swap v1\") and the SIMT ones {FP8_SIMT_VS_TRITON} the H200 (FP8 v1), so vLLM's Triton runs it, {} if it cannot",
+                        "vllm_triton: no tuned entry for this FP8 call and the caller can run vLLM's Triton; {FP8_TRITON_VS_SWAPMOE}, so vLLM's Triton runs it, {} if it cannot",
                         b.name()
                     ));
                     external = Some(ExternalBackend::VllmTriton);
@@ -1783,7 +1781,30 @@ fn from_table(
         choice => match c.table_eligible(choice) {
             Ok(b) => {
                 use_.used = true;
-                Some((b, None))
+                let vllm = ExternalBackend::VllmTriton;
+                let vllm_timed = entry
+                    .times_us
+                    .iter()
+                    .any(|(timed, _)| *timed == Choice::External(vllm));
+                if p.quant.is_some() && req.external.contains(&vllm) && !vllm_timed {
+                    // an FP8 entry that never timed vLLM's Triton cannot say swapmoe is faster
+                    c.reasons.push(format!(
+                        "vllm_triton: {} has no vllm_triton time at M={} (tuned without vLLM) and the caller can run vLLM's Triton, so it runs this FP8 call as it runs untabled ones; the entry's {choice} is swapmoe's fallback",
+                        t.file, entry.m
+                    ));
+                    note(
+                        "unmeasured",
+                        false,
+                        format!(
+                            "tuned table {} has no vllm_triton time at M={}: inside vLLM its FP8 calls stay on vLLM's Triton",
+                            t.path.display(),
+                            entry.m
+                        ),
+                    );
+                    Some((b, Some(vllm)))
+                } else {
+                    Some((b, None))
+                }
             }
             Err(why) => {
                 c.reasons.push(format!(
@@ -4470,6 +4491,63 @@ mod tests {
         )
         .unwrap();
         assert_eq!(bf16.external, None); // unquantized: only a table sends it to vLLM
+    }
+
+    #[test]
+    fn fp8_table_entries_without_vllm_times_stay_on_vllm_triton_inside_vllm() {
+        // a per-channel table tuned without vLLM: M = 8 has no vllm_triton time, M = 64 has
+        // one (slower than swapmoe's)
+        let file = tables::file_name(128, 768, "NVIDIA H200", DType::BF16, Quant::Fp8Channel);
+        let json = r#"{"8": {"backend": "cuda_wgmma_swap", "times_us": {"cuda_wgmma_swap": 100, "cuda_wgmma:t64": 110}},
+                       "64": {"backend": "cuda_wgmma", "token_tile": 64, "times_us": {"cuda_wgmma:t64": 200, "vllm_triton": 250}}}"#;
+        let t = Table::parse(json, &file, Path::new(&file), Origin::Shipped).unwrap();
+        let mut set = TableSet::default();
+        set.insert(&file, Loaded::Ok(std::sync::Arc::new(t)));
+        let ask = |m: i64, external: &[ExternalBackend]| {
+            plan_for_shape(
+                m,
+                128,
+                8,
+                2048,
+                768,
+                DType::BF16,
+                Some(QuantScheme::Channel),
+                None,
+                &h200(),
+                &Request {
+                    tables: Some(&set),
+                    external,
+                    ..Request::default()
+                },
+            )
+            .unwrap()
+        };
+        let vllm = [ExternalBackend::VllmTriton];
+        // inside vLLM, no vLLM time: vLLM's Triton, the table's pick as the fallback
+        let p = ask(8, &vllm);
+        assert_eq!(
+            (p.external, p.backend, p.source),
+            (
+                Some(ExternalBackend::VllmTriton),
+                Backend::CudaWgmmaSwap,
+                Source::Table
+            )
+        );
+        assert!(has(
+            &p,
+            &["no vllm_triton time at M=8", "swapmoe's fallback"]
+        ));
+        // outside vLLM the table decides alone
+        let p = ask(8, &[]);
+        assert_eq!((p.external, p.backend), (None, Backend::CudaWgmmaSwap));
+        // measured against vLLM and faster: swapmoe inside vLLM too
+        let p = ask(64, &vllm);
+        assert_eq!(
+            (p.external, p.backend, p.tokens_per_pass),
+            (None, Backend::CudaWgmma, 64),
+            "{:?}",
+            p.reasons
+        );
     }
 
     #[test]

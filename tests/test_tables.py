@@ -30,6 +30,9 @@ SHIPPED = {
     "E=128,N=768,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json",
     "E=256,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json",
     "E=8,N=14336,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json",
+    "E=128,N=768,device_name=NVIDIA_H200,dtype=fp8_w8a8,per_channel=true.json",
+    "E=256,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,per_channel=true.json",
+    "E=8,N=14336,device_name=NVIDIA_H200,dtype=fp8_w8a8,per_channel=true.json",
 }
 
 
@@ -133,6 +136,48 @@ def test_shipped_fp8_tables_route_between_swapmoe_and_vllm():
         plan(1, DEEPSEEK_TP8, quant="fp8_block128", activation_scales="static")
     with pytest.raises(swapmoe.ArgumentError, match="activation_scales: expected 'static' or 'dynamic'"):
         plan(1, QWEN3, quant="fp8_tensor", activation_scales="calibrated")
+
+
+def test_shipped_fp8_channel_tables_keep_vllm_calls_on_vllm_triton():
+    """`swapmoe tune --quant fp8_channel --no-vllm` on the H200 (2026-12-03, benches/NOTES.md
+    "fp8_channel GEMM2"): the anchor has no per-channel vLLM times, so inside vLLM the calls
+    stay on vLLM's Triton with the table's pick as the fallback; outside vLLM the table picks."""
+    inside_vllm = {"external_backends": ["vllm_triton"]}
+    # deepseek M = 4096: t128 1216 µs against t64 1319; M = 1024: t64 597 against t128 709
+    p = plan(4096, DEEPSEEK_TP8, quant="fp8_channel")
+    assert (p.backend, p.source, p.tile["tokens_per_pass"]) == ("cuda_wgmma", "table", 128), p.reasons
+    assert p.table.endswith("E=256;N=256;device_name=NVIDIA_H200;dtype=fp8_w8a8;per_channel=true.json")
+    p = plan(1024, DEEPSEEK_TP8, quant="fp8_channel")
+    assert (p.backend, p.source, p.tile["tokens_per_pass"]) == ("cuda_wgmma", "table", 64), p.reasons
+    # qwen3 M = 4: the wgmma GEMMs (67.9 µs) where the heuristic says swap-AB (71.5)
+    p = plan(4, QWEN3, quant="fp8_channel")
+    assert (p.backend, p.source) == ("cuda_wgmma", "table"), p.reasons
+    assert swapmoe.select_backend(4, *QWEN3, device_name=H200, quant="fp8_channel",
+                                  backend="cuda_wgmma_swap").source == "override"
+    for m, shape in ((1, QWEN3), (4096, DEEPSEEK_TP8), (2, MIXTRAL)):
+        p = plan(m, shape, quant="fp8_channel", **inside_vllm)
+        assert (p.backend, p.source) == ("vllm_triton", "table"), p.reasons
+        assert p.fallback == plan(m, shape, quant="fp8_channel").backend
+        assert any("no vllm_triton time at M=" in r for r in p.reasons), p.reasons
+
+
+def test_untabled_fp8_reason_counts_the_shipped_tables():
+    """The reason the oracle gives for sending untabled FP8 calls to vLLM's Triton counts the
+    points of the shipped FP8 tables where vLLM's Triton is the faster; it must stay true."""
+    won = timed = 0
+    for name in SHIPPED:
+        if "fp8_w8a8" not in name:
+            continue
+        with open(os.path.join(swapmoe.TABLES_DIR, name.replace(",", ";")), encoding="utf-8") as f:
+            entries = T.table_entries(json.load(f))
+        for e in entries.values():
+            if "vllm_triton" in e["times_us"]:
+                timed += 1
+                won += e["backend"] == "vllm_triton"
+    p = swapmoe.select_backend(64, 64, 4, 1024, 512, device_name=H200, quant="fp8_tensor",
+                               external_backends=["vllm_triton"])  # no table for this shape
+    assert p.backend == "vllm_triton" and p.source == "heuristic", p.reasons
+    assert any(f"faster at {won} of the {timed} points" in r for r in p.reasons), (won, timed, p.reasons)
 
 
 def test_shipped_table_tiles_and_gaps():
@@ -286,7 +331,7 @@ def test_describe_plan_reports_source_and_table():
 def test_explain_shows_source_and_table(capsys):
     assert cli.main(["explain", "--model", "mixtral-8x7b", "--device-name", H200, "--m", "1,10000"]) == 0
     out = capsys.readouterr().out
-    assert "tables: 9 loaded from" in out
+    assert "tables: 12 loaded from" in out
     assert "M=1: cuda_generic (table; swap_ab=False) on NVIDIA H200 sm_90" in out
     assert "table: " + os.path.join(swapmoe.TABLES_DIR, "E=8;N=14336;device_name=NVIDIA_H200;dtype=bf16.json") \
         + " entry M=1 (used)" in out
@@ -355,7 +400,7 @@ def test_explain_fp8_table_by_activation_scales(capsys):
 def test_check_lists_tables(capsys):
     assert cli.main(["check"]) == 0
     out = capsys.readouterr().out
-    assert "tuned tables: 9 loaded" in out
+    assert "tuned tables: 12 loaded" in out
     for name in SHIPPED:
         assert f"shipped: {name}" in out
 

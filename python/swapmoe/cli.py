@@ -144,8 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
             "--quant fp8_*: FP8 weights and scales as swapmoe bench --quant, swapmoe's FP8 backends "
             "(cuda_decode, cuda_wgmma_swap, cuda_generic) and vLLM's Triton FP8 path, into "
             "dtype=fp8_w8a8[,per_channel=true|,block_shape=[128,128]] tables whose metadata says the kind of "
-            "activation scales measured (static for fp8_tensor, dynamic otherwise); without vllm_triton times "
-            "such a table sends the vLLM plugin's FP8 calls to swapmoe's kernels, and the run warns. A candidate "
+            "activation scales measured (static for fp8_tensor, dynamic otherwise); an FP8 entry without a "
+            "vllm_triton time leaves the vLLM plugin's calls on vLLM's Triton, and the run says so. A candidate "
             "pruned at a smaller M is still timed where no other candidate can run M."),
         formatter_class=_HelpFormatter,
     )

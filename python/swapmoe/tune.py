@@ -17,8 +17,10 @@ the candidates swapmoe's FP8 backends (cuda_decode, cuda_wgmma_swap, cuda_wgmma 
 and 128), cuda_generic: cuda_mma has no FP8 kernels) and, when vLLM imports, vLLM's Triton ``fused_experts`` with the same weights and
 scales (``fp8_w8a8_moe_quant_config``). The tables are the FP8 ones the oracle reads
 (``dtype=fp8_w8a8[,per_channel=true|,block_shape=[128,128]]``); their metadata has ``quant``.
-A table with no ``vllm_triton`` time sends the vLLM plugin's FP8 calls to swapmoe's kernels
-(untabled, they go to vLLM's Triton), so the run says so when vLLM is not timed.
+An FP8 entry with no ``vllm_triton`` time cannot say swapmoe is faster than vLLM's Triton:
+inside vLLM the oracle keeps such calls on vLLM's Triton (as untabled ones), with the entry's
+pick as swapmoe's fallback; outside vLLM the entry's pick runs. The run says so when vLLM is
+not timed.
 
 The table file is rewritten after every M point, so an interrupted run keeps what it
 measured; running again skips the M points already in the file (``--force`` re-measures).
@@ -755,9 +757,10 @@ def run_tune(
     if no_vllm:
         say(f"{no_vllm}: no {VLLM_LABEL} times in the tables (swapmoe candidates only)")
         if quant != "none":
-            say(f"warning: inside vLLM an FP8 table without {VLLM_LABEL} times sends FP8 calls to swapmoe's "
-                f"kernels (untabled FP8 calls go to vLLM's Triton); add {VLLM_LABEL} times (a run with vLLM, or "
-                "benches/merge_anchor.py) before shipping or pointing the plugin at these tables")
+            say(f"note: without {VLLM_LABEL} times these FP8 tables choose among swapmoe's kernels only; inside "
+                f"vLLM their calls stay on vLLM's Triton (as untabled FP8 calls), with the tables' picks as "
+                f"swapmoe's fallback. Add {VLLM_LABEL} times (a run with vLLM, or benches/merge_anchor.py) to "
+                "route between the two by measurement")
     runner = GpuRunner(torch, dev, dtype, layers, seed, device_name, capability, vllm_fn, say, quant)
     plans = prepare(
         shapes, out, ms, force,
@@ -787,7 +790,7 @@ def run_tune(
             missing = [M for M, e in sorted(s["entries"].items()) if VLLM_LABEL not in e["times_us"]]
             if missing:
                 say(f"warning: {s['path']}: no {VLLM_LABEL} time at M={','.join(map(str, missing))} (see the "
-                    f"entries' skipped); inside vLLM those entries send FP8 calls to swapmoe's kernels")
+                    f"entries' skipped); inside vLLM those entries leave FP8 calls on vLLM's Triton")
     from .errors import Error
 
     for sp in plans:  # the oracle must parse what was written
