@@ -4443,28 +4443,37 @@ mod tests {
         assert!(plan.table.is_none() && has(&plan, &["cpu: the tensors are on the CPU"]));
     }
 
+    /// qwen3-30b-a3b's shape (E 128, topk 8, K 2048, N 768) as an FP8 call on the H200.
+    fn qwen3_fp8(
+        m: i64,
+        scheme: QuantScheme,
+        set: &TableSet,
+        external: &[ExternalBackend],
+    ) -> Plan {
+        let req = Request {
+            tables: Some(set),
+            external,
+            ..Request::default()
+        };
+        plan_for_shape(
+            m,
+            128,
+            8,
+            2048,
+            768,
+            DType::BF16,
+            Some(scheme),
+            None,
+            &h200(),
+            &req,
+        )
+        .unwrap()
+    }
+
     #[test]
     fn untabled_fp8_goes_to_vllm_triton_only_when_the_caller_can_run_it() {
         let set = TableSet::default();
-        let ask = |external: &[ExternalBackend]| {
-            plan_for_shape(
-                64,
-                128,
-                8,
-                2048,
-                768,
-                DType::BF16,
-                Some(QuantScheme::Tensor),
-                None,
-                &h200(),
-                &Request {
-                    tables: Some(&set),
-                    external,
-                    ..Request::default()
-                },
-            )
-            .unwrap()
-        };
+        let ask = |external: &[ExternalBackend]| qwen3_fp8(64, QuantScheme::Tensor, &set, external);
         let inside = ask(&[ExternalBackend::VllmTriton]);
         assert_eq!(inside.external, Some(ExternalBackend::VllmTriton));
         // the fallback without vLLM: per-tensor FP8 at M = 64, the e4m3 wgmma GEMMs
@@ -4504,23 +4513,7 @@ mod tests {
         let mut set = TableSet::default();
         set.insert(&file, Loaded::Ok(std::sync::Arc::new(t)));
         let ask = |m: i64, external: &[ExternalBackend]| {
-            plan_for_shape(
-                m,
-                128,
-                8,
-                2048,
-                768,
-                DType::BF16,
-                Some(QuantScheme::Channel),
-                None,
-                &h200(),
-                &Request {
-                    tables: Some(&set),
-                    external,
-                    ..Request::default()
-                },
-            )
-            .unwrap()
+            qwen3_fp8(m, QuantScheme::Channel, &set, external)
         };
         let vllm = [ExternalBackend::VllmTriton];
         // inside vLLM, no vLLM time: vLLM's Triton, the table's pick as the fallback
