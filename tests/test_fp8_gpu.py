@@ -554,6 +554,28 @@ def test_wgmma_backend(scheme, case, tile, a_mode, rng, monkeypatch):
 
 @needs_sm90
 @pytest.mark.parametrize("tile", WGMMA_FP8_TILES, ids=lambda t: f"t{t}")
+@pytest.mark.parametrize("scheme", ["channel", "block"])
+def test_wgmma_strided_scale_views(scheme, tile, rng, monkeypatch):
+    """Weight scales that are non-contiguous views (every other element of a NaN-filled
+    tensor): the per-channel epilogues and the block promotion read them by their strides,
+    with N and K tails (N = 80, K = 336)."""
+    _wgmma_tile(monkeypatch, tile)
+    case = wgmma_fp8_case(_case(130, (80, 336), E=16, topk=4), scheme)
+    inp = to_fp8_inputs(make_fp8_problem(rng, case, scheme), case, "torch", "bfloat16", DEV)
+    ref, flips = fp8_reference(inp, case)
+    for name in ("w1_scale", "w2_scale"):
+        t = inp[name]
+        big = torch.full(t.shape[:-1] + (2 * t.shape[-1],), math.nan, dtype=t.dtype, device=t.device)
+        big[..., ::2] = t
+        inp[name] = big[..., ::2]
+        assert not inp[name].is_contiguous()
+    out = fp8_call(inp, case, backend="cuda_wgmma")
+    torch.cuda.synchronize()
+    check_fp8_close(out, ref, flips, "bfloat16", what=f"{case.id}-{scheme}-strided-scales")
+
+
+@needs_sm90
+@pytest.mark.parametrize("tile", WGMMA_FP8_TILES, ids=lambda t: f"t{t}")
 @pytest.mark.parametrize("scheme", WGMMA_SCHEMES, ids=_scheme_id)
 def test_wgmma_tile_edges(scheme, tile, rng, monkeypatch):
     """Experts on both sides of the token tiles' edges (conftest TILE_EDGE_COUNTS: 0, 1, 63-65,
