@@ -74,12 +74,17 @@ def test_shipped_tables_are_in_the_package_and_found_by_the_oracle():
         assert t["metadata"]["K"] and t["metadata"]["topk"]
 
 
+def shipped_table(name):
+    """The JSON of the shipped table `name` (vLLM's spelling; `;` on disk)."""
+    with open(os.path.join(swapmoe.TABLES_DIR, name.replace(",", ";")), encoding="utf-8") as f:
+        return json.load(f)
+
+
 def test_shipped_entries_are_measured():
     """The shipped tables come from `swapmoe tune` on the H200; vLLM's times come from the
     anchor (benches/merge_anchor.py), and every entry says where its numbers come from."""
     for name in SHIPPED:
-        with open(os.path.join(swapmoe.TABLES_DIR, name.replace(",", ";")), encoding="utf-8") as f:
-            table = json.load(f)
+        table = shipped_table(name)
         assert table["metadata"]["generated_by"] == "swapmoe tune"
         assert table["metadata"]["device_name"] == "NVIDIA H200"
         for m, e in T.table_entries(table).items():
@@ -168,9 +173,7 @@ def test_untabled_fp8_reason_counts_the_shipped_tables():
     for name in SHIPPED:
         if "fp8_w8a8" not in name:
             continue
-        with open(os.path.join(swapmoe.TABLES_DIR, name.replace(",", ";")), encoding="utf-8") as f:
-            entries = T.table_entries(json.load(f))
-        for e in entries.values():
+        for e in T.table_entries(shipped_table(name)).values():
             if "vllm_triton" in e["times_us"]:
                 timed += 1
                 won += e["backend"] == "vllm_triton"
