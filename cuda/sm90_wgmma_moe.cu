@@ -772,43 +772,57 @@ __device__ __forceinline__ void prefetch_l1(const void* p) {
   asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
 }
 
-// Per-channel weight scales of a thread's accumulator columns: s[j] = the scales of its
-// column pair in n8 block j0 + j (index(j): the scale row of the pair's first column, -1 past
-// the matrix), read-only loads issued together. Reading them per value in the store loop
-// instead (one load per value and row half, in dependent batches) made the fp8_channel GEMM2
-// 4x slower than the per-tensor one (benches/NOTES.md "fp8_channel GEMM2").
-template <int kBlocks, typename Index>
-__device__ __forceinline__ void load_column_pairs(float (&s)[kBlocks][2], const float* __restrict__ ws,
-                                                  long long stride, Index index, int j0 = 0) {
+// Per-channel weight scales of a thread's accumulator columns: s[j] = base[col * stride] and
+// base[(col + 1) * stride] for col = col0 + 8 j + 2 (lane & 3), its column pair in n8 block j
+// (0 where col >= limit), read-only loads issued together. Contiguous and 8-byte aligned
+// scales take one 8-byte load per pair at fixed offsets from one address. Reading them per
+// value in the store loop instead (one load per value and row half, in dependent batches)
+// made the fp8_channel GEMM2 4x slower than the per-tensor one (benches/NOTES.md
+// "fp8_channel GEMM2").
+template <int kBlocks>
+__device__ __forceinline__ void load_column_pairs(float (&s)[kBlocks][2], const float* __restrict__ base,
+                                                  long long stride, int col0, int limit) {
+  const int c = col0 + 2 * (threadIdx.x & 3);
+  if (stride == 1 && (reinterpret_cast<uintptr_t>(base + c) & 7u) == 0) {
+    const float2* p = reinterpret_cast<const float2*>(base + c);
+#pragma unroll
+    for (int j = 0; j < kBlocks; ++j) {
+      const float2 v = c + 8 * j < limit ? __ldg(p + 4 * j) : make_float2(0.f, 0.f);
+      s[j][0] = v.x;
+      s[j][1] = v.y;
+    }
+    return;
+  }
 #pragma unroll
   for (int j = 0; j < kBlocks; ++j) {
-    const int i = index(j0 + j);
+    const int col = c + 8 * j;
 #pragma unroll
-    for (int e = 0; e < 2; ++e) s[j][e] = i >= 0 ? __ldg(ws + (long long)(i + e) * stride) : 0.f;
+    for (int e = 0; e < 2; ++e) s[j][e] = col < limit ? __ldg(base + (long long)(col + e) * stride) : 0.f;
   }
 }
 
-// acc[4 (j0 + j) + a] *= s[j][a & 1]: a block's 4 accumulators are its pair in two row halves.
+// acc[4 (a0 + j) + a] *= s[j][a & 1]: a block's 4 accumulators are its pair in two row halves.
 template <int kBlocks, int kAccs>
-__device__ __forceinline__ void apply_column_pairs(float (&acc)[kAccs], const float (&s)[kBlocks][2], int j0 = 0) {
-  static_assert(4 * kBlocks <= kAccs, "4 accumulators per n8 block");
+__device__ __forceinline__ void apply_column_pairs(float (&acc)[kAccs], const float (&s)[kBlocks][2], int a0) {
 #pragma unroll
   for (int j = 0; j < kBlocks; ++j)
 #pragma unroll
-    for (int a = 0; a < 4; ++a) acc[4 * (j0 + j) + a] *= s[j][a & 1];
+    for (int a = 0; a < 4; ++a) acc[4 * (a0 + j) + a] *= s[j][a & 1];
 }
 
-// Both, after the main loop, 8 blocks (16 loads) at a time.
-template <int kBlocks, int kAccs, typename Index>
-__device__ __forceinline__ void scale_column_pairs(float (&acc)[kAccs], const float* __restrict__ ws,
-                                                   long long stride, Index index) {
+// Both, after the main loop, 8 blocks (16 scales) at a time, for the kBlocks blocks from
+// accumulator block a0 on (their columns from col0 on).
+template <int kBlocks, int kAccs>
+__device__ __forceinline__ void scale_column_pairs(float (&acc)[kAccs], const float* __restrict__ base,
+                                                   long long stride, int col0, int limit, int a0 = 0) {
+  static_assert(4 * kBlocks <= kAccs, "4 accumulators per n8 block");
   constexpr int kBatch = kBlocks < 8 ? kBlocks : 8;
   static_assert(kBlocks % kBatch == 0, "whole batches");
 #pragma unroll
   for (int j0 = 0; j0 < kBlocks; j0 += kBatch) {
     float s[kBatch][2];
-    load_column_pairs<kBatch>(s, ws, stride, index, j0);
-    apply_column_pairs<kBatch>(acc, s, j0);
+    load_column_pairs<kBatch>(s, base, stride, col0 + 8 * j0, limit);
+    apply_column_pairs<kBatch>(acc, s, a0 + j0);
   }
 }
 
@@ -949,10 +963,8 @@ __device__ __forceinline__ void fp8_gemm1_tile(const WgmmaFp8Scales& sc,
   const float* ws = sc.w_scale + (long long)c.expert * sc.w_scale_expert;
   const float w1_tensor = SCHEME == kQTensor ? ws[0] : 1.f;
   if constexpr (SCHEME == kQChannel) {  // gate blocks: rows col of w1; up blocks: rows N + col
-    scale_column_pairs<2 * kGateBlocks>(acc, ws, sc.w_scale_row, [&](int j) {
-      const int col = col0 + f.col(j < kGateBlocks ? j : j - kGateBlocks);
-      return col < N ? (j < kGateBlocks ? col : N + col) : -1;
-    });
+    scale_column_pairs<kGateBlocks>(acc, ws, sc.w_scale_row, col0, N);
+    scale_column_pairs<kGateBlocks>(acc, ws + (long long)N * sc.w_scale_row, sc.w_scale_row, col0, N, kGateBlocks);
   }
   float q_scale = 1.f, q_inv = 1.f;
   if constexpr (kQ8) {
@@ -1113,10 +1125,7 @@ __device__ __forceinline__ void fp8_gemm2_tile(const WgmmaFp8Scales& sc, const v
   }
   consume_fp8<BM, false>(ktiles, ring, acc, NoStageScales{});
   if constexpr (SCHEME == kQChannel) {
-    scale_column_pairs<L::kWgN / 8>(acc, ws, sc.w_scale_row, [&](int j) {
-      const int col = col0 + f.col(j);
-      return col < K ? col : -1;
-    });
+    scale_column_pairs<L::kWgN / 8>(acc, ws, sc.w_scale_row, col0, K);
   }
   const auto rows = gemm2_rows<BM>(tl, c, [&](int slot) {
     return RowScales{SCHEME == kQTensor ? 0.f : inter_scale<kQChannel>(sc.inter_amax, nullptr, slot, 0, 1),
