@@ -642,18 +642,41 @@ struct Gemm2Rows {
   RV rv[2];
 };
 
-template <int BM, typename Row>
-__device__ __forceinline__ auto gemm2_rows(const Tiles& tl, const TileCoord& c, Row row) {
-  using RV = decltype(row(0));
+// In two steps, so that the loads of each step issue together: the slots of both row halves
+// (gemm2_slots), then row(slot) of both (gemm2_rows). Read half by half, the epilogue waited
+// on four dependent loads per tile instead of two (ncu source view, benches/NOTES.md
+// "GEMM2 epilogue loads").
+struct Gemm2Slots {
+  int slot[2];
+};
+
+template <int BM>
+__device__ __forceinline__ Gemm2Slots gemm2_slots(const Tiles& tl, const TileCoord& c) {
   const Frag<BM> f;
-  Gemm2Rows<RV> rows;
+  Gemm2Slots s;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = f.row0 + half * 8;
-    rows.slot[half] = r < c.count ? tl.sorted_slots[c.start + r] : -1;
-    rows.rv[half] = rows.slot[half] >= 0 ? row(rows.slot[half]) : RV{};
+    s.slot[half] = r < c.count ? __ldg(tl.sorted_slots + c.start + r) : -1;
+  }
+  return s;
+}
+
+template <typename Row>
+__device__ __forceinline__ auto gemm2_rows(const Gemm2Slots& s, Row row) {
+  using RV = decltype(row(0));
+  Gemm2Rows<RV> rows;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    rows.slot[half] = s.slot[half];
+    rows.rv[half] = s.slot[half] >= 0 ? row(s.slot[half]) : RV{};
   }
   return rows;
+}
+
+template <int BM, typename Row>
+__device__ __forceinline__ auto gemm2_rows(const Tiles& tl, const TileCoord& c, Row row) {
+  return gemm2_rows(gemm2_slots<BM>(tl, c), row);
 }
 
 // A 4 x 4 transpose of 32-bit words among the 4 lanes of a quad (lane q = lane % 4): lane q
@@ -810,13 +833,13 @@ __device__ __forceinline__ void apply_column_pairs(float (&acc)[kAccs], const fl
     for (int a = 0; a < 4; ++a) acc[4 * (a0 + j) + a] *= s[j][a & 1];
 }
 
-// Both, after the main loop, 8 blocks (16 scales) at a time, for the kBlocks blocks from
-// accumulator block a0 on (their columns from col0 on).
-template <int kBlocks, int kAccs>
+// Both, after the main loop, kMaxBatch blocks (2 kMaxBatch scales) at a time, for the kBlocks
+// blocks from accumulator block a0 on (their columns from col0 on).
+template <int kBlocks, int kAccs, int kMaxBatch = 8>
 __device__ __forceinline__ void scale_column_pairs(float (&acc)[kAccs], const float* __restrict__ base,
                                                    long long stride, int col0, int limit, int a0 = 0) {
   static_assert(4 * kBlocks <= kAccs, "4 accumulators per n8 block");
-  constexpr int kBatch = kBlocks < 8 ? kBlocks : 8;
+  constexpr int kBatch = kBlocks < kMaxBatch ? kBlocks : kMaxBatch;
   static_assert(kBlocks % kBatch == 0, "whole batches");
 #pragma unroll
   for (int j0 = 0; j0 < kBlocks; j0 += kBatch) {
@@ -1124,10 +1147,14 @@ __device__ __forceinline__ void fp8_gemm2_tile(const WgmmaFp8Scales& sc, const v
     if (((threadIdx.x >> 5) & 3) == 0 && col < K) prefetch_l1(ws + (long long)col * sc.w_scale_row);
   }
   consume_fp8<BM, false>(ktiles, ring, acc, NoStageScales{});
+  // The slots' loads first, then w2's scales all in one batch (the main loop's promotion
+  // registers are free now): the two wait together, where 8-block batches after the slots
+  // made four more dependent loads per tile (ncu source view, "GEMM2 epilogue loads").
+  const Gemm2Slots slots = gemm2_slots<BM>(tl, c);
   if constexpr (SCHEME == kQChannel) {
-    scale_column_pairs<L::kWgN / 8>(acc, ws, sc.w_scale_row, col0, K);
+    scale_column_pairs<L::kWgN / 8, L::kAccs, L::kWgN / 8>(acc, ws, sc.w_scale_row, col0, K);
   }
-  const auto rows = gemm2_rows<BM>(tl, c, [&](int slot) {
+  const auto rows = gemm2_rows(slots, [&](int slot) {
     return RowScales{SCHEME == kQTensor ? 0.f : inter_scale<kQChannel>(sc.inter_amax, nullptr, slot, 0, 1),
                      router_weight(slot)};
   });

@@ -375,14 +375,16 @@ def test_swap_static_quantizes_strided_inputs(M, layout, dtype, rng):
 
 @needs_sm89
 @pytest.mark.parametrize("layout", ["odd-rows", "odd-start"])
-@pytest.mark.parametrize("case", [_case(9, E=16, topk=4), _case(300, (80, 336), E=8, topk=2, ep=True)],
+@pytest.mark.parametrize("case", [_case(9, E=16, topk=4), _case(300, (80, 336), E=8, topk=2, ep=True),
+                                  _case(6, (32, 8464), E=4, topk=2)],
                          ids=lambda c: c.id)
 @pytest.mark.parametrize("scheme", ["tensor", "channel"])
 def test_quantize_x_vector_and_scalar_paths_agree(scheme, case, layout, rng):
     """quantize-x reads 16-byte vectors of rows that allow them (aligned, K a multiple of 8)
     and falls back to element loads otherwise: the same e4m3 codes and scales, so an x with
     misaligned rows or start gives the aligned x's output bit for bit, for the dynamic
-    per-tensor and per-token scales (decode and prefill plans)."""
+    per-tensor and per-token scales (decode and prefill plans). K = 8464 takes the vector
+    loop more than one step per row (256 threads x 4 vectors of 8 bf16 cover 8192)."""
     inp = to_fp8_inputs(make_fp8_problem(rng, case, scheme), case, "torch", "bfloat16", DEV)
     ref, flips = fp8_reference(inp, case)
     want = fp8_call(inp, case)
