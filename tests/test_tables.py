@@ -110,11 +110,12 @@ def test_shipped_tables_pick_the_measured_decode_backend():
 
 
 def test_shipped_fp8_tables_route_between_swapmoe_and_vllm():
-    """`swapmoe tune --quant` on the H200 (benches/results/tune_fp8_v3_2026-12-02.txt) plus
-    vLLM's times from the anchor (benches/merge_anchor.py: GEMMs + 5 x 1.6 µs)."""
+    """`swapmoe tune --quant` on the H200 (2026-12-03, 0bddb37's kernels:
+    benches/results/channel_epilogue_2026-12-03/tune_*.txt) plus vLLM's times from the anchor
+    (benches/merge_anchor.py: GEMMs + 5 x 1.6 µs)."""
     inside_vllm = {"external_backends": ["vllm_triton"]}
-    # qwen3 per-tensor (static scales): swap-AB 23.6 µs against vLLM's ~25.0 at M = 1;
-    # vLLM's Triton from M = 4 on (swap 56.5 against ~49)
+    # qwen3 per-tensor (static scales): swap-AB 21.0 µs against vLLM's ~25.5 at M = 1;
+    # vLLM's Triton from M = 8 on (swap 83.8 against ~75.2)
     p = plan(1, QWEN3, quant="fp8_tensor", **inside_vllm)
     assert (p.backend, p.source, p.table_m) == ("cuda_wgmma_swap", "table", 1), p.reasons
     assert p.table.endswith("E=128;N=768;device_name=NVIDIA_H200;dtype=fp8_w8a8.json")
@@ -122,17 +123,20 @@ def test_shipped_fp8_tables_route_between_swapmoe_and_vllm():
     assert (p.backend, p.fallback) == ("vllm_triton", "cuda_wgmma_swap")
     # outside vLLM the table's fastest swapmoe kernel
     assert plan(8, QWEN3, quant="fp8_tensor").backend == "cuda_wgmma_swap"
-    # prefill: vLLM's Triton (2626 µs est.), swapmoe's fallback the e4m3 wgmma GEMMs (4142 µs)
+    # prefill: vLLM's Triton (2626 µs est.), swapmoe's fallback the e4m3 wgmma GEMMs (3205 µs)
     p = plan(4096, MIXTRAL, quant="fp8_tensor", **inside_vllm)
     assert (p.backend, p.fallback) == ("vllm_triton", "cuda_wgmma")
-    # Mixtral M = 2: the wgmma GEMMs (157 µs) against vLLM's ~183
+    # Mixtral M = 2: swap-AB (150.4 µs; the wgmma GEMMs t64 157.5) against vLLM's ~183
     p = plan(2, MIXTRAL, quant="fp8_tensor", **inside_vllm)
-    assert (p.backend, p.source, p.tile["tokens_per_pass"]) == ("cuda_wgmma", "table", 64), p.reasons
+    assert (p.backend, p.source) == ("cuda_wgmma_swap", "table"), p.reasons
+    # Mixtral M = 4096 with 128x128 blocks: the wgmma GEMMs t128 (3619 µs) against vLLM's ~4543
+    p = plan(4096, MIXTRAL, quant="fp8_block128", **inside_vllm)
+    assert (p.backend, p.source, p.tile["tokens_per_pass"]) == ("cuda_wgmma", "table", 128), p.reasons
     # measured with static activation scales: a dynamic per-tensor call is not described
     p = plan(1, QWEN3, quant="fp8_tensor", activation_scales="dynamic", **inside_vllm)
     assert p.source == "heuristic" and any("measured with static activation scales" in r for r in p.reasons)
-    # block 128 (dynamic scales, the only kind): deepseek M = 1 and 2 swap 33.4 / 47.5 µs
-    # against ~39.7 / ~48.0; M = 4 vLLM's Triton (swap 70.4 against ~64.9)
+    # block 128 (dynamic scales, the only kind): deepseek M = 1 and 2 swap 31.1 / 45.5 µs
+    # against ~39.7 / ~48.0; M = 4 vLLM's Triton (swap 68.6 against ~64.9)
     for m in (1, 2):
         p = plan(m, DEEPSEEK_TP8, quant="fp8_block128", **inside_vllm)
         assert (p.backend, p.source) == ("cuda_wgmma_swap", "table"), p.reasons
@@ -144,17 +148,17 @@ def test_shipped_fp8_tables_route_between_swapmoe_and_vllm():
 
 
 def test_shipped_fp8_channel_tables_keep_vllm_calls_on_vllm_triton():
-    """`swapmoe tune --quant fp8_channel --no-vllm` on the H200 (2026-12-03, benches/NOTES.md
-    "fp8_channel GEMM2"): the anchor has no per-channel vLLM times, so inside vLLM the calls
+    """`swapmoe tune --quant fp8_channel --no-vllm` on the H200 (2026-12-03, 0bddb37's kernels,
+    benches/NOTES.md "GEMM2 epilogue loads"): the anchor has no per-channel vLLM times, so inside vLLM the calls
     stay on vLLM's Triton with the table's pick as the fallback; outside vLLM the table picks."""
     inside_vllm = {"external_backends": ["vllm_triton"]}
-    # deepseek M = 4096: t128 1216 µs against t64 1319; M = 1024: t64 597 against t128 709
+    # deepseek M = 4096: t128 1072 µs against t64 1229; M = 1024: t64 565 against t128 672
     p = plan(4096, DEEPSEEK_TP8, quant="fp8_channel")
     assert (p.backend, p.source, p.tile["tokens_per_pass"]) == ("cuda_wgmma", "table", 128), p.reasons
     assert p.table.endswith("E=256;N=256;device_name=NVIDIA_H200;dtype=fp8_w8a8;per_channel=true.json")
     p = plan(1024, DEEPSEEK_TP8, quant="fp8_channel")
     assert (p.backend, p.source, p.tile["tokens_per_pass"]) == ("cuda_wgmma", "table", 64), p.reasons
-    # qwen3 M = 4: the wgmma GEMMs (67.9 µs) where the heuristic says swap-AB (71.5)
+    # qwen3 M = 4: the wgmma GEMMs (65.5 µs) where the heuristic says swap-AB (71.0)
     p = plan(4, QWEN3, quant="fp8_channel")
     assert (p.backend, p.source) == ("cuda_wgmma", "table"), p.reasons
     assert swapmoe.select_backend(4, *QWEN3, device_name=H200, quant="fp8_channel",
