@@ -107,6 +107,26 @@ for step in "$@"; do
           ncu --clock-control none --metrics $metrics --csv python3 benches/profile_case.py $m $shape > "$f" 2>&1
         echo "ncu $c: exit $?"; python3 benches/kernel_times.py "$f"
       done ;;
+    ncu-source)
+      # per-SASS-line instructions executed and warp-stall samples of one kernel per
+      # "shape:M:quant" of $NCU_SOURCE_CASES (quant none = bf16), the first launch whose name
+      # matches $NCU_SOURCE_KERNEL (a regex); each page as $OUT/source_<shape>_<M>_<quant>.csv and
+      # its summary (benches/ncu_source.py) as .txt; two cases are also compared.
+      pages=()
+      for c in ${NCU_SOURCE_CASES:-deepseek:4096:fp8_tensor deepseek:4096:fp8_channel}; do
+        IFS=: read -r shape m quant <<< "$c"
+        f="$OUT/source_${shape}_${m}_${quant}"
+        env $([ "$quant" != none ] && echo PROFILE_QUANT=$quant) PROFILE_BACKENDS=oracle PROFILE_ROUTER=0 \
+          ncu --clock-control none --section SourceCounters --section WarpStateStats --section InstructionStats \
+          --import-source no -k regex:"${NCU_SOURCE_KERNEL:-wgmma_moe_fp8_gemm2}" -c 1 -f -o "$f" \
+          python3 benches/profile_case.py $m $shape > "$f.log" 2>&1
+        echo "ncu $c: exit $?"
+        ncu -i "$f.ncu-rep" --page source --csv --print-source sass > "$f.csv" && rm -f "$f.ncu-rep"
+        python3 benches/ncu_source.py "$f.csv" > "$f.txt" && head -1 "$f.txt"
+        pages+=("$f.csv")
+      done
+      [ ${#pages[@]} -eq 2 ] && python3 benches/ncu_source.py "${pages[@]}" > "$OUT/source_compared.txt" \
+        && sed -n '1,30p' "$OUT/source_compared.txt" ;;
     routing) python3 benches/routing_bench.py --m ${ROUTING_M:-1,8,64} --json "$OUT/routing.json" 2>&1 | tee "$OUT/routing.txt" ;;
     pytest) python3 -m pytest -m gpu -q -p no:cacheprovider ${PYTEST_FILES:-tests} 2>&1 | tee "$OUT/pytest_gpu.txt" | tail -25 ;;
     pytest-all) python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest_all.txt" | tail -25 ;;
