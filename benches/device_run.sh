@@ -7,6 +7,9 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 rm -rf /tmp/site && python3 -m pip install -q --no-index --no-deps --target /tmp/site ${WHEEL_DIR:-dist}/*.whl || exit 1
 export PYTHONPATH=/tmp/site
+# The environment of benches/profile_case.py for one case: PROFILE_QUANT=$1 (none: bf16, no
+# variable) and PROFILE_BACKENDS=$2, with the router's kernels left out.
+profile_env() { [ "$1" != none ] && echo "PROFILE_QUANT=$1"; echo "PROFILE_BACKENDS=$2 PROFILE_ROUTER=0"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$OUT/gpu.txt"
 for step in "$@"; do
   echo "=== $step ($(date +%T))"
@@ -86,7 +89,7 @@ for step in "$@"; do
       for c in ${NCU_WGMMA_CASES:-mixtral:4096:fp8_tensor mixtral:4096:none}; do
         IFS=: read -r shape m quant <<< "$c"
         f="/tmp/ncu_wgmma_${shape}_m${m}_${quant}.txt"
-        env $([ "$quant" != none ] && echo PROFILE_QUANT=$quant) PROFILE_BACKENDS=cuda_wgmma PROFILE_ROUTER=0 \
+        env $(profile_env "$quant" cuda_wgmma) \
           ncu --clock-control none --section SpeedOfLight --section ComputeWorkloadAnalysis \
           --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section LaunchStats \
           --section Occupancy -k regex:'wgmma_moe_.*gemm' -c 4 python3 benches/profile_case.py $m $shape > "$f" 2>&1
@@ -103,7 +106,7 @@ for step in "$@"; do
       for c in ${KTIMES_CASES:-qwen3:4096:none deepseek:4096:none qwen3:4096:fp8_tensor}; do
         IFS=: read -r shape m quant <<< "$c"
         f="$OUT/ktimes_${shape}_${m}_${quant}.csv"
-        env $([ "$quant" != none ] && echo PROFILE_QUANT=$quant) PROFILE_BACKENDS=oracle PROFILE_ROUTER=0 \
+        env $(profile_env "$quant" oracle) \
           ncu --clock-control none --metrics $metrics --csv python3 benches/profile_case.py $m $shape > "$f" 2>&1
         echo "ncu $c: exit $?"; python3 benches/kernel_times.py "$f"
       done ;;
@@ -116,7 +119,7 @@ for step in "$@"; do
       for c in ${NCU_SOURCE_CASES:-deepseek:4096:fp8_tensor deepseek:4096:fp8_channel}; do
         IFS=: read -r shape m quant <<< "$c"
         f="$OUT/source_${shape}_${m}_${quant}"
-        env $([ "$quant" != none ] && echo PROFILE_QUANT=$quant) PROFILE_BACKENDS=oracle PROFILE_ROUTER=0 \
+        env $(profile_env "$quant" oracle) \
           ncu --clock-control none --section SourceCounters --section WarpStateStats --section InstructionStats \
           --import-source no -k regex:"${NCU_SOURCE_KERNEL:-wgmma_moe_fp8_gemm2}" -c 1 -f -o "$f" \
           python3 benches/profile_case.py $m $shape > "$f.log" 2>&1
