@@ -643,17 +643,17 @@ struct Gemm2Rows {
 };
 
 // In two steps, so that the loads of each step issue together: the slots of both row halves
-// (gemm2_slots), then row(slot) of both (gemm2_rows). Read half by half, the epilogue waited
+// (row_slots, which GEMM1's epilogue reads the same way), then row(slot) of both (gemm2_rows). Read half by half, the epilogue waited
 // on four dependent loads per tile instead of two (ncu source view, benches/NOTES.md
 // "GEMM2 epilogue loads").
-struct Gemm2Slots {
+struct RowSlots {
   int slot[2];
 };
 
 template <int BM>
-__device__ __forceinline__ Gemm2Slots gemm2_slots(const Tiles& tl, const TileCoord& c) {
+__device__ __forceinline__ RowSlots row_slots(const Tiles& tl, const TileCoord& c) {
   const Frag<BM> f;
-  Gemm2Slots s;
+  RowSlots s;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = f.row0 + half * 8;
@@ -663,7 +663,7 @@ __device__ __forceinline__ Gemm2Slots gemm2_slots(const Tiles& tl, const TileCoo
 }
 
 template <typename Row>
-__device__ __forceinline__ auto gemm2_rows(const Gemm2Slots& s, Row row) {
+__device__ __forceinline__ auto gemm2_rows(const RowSlots& s, Row row) {
   using RV = decltype(row(0));
   Gemm2Rows<RV> rows;
 #pragma unroll
@@ -676,7 +676,7 @@ __device__ __forceinline__ auto gemm2_rows(const Gemm2Slots& s, Row row) {
 
 template <int BM, typename Row>
 __device__ __forceinline__ auto gemm2_rows(const Tiles& tl, const TileCoord& c, Row row) {
-  return gemm2_rows(gemm2_slots<BM>(tl, c), row);
+  return gemm2_rows(row_slots<BM>(tl, c), row);
 }
 
 // A 4 x 4 transpose of 32-bit words among the 4 lanes of a quad (lane q = lane % 4): lane q
@@ -984,10 +984,28 @@ __device__ __forceinline__ void fp8_gemm1_tile(const WgmmaFp8Scales& sc,
     return;
   }
   const float* ws = sc.w_scale + (long long)c.expert * sc.w_scale_expert;
-  const float w1_tensor = SCHEME == kQTensor ? ws[0] : 1.f;
+  // The loads of the epilogue in two rounds (as GEMM2's, "GEMM2 epilogue loads"): the rows'
+  // slots with w1's per-tensor scale or all of its per-channel gate and up scales, then each
+  // row's input scale (and router weight where it applies to the input).
+  const RowSlots slots = row_slots<BM>(tl, c);
+  const float w1_tensor = SCHEME == kQTensor ? __ldg(ws) : 1.f;
   if constexpr (SCHEME == kQChannel) {  // gate blocks: rows col of w1; up blocks: rows N + col
-    scale_column_pairs<kGateBlocks>(acc, ws, sc.w_scale_row, col0, N);
-    scale_column_pairs<kGateBlocks>(acc, ws + (long long)N * sc.w_scale_row, sc.w_scale_row, col0, N, kGateBlocks);
+    float gate_s[kGateBlocks][2], up_s[kGateBlocks][2];
+    load_column_pairs<kGateBlocks>(gate_s, ws, sc.w_scale_row, col0, N);
+    load_column_pairs<kGateBlocks>(up_s, ws + (long long)N * sc.w_scale_row, sc.w_scale_row, col0, N);
+    apply_column_pairs<kGateBlocks>(acc, gate_s, 0);
+    apply_column_pairs<kGateBlocks>(acc, up_s, kGateBlocks);
+  }
+  float row_xs[2], row_w[2] = {1.f, 1.f};
+#pragma unroll
+  for (int half = 0; half < 2; ++half)
+    row_xs[half] = slots.slot[half] >= 0 ? __ldg(sc.x_scale + slots.slot[half] / topk) : 0.f;
+  if (weight_on_input) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+      if (slots.slot[half] >= 0)
+        row_w[half] = slot_router_weight(topk_weights, topk_weights_code, topk_weights_row_stride, topk,
+                                         slots.slot[half]);
   }
   float q_scale = 1.f, q_inv = 1.f;
   if constexpr (kQ8) {
@@ -1000,14 +1018,10 @@ __device__ __forceinline__ void fp8_gemm1_tile(const WgmmaFp8Scales& sc,
     const int r = f.row0 + half * 8;
     const bool valid = r < c.count;
     unsigned row_amax = 0u;
-    int slot = 0;
+    const int slot = valid ? slots.slot[half] : 0;
     if (valid) {
       const int p = c.start + r;
-      slot = tl.sorted_slots[p];
-      const float xs = sc.x_scale[slot / topk];
-      const float w = weight_on_input
-                          ? slot_router_weight(topk_weights, topk_weights_code, topk_weights_row_stride, topk, slot)
-                          : 1.f;
+      const float xs = row_xs[half], w = row_w[half];
 #pragma unroll
       for (int j = 0; j < kGateBlocks; ++j) {
         const int col = col0 + f.col(j);  // even; N is a multiple of 16, so col + 1 < N too
@@ -1150,7 +1164,7 @@ __device__ __forceinline__ void fp8_gemm2_tile(const WgmmaFp8Scales& sc, const v
   // The slots' loads first, then w2's scales all in one batch (the main loop's promotion
   // registers are free now): the two wait together, where 8-block batches after the slots
   // made four more dependent loads per tile (ncu source view, "GEMM2 epilogue loads").
-  const Gemm2Slots slots = gemm2_slots<BM>(tl, c);
+  const RowSlots slots = row_slots<BM>(tl, c);
   if constexpr (SCHEME == kQChannel) {
     scale_column_pairs<L::kWgN / 8, L::kAccs, L::kWgN / 8>(acc, ws, sc.w_scale_row, col0, K);
   }
