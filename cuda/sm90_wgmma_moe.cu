@@ -632,20 +632,24 @@ __device__ __forceinline__ void gemm1_act(const T* __restrict__ x, long long x_r
 }
 
 // The rows a consumer thread stores in GEMM2's epilogue: slot[h] of tile row row0 + 8h (-1:
-// past the tile's expert) and what row(slot) gives for it (what the epilogue needs per row;
-// RV{} for rows past the expert). Read after the main loop: read before it, so that their
-// latency would hide under it, the FP8 GEMM2 at deepseek-v3-tp8 M = 128 took 17% longer
-// (ncu, 160.9 -> 188.6 µs; benches/NOTES.md "GEMM2 16-byte stores").
+// past the tile's expert) and a value per row (rv: what the epilogue multiplies the row by;
+// 0 for rows past the expert).
 template <typename RV>
 struct Gemm2Rows {
   int slot[2];
   RV rv[2];
 };
 
-// In two steps, so that the loads of each step issue together: the slots of both row halves
-// (row_slots, which GEMM1's epilogue reads the same way), then row(slot) of both (gemm2_rows). Read half by half, the epilogue waited
-// on four dependent loads per tile instead of two (ncu source view, benches/NOTES.md
-// "GEMM2 epilogue loads").
+// The slots of a consumer thread's two row halves (-1 past the tile's expert). The FP8 GEMM2s
+// issue these loads before their main loop and first wait on them after it; what depends on
+// them (router weights, per-row scales) is loaded after it, both halves' loads together, so
+// the epilogue waits on one round of loads (GEMM1 and the 16-bit GEMM2 read them after the
+// main loop: two rounds). (Waited on half by half, or with the slots read
+// after the main loop, each tile's epilogue waited on two to four dependent loads: ncu source
+// view, benches/NOTES.md "GEMM2 epilogue loads" and "GEMM2 rows: one round of loads". The
+// dependent loads read before the main loop instead cost the sparse tiles of FP8 GEMM2 at
+// deepseek-v3-tp8 M = 128 17%: they sat in front of the first stage's wait, "GEMM2 16-byte
+// stores".)
 struct RowSlots {
   int slot[2];
 };
@@ -662,21 +666,22 @@ __device__ __forceinline__ RowSlots row_slots(const Tiles& tl, const TileCoord& 
   return s;
 }
 
-template <typename Row>
-__device__ __forceinline__ auto gemm2_rows(const RowSlots& s, Row row) {
-  using RV = decltype(row(0));
-  Gemm2Rows<RV> rows;
+// The router weights of both row halves (1 when they apply to the input, 0 past the tile's
+// expert), both loads issued before either is converted (slot_router_weights).
+__device__ __forceinline__ Gemm2Rows<float> gemm2_weight_rows(const RowSlots& s, const void* __restrict__ topk_weights,
+                                                              int topk_weights_code,
+                                                              long long topk_weights_row_stride, int topk,
+                                                              int weight_on_input) {
+  Gemm2Rows<float> rows;
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    rows.slot[half] = s.slot[half];
-    rows.rv[half] = s.slot[half] >= 0 ? row(s.slot[half]) : RV{};
+  for (int half = 0; half < 2; ++half) rows.slot[half] = s.slot[half];
+  if (weight_on_input) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) rows.rv[half] = s.slot[half] >= 0 ? 1.f : 0.f;
+  } else {
+    slot_router_weights<2>(topk_weights, topk_weights_code, topk_weights_row_stride, topk, s.slot, rows.rv);
   }
   return rows;
-}
-
-template <int BM, typename Row>
-__device__ __forceinline__ auto gemm2_rows(const Tiles& tl, const TileCoord& c, Row row) {
-  return gemm2_rows(row_slots<BM>(tl, c), row);
 }
 
 // A 4 x 4 transpose of 32-bit words among the 4 lanes of a quad (lane q = lane % 4): lane q
@@ -700,7 +705,7 @@ __device__ __forceinline__ uint4 quad_transpose(uint32_t w0, uint32_t w1, uint32
 }
 
 // GEMM2's epilogue for one tile: y[slot, col] = value(acc, rv, col) for the consumer
-// thread's rows (`rows`, from gemm2_rows) and columns, in the activation dtype; rows past the
+// thread's rows (`rows`, from gemm2_weight_rows) and columns, in the activation dtype; rows past the
 // tile's expert and columns past K are dropped (K is a multiple of 8: whole n8 blocks).
 // Tiles holding at least kWideStoreMinRows rows transpose the quad's words (quad_transpose)
 // so that each lane stores 16 bytes, 8 columns of one block: a warp's store then writes whole
@@ -774,11 +779,8 @@ __device__ __forceinline__ void gemm2(const TensorMap* inter_map, const TensorMa
                 [&] { gemm2_produce<T, BM>(inter_map, w2_map, N, c, tl.l2_hints, run > 1, held, ring); },
                 (N + kStageK<T> - 1) / kStageK<T>, ring, acc))
           return;
-        const auto rows = gemm2_rows<BM>(tl, c, [&](int slot) {
-          return weight_on_input
-                     ? 1.f
-                     : slot_router_weight(topk_weights, topk_weights_code, topk_weights_row_stride, topk, slot);
-        });
+        const auto rows = gemm2_weight_rows(row_slots<BM>(tl, c), topk_weights, topk_weights_code,
+                                            topk_weights_row_stride, topk, weight_on_input);
         gemm2_store<T, BM>(acc, rows, c, K, y, [](float a, float w, int) { return a * w; });
       },
       run);
@@ -1000,13 +1002,8 @@ __device__ __forceinline__ void fp8_gemm1_tile(const WgmmaFp8Scales& sc,
 #pragma unroll
   for (int half = 0; half < 2; ++half)
     row_xs[half] = slots.slot[half] >= 0 ? __ldg(sc.x_scale + slots.slot[half] / topk) : 0.f;
-  if (weight_on_input) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half)
-      if (slots.slot[half] >= 0)
-        row_w[half] = slot_router_weight(topk_weights, topk_weights_code, topk_weights_row_stride, topk,
-                                         slots.slot[half]);
-  }
+  if (weight_on_input)
+    slot_router_weights<2>(topk_weights, topk_weights_code, topk_weights_row_stride, topk, slots.slot, row_w);
   float q_scale = 1.f, q_inv = 1.f;
   if constexpr (kQ8) {
     q_scale = *sc.a2_static;
@@ -1122,10 +1119,6 @@ __device__ __forceinline__ void fp8_gemm2_tile(const WgmmaFp8Scales& sc, const v
   using L = Tile<BM>;
   float acc[L::kAccs];
   const int ktiles = (N + kStageK<__nv_fp8_e4m3> - 1) / kStageK<__nv_fp8_e4m3>;
-  auto router_weight = [&](int slot) {
-    return weight_on_input ? 1.f
-                           : slot_router_weight(topk_weights, topk_weights_code, topk_weights_row_stride, topk, slot);
-  };
   if constexpr (SCHEME == kQBlock) {
     // Rows: the intermediate's group scales at the tile's sorted positions (rows past the
     // tile's expert take row 0's). Column groups of 128 output columns: BM = 64, the
@@ -1142,15 +1135,14 @@ __device__ __forceinline__ void fp8_gemm2_tile(const WgmmaFp8Scales& sc, const v
     bs.col[0] = block_col_scales(sc, ws, group0);
     bs.col[1] = block_col_scales(sc, ws, BM == 128 ? group0 + 1 : group0);
     bs.col_stride = sc.w_scale_col;
+    const RowSlots slots = row_slots<BM>(tl, c);  // issued before the main loop (row_slots)
     consume_fp8<BM, false>(ktiles, ring, acc, bs);
-    const auto rows = gemm2_rows<BM>(tl, c, router_weight);
+    const auto rows =
+        gemm2_weight_rows(slots, topk_weights, topk_weights_code, topk_weights_row_stride, topk, weight_on_input);
     gemm2_store<T, BM>(acc, rows, c, K, y, [](float a, float w, int) { return a * w; });
     return;
   }
   const float* ws = sc.w_scale + (long long)c.expert * sc.w_scale_expert;
-  struct RowScales {
-    float s2, w;  // the intermediate's scale (per channel; per tensor s2_tensor), the router weight
-  };
   // Per channel: w2's scales of the warpgroup's output columns are pulled into L1 before the
   // main loop, then multiplied into acc after it. (Held in registers across the loop instead,
   // they spilled 320 bytes a thread at BM = 128; the prefetch gained 0.6-2% on the whole op.)
@@ -1160,27 +1152,48 @@ __device__ __forceinline__ void fp8_gemm2_tile(const WgmmaFp8Scales& sc, const v
     const int col = col0 + f.lane * (L::kWgN / 32);
     if (((threadIdx.x >> 5) & 3) == 0 && col < K) prefetch_l1(ws + (long long)col * sc.w_scale_row);
   }
-  consume_fp8<BM, false>(ktiles, ring, acc, NoStageScales{});
-  // The slots' loads first, then w2's scales all in one batch (the main loop's promotion
-  // registers are free now): the two wait together, where 8-block batches after the slots
-  // made four more dependent loads per tile (ncu source view, "GEMM2 epilogue loads").
+  // Issued before the main loop, used after it (row_slots): the slots, and per tensor w2's
+  // scale and the intermediate's (static, or its absmax: GEMM1 has finished, as this kernel is
+  // launched without PDL).
   const RowSlots slots = row_slots<BM>(tl, c);
-  if constexpr (SCHEME == kQChannel) {
-    scale_column_pairs<L::kWgN / 8, L::kAccs, L::kWgN / 8>(acc, ws, sc.w_scale_row, col0, K);
+  float w2_tensor = 1.f, s2_raw = 1.f;
+  if constexpr (SCHEME == kQTensor) {
+    w2_tensor = __ldg(ws);
+    s2_raw = __ldg(sc.a2_static ? sc.a2_static : sc.inter_amax);
   }
-  const auto rows = gemm2_rows(slots, [&](int slot) {
-    return RowScales{SCHEME == kQTensor ? 0.f : inter_scale<kQChannel>(sc.inter_amax, nullptr, slot, 0, 1),
-                     router_weight(slot)};
-  });
-  // One scalar rather than a copy per row: 216 fewer instructions in the t128 kernel (SASS).
-  const float w2_tensor = SCHEME == kQTensor ? ws[0] : 1.f;
-  const float s2_tensor = SCHEME == kQTensor ? inter_scale<kQTensor>(sc.inter_amax, sc.a2_static, 0, 0, 1) : 1.f;
-  gemm2_store<T, BM>(acc, rows, c, K, y, [&](float a, const RowScales& rs, int) {
-    // per channel: w2's scales are in acc already
-    float v = a * (SCHEME == kQTensor ? s2_tensor * w2_tensor : rs.s2);
-    if (!weight_on_input) v *= rs.w;
-    return v;
-  });
+  consume_fp8<BM, false>(ktiles, ring, acc, NoStageScales{});
+  // One round of loads after the main loop: per channel w2's scales, all of them (the
+  // promotion's registers are free now; in batches of 8 blocks each batch was one more
+  // round, "GEMM2 epilogue loads") and each row's intermediate absmax; the router weights.
+  RouterWeightBits<2> weight_bits{};
+  if (!weight_on_input)
+    weight_bits = load_router_weight_bits<2>(topk_weights, topk_weights_code, topk_weights_row_stride, topk, slots.slot);
+  constexpr int kBlocks = L::kWgN / 8;
+  float w2_pairs[SCHEME == kQChannel ? kBlocks : 1][2];
+  float row_amax[2] = {0.f, 0.f};
+  if constexpr (SCHEME == kQChannel) {
+    load_column_pairs<kBlocks>(w2_pairs, ws, sc.w_scale_row, col0, K);
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+      row_amax[half] = slots.slot[half] >= 0 ? __ldg(sc.inter_amax + slots.slot[half]) : 0.f;
+  }
+  Gemm2Rows<float> rows;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    rows.slot[half] = slots.slot[half];
+    rows.rv[half] = slots.slot[half] >= 0 ? 1.f : 0.f;
+  }
+  if (!weight_on_input) router_weights_from_bits(weight_bits, topk_weights_code, slots.slot, rows.rv);
+  // Per tensor: one scalar rather than a copy per row (216 fewer instructions in the t128
+  // kernel, SASS).
+  const float s2w2_tensor = (sc.a2_static ? s2_raw : fp8_dynamic_scale(s2_raw)) * w2_tensor;
+  if constexpr (SCHEME == kQChannel) apply_column_pairs<kBlocks>(acc, w2_pairs, 0);
+  // Each row's factor once: the intermediate's scale (per channel the row's; per tensor times
+  // w2's) times the router weight, so each value takes one multiply here.
+#pragma unroll
+  for (int half = 0; half < 2; ++half)
+    rows.rv[half] *= SCHEME == kQTensor ? s2w2_tensor : fp8_dynamic_scale(row_amax[half]);
+  gemm2_store<T, BM>(acc, rows, c, K, y, [](float a, float factor, int) { return a * factor; });
 #endif
 }
 

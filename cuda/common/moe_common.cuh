@@ -41,6 +41,51 @@ __device__ __forceinline__ float slot_router_weight(const void* p, int code, lon
   return load_scalar(p, code, (long long)t * row_stride + k);
 }
 
+// Router weights of N slots in two steps, so that a caller can issue other loads between the
+// two and wait on all of them at once: the raw bits (every load issued, none waited on; the
+// dtype picks predicated loads, not branches), then the values (slot < 0: weight 0). One
+// slot_router_weight per slot, each behind its own branch, converted each value before the
+// next load issued: one memory round trip per slot (SASS of the wgmma GEMM2 epilogue).
+template <int N>
+struct RouterWeightBits {
+  unsigned bits[N];
+};
+
+template <int N>
+__device__ __forceinline__ RouterWeightBits<N> load_router_weight_bits(const void* p, int code, long long row_stride,
+                                                                       int topk, const int (&slots)[N]) {
+  const bool two_bytes = code == kBF16 || code == kF16;
+  RouterWeightBits<N> r;
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const int s = slots[i] >= 0 ? slots[i] : 0;  // slot 0 exists wherever a slot does
+    const int t = s / topk;
+    const long long at = (long long)t * row_stride + (s - t * topk);
+    r.bits[i] = two_bytes ? (unsigned)__ldg(static_cast<const unsigned short*>(p) + at)
+                          : __float_as_uint(__ldg(static_cast<const float*>(p) + at));
+  }
+  return r;
+}
+
+template <int N>
+__device__ __forceinline__ void router_weights_from_bits(const RouterWeightBits<N>& r, int code, const int (&slots)[N],
+                                                         float (&w)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const unsigned b = r.bits[i];
+    const float v = code == kBF16  ? __uint_as_float(b << 16)
+                    : code == kF16 ? __half2float(__ushort_as_half((unsigned short)b))
+                                   : __uint_as_float(b);
+    w[i] = slots[i] >= 0 ? v : 0.f;
+  }
+}
+
+template <int N>
+__device__ __forceinline__ void slot_router_weights(const void* p, int code, long long row_stride, int topk,
+                                                    const int (&slots)[N], float (&w)[N]) {
+  router_weights_from_bits(load_router_weight_bits<N>(p, code, row_stride, topk, slots), code, slots, w);
+}
+
 // silu(g) = g * sigmoid(g); gelu is the exact (erf) form, as vLLM's gelu_and_mul.
 __device__ __forceinline__ float activate(int act, float g) {
   if (act == kGelu) return 0.5f * g * (1.0f + erff(g * 0.70710678118654752f));
