@@ -1306,6 +1306,19 @@ fn tokens_per_expert(p: &MoeProblem) -> f64 {
     p.slots() as f64 / p.global_experts.max(1) as f64
 }
 
+/// The slots expected to land on this rank's experts when the ids fall uniformly on the
+/// model's experts: M·topk · E_local / E_global, rounded up (all of them without an
+/// `expert_map`). With expert parallelism the other slots are skipped, so the load per local
+/// expert is that of the whole model, M·topk / E_global, not M·topk / E_local: at
+/// deepseek-v3 with 8 ranks (32 of 256 experts) the latter reads 8x too many tokens per
+/// expert. The kernels' own limits (workspace, the decode kernels' slot capacity) still
+/// count every slot, since every slot is read.
+fn expected_local_slots(p: &MoeProblem) -> usize {
+    let (slots, local) = (p.slots(), p.local_experts);
+    let global = p.global_experts.max(local).max(1);
+    (slots * local).div_ceil(global)
+}
+
 /// The L2 eviction hints of cuda_wgmma's loads (`Plan::wgmma_l2_hints`) at token tile `tile`,
 /// and the reason: `$SWAPMOE_WGMMA_L2_HINTS`, else both hints (weights evict first, token rows
 /// evict last) where
@@ -1472,7 +1485,7 @@ fn heuristic(c: &mut Candidates) -> Backend {
         return Backend::Cpu;
     }
     let slots = p.slots();
-    let per_expert = expected_slots_per_expert(slots, p.local_experts);
+    let per_expert = expected_slots_per_expert(expected_local_slots(p), p.local_experts);
     let decode_range =
         slots <= DECODE_HEURISTIC_MAX_SLOTS && per_expert <= DECODE_HEURISTIC_MAX_SLOTS_PER_EXPERT;
     // Where cuda_wgmma_swap measured fastest on the H200 (benches/NOTES.md, "swap v1"):
@@ -2276,8 +2289,10 @@ impl<'a> Candidates<'a> {
         }
     }
 
+    /// Slots per active local expert expected (expected_local_slots over the local experts
+    /// they can fill).
     fn slots_per_expert(&self) -> f64 {
-        let s = self.p.slots();
+        let s = expected_local_slots(self.p);
         s as f64 / self.p.local_experts.min(s).max(1) as f64
     }
 
@@ -2481,20 +2496,20 @@ impl<'a> Candidates<'a> {
         Ok(b)
     }
 
+    /// The active local experts expected when the ids fall uniformly (at least min(topk, E,
+    /// the expected local slots): each token's top-k experts are distinct).
+    fn expected_active_experts(&self) -> f64 {
+        let p = self.p;
+        let slots = expected_local_slots(p);
+        (slots as f64 / expected_slots_per_expert(slots, p.local_experts).max(1.0))
+            .max(p.topk.min(p.local_experts).min(slots) as f64)
+            .max(1.0)
+    }
+
     /// cuda_wgmma_swap's cluster sizes (GEMM1's K split, GEMM2's expert split) and why:
     /// `$SWAPMOE_SWAP_SPLITS`, or the smallest power of two that gives each GEMM at least
     /// 90% of an SM's worth of CTAs (GEMM1 keeping >= 4 k-tiles per CTA; GEMM2 no more
     /// ranks than expected active experts).
-    /// The active experts expected when the ids fall uniformly (at least min(topk, E): each
-    /// token's top-k experts are distinct).
-    fn expected_active_experts(&self) -> f64 {
-        let p = self.p;
-        let slots = p.slots();
-        (slots as f64 / expected_slots_per_expert(slots, p.local_experts).max(1.0))
-            .max(p.topk.min(p.local_experts) as f64)
-            .max(1.0)
-    }
-
     fn swap_splits(&self) -> ((usize, usize), String) {
         let allowed = [1usize, 2, 4, 8];
         let mut note = String::new();
@@ -3178,6 +3193,32 @@ mod tests {
         // Mixtral: long items everywhere
         let (ctas, on, _) = grids(8, 2, 4096, 14336, None);
         assert_eq!((ctas, on), (0, (false, false)));
+    }
+
+    /// Under expert parallelism each local expert expects the whole model's load per expert
+    /// (M·topk / E_global): the heuristic picks for 32 local experts of deepseek-v3's 256
+    /// what it picks for all 256 (backend and token tile), not what 8x the load would get.
+    #[test]
+    fn expert_parallel_load_per_local_expert_is_the_models() {
+        let (e, topk, k, n) = DEEPSEEK;
+        for m in [1, 4, 8, 16, 64, 256, 1024, 4096] {
+            let whole = problem(m, e, topk, k, n, DType::BF16);
+            let mut rank = problem(m, e / 8, topk, k, n, DType::BF16);
+            rank.global_experts = e as usize;
+            assert_eq!(
+                expected_local_slots(&rank),
+                (m as usize * topk as usize).div_ceil(8)
+            );
+            assert_eq!(expected_local_slots(&whole), whole.slots());
+            let (a, b) = (plan(&whole, Some(&h200())), plan(&rank, Some(&h200())));
+            assert_eq!(
+                (a.backend, a.tokens_per_pass),
+                (b.backend, b.tokens_per_pass),
+                "M = {m}: {:?} against {:?}",
+                a.reasons,
+                b.reasons
+            );
+        }
     }
 
     #[test]
