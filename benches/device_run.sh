@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # One device session's batch: install the wheel carried in dist/ (or in $WHEEL_DIR, e.g.
 # dist/new), then run what the arguments name (smoke, sanitize, pytest, bench). Logs go to $OUT.
+# The device tool returns at most 8 files from $OUT (device README, Limits): PACK_OUT=1 packs
+# everything under $OUT into $OUT/out.tgz at the end when there are more (ncu-source writes 7
+# files per pair of cases, ktimes one per case).
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
@@ -150,3 +153,10 @@ for step in "$@"; do
     *) echo "unknown step $step" ;;
   esac
 done
+if [ "${PACK_OUT:-0}" = 1 ]; then
+  files=$(find "$OUT" -type f | wc -l)
+  if [ "$files" -gt 8 ]; then
+    tar czf /tmp/device_run_out.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/device_run_out.tgz "$OUT/out.tgz" \
+      && echo "packed the $files files of \$OUT into \$OUT/out.tgz"
+  fi
+fi
