@@ -829,26 +829,11 @@ __device__ __forceinline__ void load_column_pairs(float (&s)[kBlocks][2], const 
 // acc[4 (a0 + j) + a] *= s[j][a & 1]: a block's 4 accumulators are its pair in two row halves.
 template <int kBlocks, int kAccs>
 __device__ __forceinline__ void apply_column_pairs(float (&acc)[kAccs], const float (&s)[kBlocks][2], int a0) {
+  static_assert(4 * kBlocks <= kAccs, "4 accumulators per n8 block");
 #pragma unroll
   for (int j = 0; j < kBlocks; ++j)
 #pragma unroll
     for (int a = 0; a < 4; ++a) acc[4 * (a0 + j) + a] *= s[j][a & 1];
-}
-
-// Both, after the main loop, kMaxBatch blocks (2 kMaxBatch scales) at a time, for the kBlocks
-// blocks from accumulator block a0 on (their columns from col0 on).
-template <int kBlocks, int kAccs, int kMaxBatch = 8>
-__device__ __forceinline__ void scale_column_pairs(float (&acc)[kAccs], const float* __restrict__ base,
-                                                   long long stride, int col0, int limit, int a0 = 0) {
-  static_assert(4 * kBlocks <= kAccs, "4 accumulators per n8 block");
-  constexpr int kBatch = kBlocks < kMaxBatch ? kBlocks : kMaxBatch;
-  static_assert(kBlocks % kBatch == 0, "whole batches");
-#pragma unroll
-  for (int j0 = 0; j0 < kBlocks; j0 += kBatch) {
-    float s[kBatch][2];
-    load_column_pairs<kBatch>(s, base, stride, col0 + 8 * j0, limit);
-    apply_column_pairs<kBatch>(acc, s, a0 + j0);
-  }
 }
 
 // The scales an FP8 wgmma GEMM reads (`WgmmaFp8Scales` in src/cuda/launch.rs, by value).
