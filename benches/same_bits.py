@@ -1,5 +1,6 @@
-"""Saves (--save F) or compares (--compare F) the outputs of a fixed set of FP8 cuda_wgmma
-calls at both token tiles, every scheme, on fixed random inputs: whether a kernel change that
+"""Saves (--save F) or compares (--compare F) the outputs of a fixed set of cuda_wgmma calls
+at both token tiles (FP8 in every scheme, and bf16 with fp32 and bf16 router weights and with
+the weights on the input) on fixed random inputs: whether a kernel change that
 should only move timing (a schedule, a barrier) leaves every bit of the result as it was.
 Run it once per wheel (PYTHONPATH) on the same device.
 
@@ -14,12 +15,16 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-from conftest import Case, fp8_call, make_fp8_problem, to_fp8_inputs, wgmma_fp8_case  # noqa: E402
+from conftest import (Case, call, fp8_call, make_fp8_problem, make_problem, to_fp8_inputs,  # noqa: E402
+                      to_inputs, wgmma_fp8_case)
 
 SCHEMES = [("tensor", False), ("tensor", True), ("channel", False), ("block", False)]
 CASES = [Case(M=300, E=16, topk=4, N=256, K=512, out="poison", ids="concentrated"),
          Case(M=1200, E=8, topk=2, N=384, K=1024, out="poison", ep=True),
          Case(M=77, E=8, topk=2, N=128, K=336, out="poison", act="gelu")]
+BF16_CASES = [Case(M=300, E=16, topk=4, N=256, K=512, ids="concentrated", act="gelu"),
+              Case(M=1200, E=8, topk=2, N=384, K=1024, ep=True, tw_dtype="bfloat16"),
+              Case(M=500, E=8, topk=1, N=128, K=256, on_input=True)]
 
 
 def outputs() -> dict:
@@ -34,6 +39,10 @@ def outputs() -> dict:
                 inp = to_fp8_inputs(prob, case, "torch", "bfloat16", "cuda")
                 out = fp8_call(inp, case, backend="cuda_wgmma")
                 got[f"t{tile}/{scheme}{'-static' if static else ''}/{i}"] = out.detach().cpu().clone()
+        for i, case in enumerate(BF16_CASES):
+            rng = np.random.default_rng(2000 + i)
+            inp = to_inputs(make_problem(rng, case), case, "torch", "bfloat16", "cuda")
+            got[f"t{tile}/bf16/{i}"] = call(inp, case, backend="cuda_wgmma").detach().cpu().clone()
     torch.cuda.synchronize()
     return got
 
@@ -50,6 +59,9 @@ def main():
         print(f"saved {len(got)} outputs")
         return
     ref = torch.load(a.compare)
+    missing = [k for k in ref if k not in got]
+    if missing:
+        sys.exit(f"outputs saved but not computed now: {missing}")
     bad = [k for k in ref if not torch.equal(ref[k].view(torch.int16), got[k].view(torch.int16))]
     nan = [k for k in got if torch.isnan(got[k].float()).any()]
     print(f"{len(ref)} outputs compared: {len(ref) - len(bad)} bit-identical; differing: {bad}; with NaN: {nan}")

@@ -666,22 +666,31 @@ __device__ __forceinline__ RowSlots row_slots(const Tiles& tl, const TileCoord& 
   return s;
 }
 
-// The router weights of both row halves (1 when they apply to the input, 0 past the tile's
-// expert), both loads issued before either is converted (slot_router_weights).
+// The rows from their slots and their router weights' raw bits (load_router_weight_bits,
+// issued earlier): the router weight per row, 1 where it applies to the input, 0 past the
+// tile's expert.
+__device__ __forceinline__ Gemm2Rows<float> gemm2_weight_rows(const RowSlots& s, const RouterWeightBits<2>& bits,
+                                                              int topk_weights_code, int weight_on_input) {
+  Gemm2Rows<float> rows;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    rows.slot[half] = s.slot[half];
+    rows.rv[half] = s.slot[half] >= 0 ? 1.f : 0.f;
+  }
+  if (!weight_on_input) router_weights_from_bits(bits, topk_weights_code, s.slot, rows.rv);
+  return rows;
+}
+
+// The same in one step: both halves' router weights loaded (both loads issued before either
+// is converted), then converted.
 __device__ __forceinline__ Gemm2Rows<float> gemm2_weight_rows(const RowSlots& s, const void* __restrict__ topk_weights,
                                                               int topk_weights_code,
                                                               long long topk_weights_row_stride, int topk,
                                                               int weight_on_input) {
-  Gemm2Rows<float> rows;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) rows.slot[half] = s.slot[half];
-  if (weight_on_input) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) rows.rv[half] = s.slot[half] >= 0 ? 1.f : 0.f;
-  } else {
-    slot_router_weights<2>(topk_weights, topk_weights_code, topk_weights_row_stride, topk, s.slot, rows.rv);
-  }
-  return rows;
+  RouterWeightBits<2> bits{};
+  if (!weight_on_input)
+    bits = load_router_weight_bits<2>(topk_weights, topk_weights_code, topk_weights_row_stride, topk, s.slot);
+  return gemm2_weight_rows(s, bits, topk_weights_code, weight_on_input);
 }
 
 // A 4 x 4 transpose of 32-bit words among the 4 lanes of a quad (lane q = lane % 4): lane q
@@ -1162,13 +1171,7 @@ __device__ __forceinline__ void fp8_gemm2_tile(const WgmmaFp8Scales& sc, const v
     for (int half = 0; half < 2; ++half)
       row_amax[half] = slots.slot[half] >= 0 ? __ldg(sc.inter_amax + slots.slot[half]) : 0.f;
   }
-  Gemm2Rows<float> rows;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    rows.slot[half] = slots.slot[half];
-    rows.rv[half] = slots.slot[half] >= 0 ? 1.f : 0.f;
-  }
-  if (!weight_on_input) router_weights_from_bits(weight_bits, topk_weights_code, slots.slot, rows.rv);
+  Gemm2Rows<float> rows = gemm2_weight_rows(slots, weight_bits, topk_weights_code, weight_on_input);
   // Per tensor: one scalar rather than a copy per row (216 fewer instructions in the t128
   // kernel, SASS).
   const float s2w2_tensor = (sc.a2_static ? s2_raw : fp8_dynamic_scale(s2_raw)) * w2_tensor;
