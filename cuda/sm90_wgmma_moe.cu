@@ -607,26 +607,38 @@ __device__ __forceinline__ void gemm1_act(const T* __restrict__ x, long long x_r
     const Frag<BM> f;
     const int col0 = c.block * (kBN / 2) + L::gemm1_col_base(f.cw);
     constexpr int kGateBlocks = L::kWgN / 16;
+    float w[2] = {1.f, 1.f};
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = f.row0 + half * 8;
+      if (weight_on_input && r < c.count)
+        w[half] = slot_router_weight(topk_weights, topk_weights_code, topk_weights_row_stride, topk,
+                                     tl.sorted_slots[c.start + r]);
+    }
+    // Every value first, with no condition between them (with_activation), then the stores.
+    uint32_t pairs[2][kGateBlocks];
+    with_activation(act, [&](auto a) {
+      constexpr int A = decltype(a)::value;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+#pragma unroll
+        for (int j = 0; j < kGateBlocks; ++j) {
+          const float g0 = acc[4 * j + 2 * half] * w[half], g1 = acc[4 * j + 2 * half + 1] * w[half];
+          const float u0 = acc[4 * (j + kGateBlocks) + 2 * half] * w[half];
+          const float u1 = acc[4 * (j + kGateBlocks) + 2 * half + 1] * w[half];
+          T pair[2] = {from_f32<T>(activate_as<A>(g0) * u0), from_f32<T>(activate_as<A>(g1) * u1)};
+          pairs[half][j] = *reinterpret_cast<const uint32_t*>(pair);
+        }
+      }
+    });
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int r = f.row0 + half * 8;
       if (r >= c.count) continue;
-      const int p = c.start + r;
-      float w = 1.f;
-      if (weight_on_input)
-        w = slot_router_weight(topk_weights, topk_weights_code, topk_weights_row_stride, topk, tl.sorted_slots[p]);
-      T* out = inter + (long long)p * N + col0;
+      T* out = inter + (long long)(c.start + r) * N + col0;
 #pragma unroll
-      for (int j = 0; j < kGateBlocks; ++j) {
-        const int col = f.col(j);
-        if (col0 + col >= N) continue;
-        const float g0 = acc[4 * j + 2 * half] * w, g1 = acc[4 * j + 2 * half + 1] * w;
-        const float u0 = acc[4 * (j + kGateBlocks) + 2 * half] * w;
-        const float u1 = acc[4 * (j + kGateBlocks) + 2 * half + 1] * w;
-        const T v0 = from_f32<T>(activate(act, g0) * u0), v1 = from_f32<T>(activate(act, g1) * u1);
-        T pair[2] = {v0, v1};
-        *reinterpret_cast<uint32_t*>(out + col) = *reinterpret_cast<const uint32_t*>(pair);
-      }
+      for (int j = 0; j < kGateBlocks; ++j)
+        if (col0 + f.col(j) < N) *reinterpret_cast<uint32_t*>(out + f.col(j)) = pairs[half][j];
     }
   });
 }
@@ -959,22 +971,30 @@ __device__ __forceinline__ void fp8_gemm1_tile(const WgmmaFp8Scales& sc,
   constexpr int kGateBlocks = L::kWgN / 16;
   if constexpr (SCHEME == kQBlock) {
     float v[2][kGateBlocks * 2];
+    float w[2];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int r = f.row0 + half * 8;
-      const float w = weight_on_input && r < c.count
-                          ? slot_router_weight(topk_weights, topk_weights_code, topk_weights_row_stride, topk,
-                                               tl.sorted_slots[c.start + r])
-                          : 1.f;
+      w[half] = weight_on_input && r < c.count
+                    ? slot_router_weight(topk_weights, topk_weights_code, topk_weights_row_stride, topk,
+                                         tl.sorted_slots[c.start + r])
+                    : 1.f;
+    }
+    with_activation(act, [&](auto a) {
+      constexpr int A = decltype(a)::value;
 #pragma unroll
-      for (int j = 0; j < kGateBlocks; ++j) {
+      for (int half = 0; half < 2; ++half) {
+        const bool valid = f.row0 + half * 8 < c.count;
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float g = acc[4 * j + 2 * half + e] * w, u = acc[4 * (j + kGateBlocks) + 2 * half + e] * w;
-          v[half][2 * j + e] = r < c.count ? activate(act, g) * u : 0.f;
+        for (int j = 0; j < kGateBlocks; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float g = acc[4 * j + 2 * half + e] * w[half], u = acc[4 * (j + kGateBlocks) + 2 * half + e] * w[half];
+            v[half][2 * j + e] = valid ? activate_as<A>(g) * u : 0.f;
+          }
         }
       }
-    }
+    });
     fp8_gemm1_block_store<BM>(v, f, c, N, sc.inter_groups, tile_index & 1, static_cast<uint8_t*>(inter),
                               sc.inter_amax);
     return;
@@ -1003,6 +1023,24 @@ __device__ __forceinline__ void fp8_gemm1_tile(const WgmmaFp8Scales& sc,
     q_scale = *sc.a2_static;
     q_inv = __frcp_rn(q_scale);
   }
+  // Every value first, into the gate accumulators, with no condition between them
+  // (with_activation); then the stores. Rows past the tile's expert have xs = 0.
+  with_activation(act, [&](auto a) {
+    constexpr int A = decltype(a)::value;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float s = row_xs[half] * w1_tensor;  // per channel: w1's scales are in acc already
+      const float w = row_w[half];                // 1 unless the weights apply to the input
+#pragma unroll
+      for (int j = 0; j < kGateBlocks; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float g = acc[4 * j + 2 * half + e] * s * w, u = acc[4 * (j + kGateBlocks) + 2 * half + e] * s * w;
+          acc[4 * j + 2 * half + e] = activate_as<A>(g) * u;
+        }
+      }
+    }
+  });
   unsigned amax = 0u;  // per tensor: this thread's |inter| as float bits
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -1012,22 +1050,11 @@ __device__ __forceinline__ void fp8_gemm1_tile(const WgmmaFp8Scales& sc,
     const int slot = valid ? slots.slot[half] : 0;
     if (valid) {
       const int p = c.start + r;
-      const float xs = row_xs[half], w = row_w[half];
 #pragma unroll
       for (int j = 0; j < kGateBlocks; ++j) {
         const int col = col0 + f.col(j);  // even; N is a multiple of 16, so col + 1 < N too
         if (col >= N) continue;
-        const float s = xs * w1_tensor;  // per channel: w1's scales are in acc already
-        float g0 = acc[4 * j + 2 * half] * s, g1 = acc[4 * j + 2 * half + 1] * s;
-        float u0 = acc[4 * (j + kGateBlocks) + 2 * half] * s;
-        float u1 = acc[4 * (j + kGateBlocks) + 2 * half + 1] * s;
-        if (weight_on_input) {
-          g0 *= w;
-          g1 *= w;
-          u0 *= w;
-          u1 *= w;
-        }
-        const float a0 = activate(act, g0) * u0, a1 = activate(act, g1) * u1;
+        const float a0 = acc[4 * j + 2 * half], a1 = acc[4 * j + 2 * half + 1];
         if constexpr (kQ8) {
           const unsigned short b = (unsigned short)fp8_quantize(a0, q_scale, q_inv, true) |
                                    (unsigned short)((unsigned)fp8_quantize(a1, q_scale, q_inv, true) << 8);

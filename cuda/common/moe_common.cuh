@@ -86,13 +86,52 @@ __device__ __forceinline__ void slot_router_weights(const void* p, int code, lon
   router_weights_from_bits(load_router_weight_bits<N>(p, code, row_stride, topk, slots), code, slots, w);
 }
 
+// 2^x with subnormal results flushed to 0 (ex2.approx.ftz). __expf(x) is ex2.approx of
+// x * log2(e) without the flush, which costs a compare and two predicated multiplies around
+// the MUFU. In silu the flush cannot change a bit: 2^x < 2^-126 only ever adds to 1.0f.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // silu(g) = g * sigmoid(g); gelu is the exact (erf) form, as vLLM's gelu_and_mul.
+// The activation as a template argument: an epilogue that loops over values calls this
+// inside with_activation, so that no branch on `act` sits between the values and the
+// compiler can interleave their dependent chains (exp, add, reciprocal, multiply). With the
+// branch inside the loop, each value's chain ran alone in its own basic block (SASS of the
+// wgmma GEMM1 epilogues).
+template <int A>
+__device__ __forceinline__ float activate_as(float g) {
+  if constexpr (A == kGelu) {
+    return 0.5f * g * (1.0f + erff(g * 0.70710678118654752f));
+  } else {
+    // __fdividef (reciprocal and multiply, 2 ulp) instead of the IEEE division, whose
+    // Newton steps and slow-path branch made it most of the wgmma GEMM1 epilogue's silu
+    // (ncu, benches/NOTES.md "FP8 wgmma v4"). Large negative g gives -0 (rcp(inf) = 0).
+    // g * -log2(e) is exactly the product __expf(-g) forms.
+    return __fdividef(g, 1.0f + exp2_ftz(g * -1.44269504088896341f));
+  }
+}
+
 __device__ __forceinline__ float activate(int act, float g) {
-  if (act == kGelu) return 0.5f * g * (1.0f + erff(g * 0.70710678118654752f));
-  // silu: __fdividef (reciprocal and multiply, 2 ulp) instead of the IEEE division, whose
-  // Newton steps and slow-path branch made it most of the wgmma GEMM1 epilogue's silu
-  // (ncu, benches/NOTES.md "FP8 wgmma v4"). Large negative g gives -0 (rcp(inf) = 0).
-  return __fdividef(g, 1.0f + __expf(-g));
+  return act == kGelu ? activate_as<kGelu>(g) : activate_as<kSilu>(g);
+}
+
+template <int A>
+struct ActivationConst {
+  static constexpr int value = A;
+};
+
+// Runs body(ActivationConst<act>{}): one copy of the body per activation, the branch on
+// `act` outside it (activate_as).
+template <typename Body>
+__device__ __forceinline__ void with_activation(int act, Body body) {
+  if (act == kGelu) {
+    body(ActivationConst<kGelu>{});
+  } else {
+    body(ActivationConst<kSilu>{});
+  }
 }
 
 // Programmatic dependent launch (sm_90): wait for the previous kernel in the stream before
