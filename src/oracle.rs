@@ -62,11 +62,18 @@ pub const WGMMA_TOKEN_TILES: [usize; 2] = [64, 128];
 /// 3-39%). It was 192 from wgmma v1's kernels, which cost deepseek-v3-tp8 M = 4096 (128
 /// slots) 8-10% wherever no table held the shape.
 pub const WGMMA_SMALL_TILE_MAX_SLOTS_PER_EXPERT: f64 = 48.0;
-/// Fewest expected slots per active expert for which the heuristic takes cuda_wgmma over
-/// cuda_mma on Hopper. Measured (H200, `swapmoe tune`, benches/NOTES.md "wgmma v1"): from
-/// 16 slots per expert on, cuda_wgmma won at every point of the three public shapes; below
-/// it cuda_mma's 16-token tile won most points (by 1-8%).
+/// Fewest expected slots per active expert for which the bf16/fp16 heuristic takes the
+/// swap-AB kernels no more (past their token range it is the wgmma or mma GEMMs). Measured
+/// (H200, `swapmoe tune`, benches/NOTES.md "wgmma v1"): from 16 slots per expert on,
+/// cuda_wgmma won at every point of the three public shapes.
 pub const WGMMA_HEURISTIC_MIN_SLOTS_PER_EXPERT: f64 = 16.0;
+/// Fewest expected slots per active expert for which the heuristic takes cuda_wgmma over
+/// cuda_mma on Hopper. Measured (H200, benches/NOTES.md "wgmma over mma from 4 slots per
+/// expert"): under expert parallelism (deepseek-v3-tp8 and qwen3-30b-a3b over 8 ranks, each
+/// backend forced) cuda_wgmma won from ~4 slots per local expert on by 3-20% and cuda_mma
+/// below ~2.2 by up to 18%; in the shipped tables of the whole models the two are within
+/// 1.5% of each other at 4-8 slots per expert.
+pub const WGMMA_OVER_MMA_MIN_SLOTS_PER_EXPERT: f64 = 4.0;
 /// Threads per CTA of cuda_wgmma's FP8 intermediate quantization (`kQuantInterThreads`).
 pub const WGMMA_QUANT_INTER_THREADS: usize = 128;
 /// Columns per CTA of the wgmma GEMMs: GEMM1 128 inter columns (128 gate + 128 up rows of
@@ -1580,15 +1587,15 @@ fn heuristic(c: &mut Candidates) -> Backend {
         return Backend::CudaGeneric;
     }
     match c.eligible(Backend::CudaWgmma) {
-        Ok(()) if per_active >= WGMMA_HEURISTIC_MIN_SLOTS_PER_EXPERT => {
+        Ok(()) if per_active >= WGMMA_OVER_MMA_MIN_SLOTS_PER_EXPERT => {
             c.reasons.push(format!(
-                "cuda_wgmma: {per_active:.1} slots per active expert on average (>= {WGMMA_HEURISTIC_MIN_SLOTS_PER_EXPERT}), so the Hopper wgmma GEMMs win; token tile {}",
+                "cuda_wgmma: {per_active:.1} slots per active expert on average (>= {WGMMA_OVER_MMA_MIN_SLOTS_PER_EXPERT}), so the Hopper wgmma GEMMs win; token tile {}",
                 c.wgmma_token_tile()
             ));
             return Backend::CudaWgmma;
         }
         Ok(()) => c.reasons.push(format!(
-            "cuda_wgmma: not picked, {per_active:.1} slots per active expert (< {WGMMA_HEURISTIC_MIN_SLOTS_PER_EXPERT}): the 16-token mma.sync tile wastes fewer rows"
+            "cuda_wgmma: not picked, {per_active:.1} slots per active expert (< {WGMMA_OVER_MMA_MIN_SLOTS_PER_EXPERT}): the 16-token mma.sync tile wastes fewer rows"
         )),
         Err(why) => c.reasons.push(format!("cuda_wgmma: rejected, {why}")),
     }
@@ -3260,13 +3267,19 @@ mod tests {
             .any(|r| r.contains("gathered once beforehand")));
         let mid = plan(&problem(256, 128, 8, 2048, 768, DType::BF16), Some(&h200()));
         assert_eq!((mid.backend, mid.tokens_per_pass), (Backend::CudaWgmma, 64));
-        // 8 slots per expert: the 16-token mma.sync tile, with the reason
-        let few = plan(&problem(256, 256, 8, 7168, 256, DType::BF16), Some(&h200()));
+        // 3 slots per expert: the 16-token mma.sync tile, with the reason
+        let few = plan(&problem(96, 256, 8, 7168, 256, DType::BF16), Some(&h200()));
         assert_eq!(few.backend, Backend::CudaMma);
         assert!(few
             .reasons
             .iter()
-            .any(|r| r.contains("cuda_wgmma: not picked")));
+            .any(|r| r.contains("cuda_wgmma: not picked, 3.0 slots per active expert (< 4)")));
+        // 8 slots per expert: past WGMMA_OVER_MMA_MIN_SLOTS_PER_EXPERT, the wgmma GEMMs
+        let eight = plan(&problem(256, 256, 8, 7168, 256, DType::BF16), Some(&h200()));
+        assert_eq!(
+            (eight.backend, eight.tokens_per_pass),
+            (Backend::CudaWgmma, 64)
+        );
         // not on Ampere, not for float32, not for FP8's SIMT fallbacks
         let ampere = DeviceCaps {
             name: "NVIDIA A100-SXM4-80GB".into(),
@@ -4388,7 +4401,7 @@ mod tests {
         let first = ask(&p, &h200(), &set, Request::default());
         assert_eq!(
             (first.backend, first.source),
-            (Backend::CudaMma, Source::Heuristic)
+            (Backend::CudaWgmma, Source::Heuristic)
         );
         assert!(has(
             &first,

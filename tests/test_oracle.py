@@ -48,7 +48,7 @@ def test_decode_gemm2_bounded_when_its_ctas_exceed_two_per_sm():
 
 
 def test_tensor_cores_at_prefill_with_token_tile_from_slots_per_expert():
-    # Hopper: the wgmma GEMMs from 16 slots per expert on, tile 64 up to 48 slots per expert
+    # Hopper: the wgmma GEMMs from 4 slots per expert on, tile 64 up to 48 slots per expert
     p = plan(512)  # 32 slots per expert
     assert p.backend == "cuda_wgmma" and not p.swap_ab and p.tile["tokens_per_pass"] == 64
     p = plan(1024)  # 64
@@ -56,9 +56,11 @@ def test_tensor_cores_at_prefill_with_token_tile_from_slots_per_expert():
     p = plan(4096, shape=(8, 2, 4096, 14336))
     assert p.backend == "cuda_wgmma" and p.tile["tokens_per_pass"] == 128
     assert any(r.startswith("cuda_decode: rejected") for r in p.reasons)
-    p = plan(128, shape=(256, 8, 7168, 256))  # 4 slots per expert: the 16-token mma.sync tile
+    p = plan(96, shape=(256, 8, 7168, 256))  # 3 slots per expert: the 16-token mma.sync tile
     assert p.backend == "cuda_mma" and p.tile["tokens_per_pass"] == 16
     assert any(r.startswith("cuda_wgmma: not picked") for r in p.reasons)
+    p = plan(128, shape=(256, 8, 7168, 256))  # 4 slots per expert: the wgmma GEMMs
+    assert p.backend == "cuda_wgmma" and p.tile["tokens_per_pass"] == 64
     # Ampere has no wgmma: mma.sync, tile by slots per expert
     p = swapmoe.select_backend(1024, *QWEN3, device_capability=(8, 0), device_name="NVIDIA A100-SXM4-80GB")
     assert p.backend == "cuda_mma" and p.tile["tokens_per_pass"] == 64
