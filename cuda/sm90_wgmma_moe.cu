@@ -591,67 +591,6 @@ struct Frag {
   __device__ int col(int j) const { return 8 * j + 2 * (lane & 3); }
 };
 
-template <typename T, int BM, bool kGatherA>
-__device__ __forceinline__ void gemm1_act(const T* __restrict__ x, long long x_row_stride, const TensorMap* xs_map,
-                                          const TensorMap* w1_map, const void* __restrict__ topk_weights,
-                                          int topk_weights_code, long long topk_weights_row_stride, const Tiles& tl,
-                                          int topk, int N, int K, int act, int weight_on_input, T* __restrict__ inter) {
-  using L = Tile<BM>;
-  Ring ring = gemm1_ring<BM, kGatherA>(xs_map, w1_map);
-  for_each_tile(tl, (N + kBN / 2 - 1) / (kBN / 2), BM, [&](const TileCoord& c) {
-    float acc[L::kAccs];
-    if (!both_roles<T, BM, kGatherA>(
-            [&] { gemm1_produce<T, BM, kGatherA>(x, x_row_stride, xs_map, w1_map, tl, topk, N, K, c, ring); },
-            (K + kStageK<T> - 1) / kStageK<T>, ring, acc))
-      return;
-    const Frag<BM> f;
-    const int col0 = c.block * (kBN / 2) + L::gemm1_col_base(f.cw);
-    constexpr int kGateBlocks = L::kWgN / 16;
-    float w[2] = {1.f, 1.f};
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = f.row0 + half * 8;
-      if (weight_on_input && r < c.count)
-        w[half] = slot_router_weight(topk_weights, topk_weights_code, topk_weights_row_stride, topk,
-                                     tl.sorted_slots[c.start + r]);
-    }
-    // Every value first, with no condition between them (with_activation), then the stores.
-    uint32_t pairs[2][kGateBlocks];
-    with_activation(act, [&](auto a) {
-      constexpr int A = decltype(a)::value;
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-#pragma unroll
-        for (int j = 0; j < kGateBlocks; ++j) {
-          const float g0 = acc[4 * j + 2 * half] * w[half], g1 = acc[4 * j + 2 * half + 1] * w[half];
-          const float u0 = acc[4 * (j + kGateBlocks) + 2 * half] * w[half];
-          const float u1 = acc[4 * (j + kGateBlocks) + 2 * half + 1] * w[half];
-          T pair[2] = {from_f32<T>(activate_as<A>(g0) * u0), from_f32<T>(activate_as<A>(g1) * u1)};
-          pairs[half][j] = *reinterpret_cast<const uint32_t*>(pair);
-        }
-      }
-    });
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = f.row0 + half * 8;
-      if (r >= c.count) continue;
-      T* out = inter + (long long)(c.start + r) * N + col0;
-#pragma unroll
-      for (int j = 0; j < kGateBlocks; ++j)
-        if (col0 + f.col(j) < N) *reinterpret_cast<uint32_t*>(out + f.col(j)) = pairs[half][j];
-    }
-  });
-}
-
-// The rows a consumer thread stores in GEMM2's epilogue: slot[h] of tile row row0 + 8h (-1:
-// past the tile's expert) and a value per row (rv: what the epilogue multiplies the row by;
-// 0 for rows past the expert).
-template <typename RV>
-struct Gemm2Rows {
-  int slot[2];
-  RV rv[2];
-};
-
 // The slots of a consumer thread's two row halves (-1 past the tile's expert). The FP8 GEMM2s
 // issue these loads before their main loop and first wait on them after it; what depends on
 // them (router weights, per-row scales) is loaded after it, both halves' loads together, so
@@ -677,6 +616,79 @@ __device__ __forceinline__ RowSlots row_slots(const Tiles& tl, const TileCoord& 
   }
   return s;
 }
+
+// GEMM1's activated values in place of its gate accumulators: acc[4j + 2h + e] =
+// act(g * s[h] * w[h]) * (u * s[h] * w[h]) for gate accumulator g = acc[4j + 2h + e] and its
+// up twin u = acc[4(j + kGateBlocks) + 2h + e], with row half h's input scale s (1 for 16-bit
+// inputs) and router weight w (1 unless the weights apply to the input). All values with no
+// condition between them (with_activation): rows past the tile's expert and columns past N
+// are the callers' to drop at their stores.
+template <int kGateBlocks, int kAccs>
+__device__ __forceinline__ void activate_gate_up(float (&acc)[kAccs], const float (&s)[2], const float (&w)[2],
+                                                 int act) {
+  static_assert(8 * kGateBlocks <= kAccs, "gate and up blocks");
+  with_activation(act, [&](auto a) {
+    constexpr int A = decltype(a)::value;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+#pragma unroll
+      for (int j = 0; j < kGateBlocks; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float g = acc[4 * j + 2 * half + e] * s[half] * w[half];
+          const float u = acc[4 * (j + kGateBlocks) + 2 * half + e] * s[half] * w[half];
+          acc[4 * j + 2 * half + e] = activate_as<A>(g) * u;
+        }
+      }
+    }
+  });
+}
+
+template <typename T, int BM, bool kGatherA>
+__device__ __forceinline__ void gemm1_act(const T* __restrict__ x, long long x_row_stride, const TensorMap* xs_map,
+                                          const TensorMap* w1_map, const void* __restrict__ topk_weights,
+                                          int topk_weights_code, long long topk_weights_row_stride, const Tiles& tl,
+                                          int topk, int N, int K, int act, int weight_on_input, T* __restrict__ inter) {
+  using L = Tile<BM>;
+  Ring ring = gemm1_ring<BM, kGatherA>(xs_map, w1_map);
+  for_each_tile(tl, (N + kBN / 2 - 1) / (kBN / 2), BM, [&](const TileCoord& c) {
+    float acc[L::kAccs];
+    if (!both_roles<T, BM, kGatherA>(
+            [&] { gemm1_produce<T, BM, kGatherA>(x, x_row_stride, xs_map, w1_map, tl, topk, N, K, c, ring); },
+            (K + kStageK<T> - 1) / kStageK<T>, ring, acc))
+      return;
+    const Frag<BM> f;
+    const int col0 = c.block * (kBN / 2) + L::gemm1_col_base(f.cw);
+    constexpr int kGateBlocks = L::kWgN / 16;
+    float w[2] = {1.f, 1.f};  // router weights where they apply to the input; both halves' loads at once
+    if (weight_on_input)
+      slot_router_weights<2>(topk_weights, topk_weights_code, topk_weights_row_stride, topk,
+                             row_slots<BM>(tl, c).slot, w);
+    constexpr float kNoScale[2] = {1.f, 1.f};
+    activate_gate_up<kGateBlocks>(acc, kNoScale, w, act);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = f.row0 + half * 8;
+      if (r >= c.count) continue;
+      T* out = inter + (long long)(c.start + r) * N + col0;
+#pragma unroll
+      for (int j = 0; j < kGateBlocks; ++j) {
+        T pair[2] = {from_f32<T>(acc[4 * j + 2 * half]), from_f32<T>(acc[4 * j + 2 * half + 1])};
+        if (col0 + f.col(j) < N)
+          *reinterpret_cast<uint32_t*>(out + f.col(j)) = *reinterpret_cast<const uint32_t*>(pair);
+      }
+    }
+  });
+}
+
+// The rows a consumer thread stores in GEMM2's epilogue: slot[h] of tile row row0 + 8h (-1:
+// past the tile's expert) and a value per row (rv: what the epilogue multiplies the row by;
+// 0 for rows past the expert).
+template <typename RV>
+struct Gemm2Rows {
+  int slot[2];
+  RV rv[2];
+};
 
 // The rows from their slots and their router weights' raw bits (load_router_weight_bits,
 // issued earlier): the router weight per row, 1 where it applies to the input, 0 past the
@@ -923,9 +935,7 @@ __device__ __forceinline__ void fp8_gemm1_block_store(float (&v)[2][Tile<BM>::kW
     uint8_t* out = inter_q + (long long)p * N + col0;
 #pragma unroll
     for (int j = 0; j < kVals / 2; ++j) {
-      const unsigned short b = (unsigned short)fp8_quantize(v[half][2 * j], s, 0.f, false) |
-                               (unsigned short)((unsigned)fp8_quantize(v[half][2 * j + 1], s, 0.f, false) << 8);
-      *reinterpret_cast<unsigned short*>(out + f.col(j)) = b;
+      *reinterpret_cast<unsigned short*>(out + f.col(j)) = fp8x2_quantize(v[half][2 * j], v[half][2 * j + 1], s, 0.f, false);
     }
   }
 }
@@ -971,30 +981,18 @@ __device__ __forceinline__ void fp8_gemm1_tile(const WgmmaFp8Scales& sc,
   constexpr int kGateBlocks = L::kWgN / 16;
   if constexpr (SCHEME == kQBlock) {
     float v[2][kGateBlocks * 2];
-    float w[2];
+    float w[2] = {1.f, 1.f};  // as gemm1_act's
+    if (weight_on_input)
+      slot_router_weights<2>(topk_weights, topk_weights_code, topk_weights_row_stride, topk,
+                             row_slots<BM>(tl, c).slot, w);
+    constexpr float kNoScale[2] = {1.f, 1.f};  // the block scales are in acc already
+    activate_gate_up<kGateBlocks>(acc, kNoScale, w, act);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int r = f.row0 + half * 8;
-      w[half] = weight_on_input && r < c.count
-                    ? slot_router_weight(topk_weights, topk_weights_code, topk_weights_row_stride, topk,
-                                         tl.sorted_slots[c.start + r])
-                    : 1.f;
+      const bool valid = f.row0 + half * 8 < c.count;
+#pragma unroll
+      for (int i = 0; i < 2 * kGateBlocks; ++i) v[half][i] = valid ? acc[4 * (i >> 1) + 2 * half + (i & 1)] : 0.f;
     }
-    with_activation(act, [&](auto a) {
-      constexpr int A = decltype(a)::value;
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const bool valid = f.row0 + half * 8 < c.count;
-#pragma unroll
-        for (int j = 0; j < kGateBlocks; ++j) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float g = acc[4 * j + 2 * half + e] * w[half], u = acc[4 * (j + kGateBlocks) + 2 * half + e] * w[half];
-            v[half][2 * j + e] = valid ? activate_as<A>(g) * u : 0.f;
-          }
-        }
-      }
-    });
     fp8_gemm1_block_store<BM>(v, f, c, N, sc.inter_groups, tile_index & 1, static_cast<uint8_t*>(inter),
                               sc.inter_amax);
     return;
@@ -1018,29 +1016,32 @@ __device__ __forceinline__ void fp8_gemm1_tile(const WgmmaFp8Scales& sc,
     row_xs[half] = slots.slot[half] >= 0 ? __ldg(sc.x_scale + slots.slot[half] / topk) : 0.f;
   if (weight_on_input)
     slot_router_weights<2>(topk_weights, topk_weights_code, topk_weights_row_stride, topk, slots.slot, row_w);
-  float q_scale = 1.f, q_inv = 1.f;
+  float q_inv = 1.f;  // kQ8: 1 / a2_scale
+  if constexpr (kQ8) q_inv = __frcp_rn(*sc.a2_static);
+  // Every value first (activate_gate_up), then the stores. Rows past the tile's expert have
+  // xs = 0; per channel w1's scales are in acc already.
+  const float row_s[2] = {row_xs[0] * w1_tensor, row_xs[1] * w1_tensor};
+  activate_gate_up<kGateBlocks>(acc, row_s, row_w, act);
   if constexpr (kQ8) {
-    q_scale = *sc.a2_static;
-    q_inv = __frcp_rn(q_scale);
-  }
-  // Every value first, into the gate accumulators, with no condition between them
-  // (with_activation); then the stores. Rows past the tile's expert have xs = 0.
-  with_activation(act, [&](auto a) {
-    constexpr int A = decltype(a)::value;
+    // The e4m3 pairs first, with no condition between them, then the stores (rows past the
+    // tile's expert and columns past N dropped there): with the conversions inside the
+    // stores' conditions each pair sat in its own branch.
+    unsigned short q8[2][kGateBlocks];
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int j = 0; j < kGateBlocks; ++j)
+        q8[half][j] = fp8x2_quantize(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1], 0.f, q_inv, true);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const float s = row_xs[half] * w1_tensor;  // per channel: w1's scales are in acc already
-      const float w = row_w[half];                // 1 unless the weights apply to the input
+      const int r = f.row0 + half * 8;
+      uint8_t* out = static_cast<uint8_t*>(inter) + (long long)(c.start + (r < c.count ? r : 0)) * N + col0;
 #pragma unroll
-      for (int j = 0; j < kGateBlocks; ++j) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float g = acc[4 * j + 2 * half + e] * s * w, u = acc[4 * (j + kGateBlocks) + 2 * half + e] * s * w;
-          acc[4 * j + 2 * half + e] = activate_as<A>(g) * u;
-        }
-      }
+      for (int j = 0; j < kGateBlocks; ++j)  // col even; N is a multiple of 16, so col + 1 < N too
+        if (r < c.count && col0 + f.col(j) < N) *reinterpret_cast<unsigned short*>(out + f.col(j)) = q8[half][j];
     }
-  });
+    return;
+  }
   unsigned amax = 0u;  // per tensor: this thread's |inter| as float bits
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -1055,14 +1056,8 @@ __device__ __forceinline__ void fp8_gemm1_tile(const WgmmaFp8Scales& sc,
         const int col = col0 + f.col(j);  // even; N is a multiple of 16, so col + 1 < N too
         if (col >= N) continue;
         const float a0 = acc[4 * j + 2 * half], a1 = acc[4 * j + 2 * half + 1];
-        if constexpr (kQ8) {
-          const unsigned short b = (unsigned short)fp8_quantize(a0, q_scale, q_inv, true) |
-                                   (unsigned short)((unsigned)fp8_quantize(a1, q_scale, q_inv, true) << 8);
-          *reinterpret_cast<unsigned short*>(static_cast<uint8_t*>(inter) + (long long)p * N + col) = b;
-        } else {
-          *reinterpret_cast<float2*>(static_cast<float*>(inter) + (long long)p * N + col) = make_float2(a0, a1);
-          row_amax = max(row_amax, max(__float_as_uint(finite_abs(a0)), __float_as_uint(finite_abs(a1))));
-        }
+        *reinterpret_cast<float2*>(static_cast<float*>(inter) + (long long)p * N + col) = make_float2(a0, a1);
+        row_amax = max(row_amax, max(__float_as_uint(finite_abs(a0)), __float_as_uint(finite_abs(a1))));
       }
     }
     if constexpr (!kQ8 && SCHEME == kQChannel) {

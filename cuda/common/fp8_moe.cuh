@@ -45,6 +45,27 @@ __device__ __forceinline__ __nv_fp8_storage_t fp8_quantize(float v, float s, flo
   return (isfinite(v) && !isnan(t)) ? q : (__nv_fp8_storage_t)0x7F;
 }
 
+// The e4m3 bytes of two values, v0 in the low byte: each byte is fp8_quantize(v, s, inv,
+// per_tensor)'s. One conversion for the pair (cvt ... e4m3x2), and a select before it that
+// turns what fp8_quantize sends to 0x7F into a positive NaN (the conversion keeps a NaN's
+// sign: 0x7F). fp8_quantize per value converted each byte alone, then selected and packed:
+// ~11 instructions per value against ~5 here (SASS of the wgmma FP8 GEMM1 epilogue,
+// benches/NOTES.md "... e4m3 pairs in one conversion").
+__device__ __forceinline__ unsigned short fp8x2_quantize(float v0, float v1, float s, float inv, bool per_tensor) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  auto scaled = [=](float v) {
+    const float t = per_tensor ? __fmul_rn(v, inv) : __fdiv_rn(v, s);
+    return (isfinite(v) && !isnan(t)) ? t : __uint_as_float(0x7fffffffu);
+  };
+  unsigned short pair;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(scaled(v1)), "f"(scaled(v0)));
+  return pair;
+#else
+  return (unsigned short)fp8_quantize(v0, s, inv, per_tensor) |
+         (unsigned short)((unsigned)fp8_quantize(v1, s, inv, per_tensor) << 8);
+#endif
+}
+
 __device__ __forceinline__ float fp8_to_f32(__nv_fp8_storage_t b) {
   return __half2float(__half(__nv_cvt_fp8_to_halfraw(b, __NV_E4M3)));
 }
