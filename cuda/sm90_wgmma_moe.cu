@@ -617,6 +617,16 @@ __device__ __forceinline__ RowSlots row_slots(const Tiles& tl, const TileCoord& 
   return s;
 }
 
+// The router weights of a thread's two row halves where they apply to the input (both
+// halves' loads at once), else 1: GEMM1's factor w in activate_gate_up.
+__device__ __forceinline__ void input_router_weights(int weight_on_input, const void* __restrict__ topk_weights,
+                                                     int topk_weights_code, long long topk_weights_row_stride,
+                                                     int topk, const RowSlots& slots, float (&w)[2]) {
+  w[0] = w[1] = 1.f;
+  if (weight_on_input)
+    slot_router_weights<2>(topk_weights, topk_weights_code, topk_weights_row_stride, topk, slots.slot, w);
+}
+
 // GEMM1's activated values in place of its gate accumulators: acc[4j + 2h + e] =
 // act(g * s[h] * w[h]) * (u * s[h] * w[h]) for gate accumulator g = acc[4j + 2h + e] and its
 // up twin u = acc[4(j + kGateBlocks) + 2h + e], with row half h's input scale s (1 for 16-bit
@@ -660,10 +670,9 @@ __device__ __forceinline__ void gemm1_act(const T* __restrict__ x, long long x_r
     const Frag<BM> f;
     const int col0 = c.block * (kBN / 2) + L::gemm1_col_base(f.cw);
     constexpr int kGateBlocks = L::kWgN / 16;
-    float w[2] = {1.f, 1.f};  // router weights where they apply to the input; both halves' loads at once
-    if (weight_on_input)
-      slot_router_weights<2>(topk_weights, topk_weights_code, topk_weights_row_stride, topk,
-                             row_slots<BM>(tl, c).slot, w);
+    float w[2];
+    input_router_weights(weight_on_input, topk_weights, topk_weights_code, topk_weights_row_stride, topk,
+                         row_slots<BM>(tl, c), w);
     constexpr float kNoScale[2] = {1.f, 1.f};
     activate_gate_up<kGateBlocks>(acc, kNoScale, w, act);
 #pragma unroll
@@ -901,19 +910,24 @@ __device__ __forceinline__ const float* block_col_scales(const WgmmaFp8Scales& s
 // inter columns are one group: N is a multiple of 128). At BM = 128 a warpgroup holds its
 // rows' 128 columns (4 lanes); at BM = 64 the two warpgroups hold 64 each, and exchange
 // their row maxima through shared memory (`row_max`, one buffer per tile parity, so that one
-// barrier per tile separates a buffer's writes from its previous reads).
+// barrier per tile separates a buffer's writes from its previous reads). `acc` holds the
+// activated values in place of the gate accumulators (activate_gate_up): row half h's value
+// pair j is acc[4j + 2h], acc[4j + 2h + 1]. Rows past the tile's expert are computed as any
+// other (their maxima and values only reach their own rows) and dropped at the stores.
 template <int BM>
-__device__ __forceinline__ void fp8_gemm1_block_store(float (&v)[2][Tile<BM>::kWgN / 8], const Frag<BM>& f,
+__device__ __forceinline__ void fp8_gemm1_block_store(const float (&acc)[Tile<BM>::kAccs], const Frag<BM>& f,
                                                       const TileCoord& c, int N, int inter_groups, int parity,
                                                       uint8_t* __restrict__ inter_q, float* __restrict__ inter_s) {
-  constexpr int kVals = Tile<BM>::kWgN / 8;  // values per thread and row
+  constexpr int kPairs = Tile<BM>::kWgN / 16;  // value pairs per thread and row (the gate blocks)
   const int col0 = c.block * (kBN / 2) + Tile<BM>::gemm1_col_base(f.cw);
   unsigned m[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     unsigned a = 0u;
 #pragma unroll
-    for (int i = 0; i < kVals; ++i) a = max(a, __float_as_uint(finite_abs(v[half][i])));
+    for (int j = 0; j < kPairs; ++j)
+      a = max(a, max(__float_as_uint(finite_abs(acc[4 * j + 2 * half])),
+                     __float_as_uint(finite_abs(acc[4 * j + 2 * half + 1]))));
     a = max(a, __shfl_xor_sync(0xffffffffu, a, 1));
     m[half] = max(a, __shfl_xor_sync(0xffffffffu, a, 2));
   }
@@ -934,8 +948,9 @@ __device__ __forceinline__ void fp8_gemm1_block_store(float (&v)[2][Tile<BM>::kW
     if ((f.lane & 3) == 0 && (BM == 128 || f.cw == 0)) inter_s[(long long)p * inter_groups + c.block] = s;
     uint8_t* out = inter_q + (long long)p * N + col0;
 #pragma unroll
-    for (int j = 0; j < kVals / 2; ++j) {
-      *reinterpret_cast<unsigned short*>(out + f.col(j)) = fp8x2_quantize(v[half][2 * j], v[half][2 * j + 1], s, 0.f, false);
+    for (int j = 0; j < kPairs; ++j) {
+      *reinterpret_cast<unsigned short*>(out + f.col(j)) =
+          fp8x2_quantize(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1], s, 0.f, false);
     }
   }
 }
@@ -980,20 +995,12 @@ __device__ __forceinline__ void fp8_gemm1_tile(const WgmmaFp8Scales& sc,
   const int col0 = c.block * (kBN / 2) + L::gemm1_col_base(f.cw);
   constexpr int kGateBlocks = L::kWgN / 16;
   if constexpr (SCHEME == kQBlock) {
-    float v[2][kGateBlocks * 2];
-    float w[2] = {1.f, 1.f};  // as gemm1_act's
-    if (weight_on_input)
-      slot_router_weights<2>(topk_weights, topk_weights_code, topk_weights_row_stride, topk,
-                             row_slots<BM>(tl, c).slot, w);
+    float w[2];
+    input_router_weights(weight_on_input, topk_weights, topk_weights_code, topk_weights_row_stride, topk,
+                         row_slots<BM>(tl, c), w);
     constexpr float kNoScale[2] = {1.f, 1.f};  // the block scales are in acc already
     activate_gate_up<kGateBlocks>(acc, kNoScale, w, act);
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const bool valid = f.row0 + half * 8 < c.count;
-#pragma unroll
-      for (int i = 0; i < 2 * kGateBlocks; ++i) v[half][i] = valid ? acc[4 * (i >> 1) + 2 * half + (i & 1)] : 0.f;
-    }
-    fp8_gemm1_block_store<BM>(v, f, c, N, sc.inter_groups, tile_index & 1, static_cast<uint8_t*>(inter),
+    fp8_gemm1_block_store<BM>(acc, f, c, N, sc.inter_groups, tile_index & 1, static_cast<uint8_t*>(inter),
                               sc.inter_amax);
     return;
   }
@@ -1010,12 +1017,11 @@ __device__ __forceinline__ void fp8_gemm1_tile(const WgmmaFp8Scales& sc,
     apply_column_pairs<kGateBlocks>(acc, gate_s, 0);
     apply_column_pairs<kGateBlocks>(acc, up_s, kGateBlocks);
   }
-  float row_xs[2], row_w[2] = {1.f, 1.f};
+  float row_xs[2], row_w[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half)
     row_xs[half] = slots.slot[half] >= 0 ? __ldg(sc.x_scale + slots.slot[half] / topk) : 0.f;
-  if (weight_on_input)
-    slot_router_weights<2>(topk_weights, topk_weights_code, topk_weights_row_stride, topk, slots.slot, row_w);
+  input_router_weights(weight_on_input, topk_weights, topk_weights_code, topk_weights_row_stride, topk, slots, row_w);
   float q_inv = 1.f;  // kQ8: 1 / a2_scale
   if constexpr (kQ8) q_inv = __frcp_rn(*sc.a2_static);
   // Every value first (activate_gate_up), then the stores. Rows past the tile's expert have
