@@ -627,6 +627,83 @@ __device__ __forceinline__ void input_router_weights(int weight_on_input, const 
     slot_router_weights<2>(topk_weights, topk_weights_code, topk_weights_row_stride, topk, slots.slot, w);
 }
 
+// A 4 x 4 transpose of 32-bit words among the 4 lanes of a quad (lane q = lane % 4): lane q
+// holds w[b], its word of n8 block b (columns 2q, 2q + 1 of the block); it gets block q's
+// four words in column order, 16 contiguous bytes. Two butterfly steps (lanes q ^ 1, then
+// q ^ 2), each moving half of the words. Every lane of the warp must call it.
+__device__ __forceinline__ uint4 quad_transpose(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3, int q) {
+  const bool odd = q & 1, upper = q & 2;
+  // Step 1: keep the blocks of q's parity (q & 1 and (q & 1) + 2), send the other two.
+  const uint32_t r0 = __shfl_xor_sync(0xffffffffu, odd ? w0 : w1, 1);  // the partner's word of block q & 1
+  const uint32_t r2 = __shfl_xor_sync(0xffffffffu, odd ? w2 : w3, 1);  // ... of block (q & 1) + 2
+  const uint32_t own0 = odd ? w1 : w0, own2 = odd ? w3 : w2;
+  // The two kept blocks' words from lanes (q & 2) and (q & 2) + 1, in that order.
+  const uint32_t a0 = odd ? r0 : own0, a1 = odd ? own0 : r0;  // block q & 1
+  const uint32_t b0 = odd ? r2 : own2, b1 = odd ? own2 : r2;  // block (q & 1) + 2
+  // Step 2: keep block q, send the other to lane q ^ 2, which holds block q's other two words.
+  const uint32_t s0 = __shfl_xor_sync(0xffffffffu, upper ? a0 : b0, 2);
+  const uint32_t s1 = __shfl_xor_sync(0xffffffffu, upper ? a1 : b1, 2);
+  const uint32_t k0 = upper ? b0 : a0, k1 = upper ? b1 : a1;
+  return upper ? make_uint4(s0, s1, k0, k1) : make_uint4(k0, k1, s0, s1);
+}
+
+// Epilogue stores go out 16 bytes per lane (quad_transpose) on tiles holding at least this
+// many rows. Sparser tiles store each thread's words alone: there the per-tile latency of the
+// epilogue is what counts, and the transpose's shuffles added to it (FP8 GEMM2 at deepseek
+// M = 128, t64 tiles of ~4 rows: 142 -> 161 µs with wide stores on every tile).
+// benches/NOTES.md "GEMM2 16-byte stores".
+template <int BM>
+constexpr int kWideStoreMinRows = BM / 2;
+
+// GEMM1's stores of a consumer thread's two row halves, as 32-bit words: word(h, b) is the
+// thread's (quad lane q's) word of 16-byte piece b of row half h, at row[h] (the warpgroup's
+// first column of that row; valid[h] false past the tile's expert), pieces at or past
+// `bytes_left` dropped. 16-bit values: the word is columns 8b + 2q, + 1 (n8 block b).
+// e4m3 (kE4m3): the low half is n8 block 2b's pair (columns 16b + 2q, + 1), the high half
+// block 2b + 1's (16b + 8 + 2q, + 1). `wide` (CTA-uniform): each quad transposes its words so
+// that lane q stores piece 4g + q whole, and a warp writes 8 rows x 64 contiguous bytes;
+// otherwise every lane stores its own words (4 bytes, or e4m3's two 2-byte pairs), which
+// leaves whole sectors to be merged in L2: 27 of the per-tensor FP8 GEMM1's 285 µs at qwen3
+// M = 4096 were its 2-byte stores (benches/NOTES.md "Where the wgmma GEMM1's fixed cost per
+// tile goes").
+template <bool kE4m3, int kPieces, typename Word>
+__device__ __forceinline__ void gemm1_store_rows(Word word, unsigned char* const (&row)[2],
+                                                 const bool (&valid)[2], int bytes_left, bool wide, int q) {
+  static_assert(kPieces % 4 == 0, "pieces go through the quad transpose in fours");
+  if (!wide) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      if (!valid[half]) continue;
+#pragma unroll
+      for (int b = 0; b < kPieces; ++b) {
+        if (16 * b >= bytes_left) continue;
+        const uint32_t w = word(half, b);
+        if constexpr (kE4m3) {
+          *reinterpret_cast<unsigned short*>(row[half] + 16 * b + 2 * q) = (unsigned short)(w & 0xffffu);
+          *reinterpret_cast<unsigned short*>(row[half] + 16 * b + 8 + 2 * q) = (unsigned short)(w >> 16);
+        } else {
+          *reinterpret_cast<uint32_t*>(row[half] + 16 * b + 4 * q) = w;
+        }
+      }
+    }
+    return;
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    if (__all_sync(0xffffffffu, !valid[half])) continue;  // warp-uniform: no row of this warp's half
+#pragma unroll
+    for (int g = 0; g < kPieces / 4; ++g) {
+      uint4 v = quad_transpose(word(half, 4 * g), word(half, 4 * g + 1), word(half, 4 * g + 2), word(half, 4 * g + 3), q);
+      if constexpr (kE4m3) {  // lanes 0..3's words -> bytes in column order
+        v = make_uint4(__byte_perm(v.x, v.y, 0x5410), __byte_perm(v.z, v.w, 0x5410), __byte_perm(v.x, v.y, 0x7632),
+                       __byte_perm(v.z, v.w, 0x7632));
+      }
+      const int piece = 4 * g + q;  // the piece this lane now holds
+      if (valid[half] && 16 * piece < bytes_left) *reinterpret_cast<uint4*>(row[half] + 16 * piece) = v;
+    }
+  }
+}
+
 // GEMM1's activated values in place of its gate accumulators: acc[4j + 2h + e] =
 // act(g * s[h] * w[h]) * (u * s[h] * w[h]) for gate accumulator g = acc[4j + 2h + e] and its
 // up twin u = acc[4(j + kGateBlocks) + 2h + e], with row half h's input scale s (1 for 16-bit
@@ -675,18 +752,20 @@ __device__ __forceinline__ void gemm1_act(const T* __restrict__ x, long long x_r
                          row_slots<BM>(tl, c), w);
     constexpr float kNoScale[2] = {1.f, 1.f};
     activate_gate_up<kGateBlocks>(acc, kNoScale, w, act);
+    unsigned char* row[2];
+    bool valid[2];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int r = f.row0 + half * 8;
-      if (r >= c.count) continue;
-      T* out = inter + (long long)(c.start + r) * N + col0;
-#pragma unroll
-      for (int j = 0; j < kGateBlocks; ++j) {
-        T pair[2] = {from_f32<T>(acc[4 * j + 2 * half]), from_f32<T>(acc[4 * j + 2 * half + 1])};
-        if (col0 + f.col(j) < N)
-          *reinterpret_cast<uint32_t*>(out + f.col(j)) = *reinterpret_cast<const uint32_t*>(pair);
-      }
+      valid[half] = r < c.count;
+      row[half] = reinterpret_cast<unsigned char*>(inter + (long long)(c.start + (valid[half] ? r : 0)) * N + col0);
     }
+    auto word = [&](int half, int j) {  // n8 block j's pair of row half `half`
+      T pair[2] = {from_f32<T>(acc[4 * j + 2 * half]), from_f32<T>(acc[4 * j + 2 * half + 1])};
+      return *reinterpret_cast<const uint32_t*>(pair);
+    };
+    gemm1_store_rows<false, kGateBlocks>(word, row, valid, (N - col0) * (int)sizeof(T), c.count >= kWideStoreMinRows<BM>,
+                            f.lane & 3);
   });
 }
 
@@ -726,26 +805,6 @@ __device__ __forceinline__ Gemm2Rows<float> gemm2_weight_rows(const RowSlots& s,
   return gemm2_weight_rows(s, bits, topk_weights_code, weight_on_input);
 }
 
-// A 4 x 4 transpose of 32-bit words among the 4 lanes of a quad (lane q = lane % 4): lane q
-// holds w[b], its word of n8 block b (columns 2q, 2q + 1 of the block); it gets block q's
-// four words in column order, 16 contiguous bytes. Two butterfly steps (lanes q ^ 1, then
-// q ^ 2), each moving half of the words. Every lane of the warp must call it.
-__device__ __forceinline__ uint4 quad_transpose(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3, int q) {
-  const bool odd = q & 1, upper = q & 2;
-  // Step 1: keep the blocks of q's parity (q & 1 and (q & 1) + 2), send the other two.
-  const uint32_t r0 = __shfl_xor_sync(0xffffffffu, odd ? w0 : w1, 1);  // the partner's word of block q & 1
-  const uint32_t r2 = __shfl_xor_sync(0xffffffffu, odd ? w2 : w3, 1);  // ... of block (q & 1) + 2
-  const uint32_t own0 = odd ? w1 : w0, own2 = odd ? w3 : w2;
-  // The two kept blocks' words from lanes (q & 2) and (q & 2) + 1, in that order.
-  const uint32_t a0 = odd ? r0 : own0, a1 = odd ? own0 : r0;  // block q & 1
-  const uint32_t b0 = odd ? r2 : own2, b1 = odd ? own2 : r2;  // block (q & 1) + 2
-  // Step 2: keep block q, send the other to lane q ^ 2, which holds block q's other two words.
-  const uint32_t s0 = __shfl_xor_sync(0xffffffffu, upper ? a0 : b0, 2);
-  const uint32_t s1 = __shfl_xor_sync(0xffffffffu, upper ? a1 : b1, 2);
-  const uint32_t k0 = upper ? b0 : a0, k1 = upper ? b1 : a1;
-  return upper ? make_uint4(s0, s1, k0, k1) : make_uint4(k0, k1, s0, s1);
-}
-
 // GEMM2's epilogue for one tile: y[slot, col] = value(acc, rv, col) for the consumer
 // thread's rows (`rows`, from gemm2_weight_rows) and columns, in the activation dtype; rows past the
 // tile's expert and columns past K are dropped (K is a multiple of 8: whole n8 blocks).
@@ -754,12 +813,7 @@ __device__ __forceinline__ uint4 quad_transpose(uint32_t w0, uint32_t w1, uint32
 // 32-byte sectors, where 4-byte stores of column pairs leave half of every sector to another
 // instruction (ncu, deepseek-v3-tp8 M = 4096: 49% of GEMM2's store sectors excessive, L2 at
 // 85% of its peak; the whole op 1442 -> 1350 µs with the wide stores). Sparser tiles keep the
-// 4-byte stores: there the per-tile latency of the epilogue is what counts, and the
-// transpose's shuffles added to it (FP8 GEMM2 at deepseek M = 128, t64 tiles of ~4 rows:
-// 142 -> 161 µs with wide stores on every tile). benches/NOTES.md "GEMM2 16-byte stores".
-template <int BM>
-constexpr int kWideStoreMinRows = BM / 2;
-
+// 4-byte stores (kWideStoreMinRows).
 template <typename T, int BM, typename RV, typename Value>
 __device__ __forceinline__ void gemm2_store(const float (&acc)[Tile<BM>::kAccs], const Gemm2Rows<RV>& rows,
                                             const TileCoord& c, int K, T* __restrict__ y, Value value) {
@@ -939,20 +993,27 @@ __device__ __forceinline__ void fp8_gemm1_block_store(const float (&acc)[Tile<BM
 #pragma unroll
     for (int half = 0; half < 2; ++half) m[half] = max(m[half], row_max[parity][f.cw ^ 1][f.row0 + 8 * half]);
   }
+  unsigned char* row[2];
+  bool valid[2];
+  float s[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = f.row0 + half * 8;
-    if (r >= c.count) continue;
-    const int p = c.start + r;
-    const float s = fp8_group_scale(__uint_as_float(m[half]));
-    if ((f.lane & 3) == 0 && (BM == 128 || f.cw == 0)) inter_s[(long long)p * inter_groups + c.block] = s;
-    uint8_t* out = inter_q + (long long)p * N + col0;
-#pragma unroll
-    for (int j = 0; j < kPairs; ++j) {
-      *reinterpret_cast<unsigned short*>(out + f.col(j)) =
-          fp8x2_quantize(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1], s, 0.f, false);
-    }
+    valid[half] = r < c.count;
+    const int p = c.start + (valid[half] ? r : 0);
+    row[half] = inter_q + (long long)p * N + col0;
+    s[half] = fp8_group_scale(__uint_as_float(m[half]));
+    if (valid[half] && (f.lane & 3) == 0 && (BM == 128 || f.cw == 0))
+      inter_s[(long long)p * inter_groups + c.block] = s[half];
   }
+  auto word = [&](int half, int b) {  // e4m3 pairs of n8 blocks 2b (low half) and 2b + 1
+    return fp8x2_quantize(acc[8 * b + 2 * half], acc[8 * b + 2 * half + 1], s[half], 0.f, false) |
+           ((uint32_t)fp8x2_quantize(acc[8 * b + 4 + 2 * half], acc[8 * b + 5 + 2 * half], s[half], 0.f, false) << 16);
+  };
+  // Narrow stores on every tile: the wide ones measured slower here (a 16-byte spill in the
+  // t128 kernel; qwen3-30b-a3b M = 1024 253-257 -> 266-269 µs, deepseek-v3-tp8 M = 4096 +5 µs;
+  // benches/NOTES.md "GEMM1 16-byte stores").
+  gemm1_store_rows<true, kPairs / 2>(word, row, valid, N - col0, /*wide=*/false, f.lane & 3);
 }
 
 // GEMM1: inter[p, j] = act(g) * u, g and u dequantized by the input's and w1's scales.
@@ -1029,23 +1090,23 @@ __device__ __forceinline__ void fp8_gemm1_tile(const WgmmaFp8Scales& sc,
   const float row_s[2] = {row_xs[0] * w1_tensor, row_xs[1] * w1_tensor};
   activate_gate_up<kGateBlocks>(acc, row_s, row_w, act);
   if constexpr (kQ8) {
-    // The e4m3 pairs first, with no condition between them, then the stores (rows past the
-    // tile's expert and columns past N dropped there): with the conversions inside the
-    // stores' conditions each pair sat in its own branch.
-    unsigned short q8[2][kGateBlocks];
-#pragma unroll
-    for (int half = 0; half < 2; ++half)
-#pragma unroll
-      for (int j = 0; j < kGateBlocks; ++j)
-        q8[half][j] = fp8x2_quantize(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1], 0.f, q_inv, true);
+    // The e4m3 pairs are converted with no condition around them (gemm1_store_rows predicates
+    // only the stores: rows past the tile's expert, columns past N); with the conversions
+    // inside the stores' conditions each pair sat in its own branch.
+    unsigned char* row[2];
+    bool valid[2];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int r = f.row0 + half * 8;
-      uint8_t* out = static_cast<uint8_t*>(inter) + (long long)(c.start + (r < c.count ? r : 0)) * N + col0;
-#pragma unroll
-      for (int j = 0; j < kGateBlocks; ++j)  // col even; N is a multiple of 16, so col + 1 < N too
-        if (r < c.count && col0 + f.col(j) < N) *reinterpret_cast<unsigned short*>(out + f.col(j)) = q8[half][j];
+      valid[half] = r < c.count;
+      row[half] = static_cast<uint8_t*>(inter) + (long long)(c.start + (valid[half] ? r : 0)) * N + col0;
     }
+    auto word = [&](int half, int b) {  // e4m3 pairs of n8 blocks 2b (low half) and 2b + 1
+      return fp8x2_quantize(acc[8 * b + 2 * half], acc[8 * b + 2 * half + 1], 0.f, q_inv, true) |
+             ((uint32_t)fp8x2_quantize(acc[8 * b + 4 + 2 * half], acc[8 * b + 5 + 2 * half], 0.f, q_inv, true) << 16);
+    };
+    // N is a multiple of 16: a 16-column piece is whole or past N
+    gemm1_store_rows<true, kGateBlocks / 2>(word, row, valid, N - col0, c.count >= kWideStoreMinRows<BM>, f.lane & 3);
     return;
   }
   unsigned amax = 0u;  // per tensor: this thread's |inter| as float bits
