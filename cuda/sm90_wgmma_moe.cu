@@ -693,7 +693,8 @@ __device__ __forceinline__ void gemm1_store_rows(Word word, unsigned char* const
     if (__all_sync(0xffffffffu, !valid[half])) continue;  // warp-uniform: no row of this warp's half
 #pragma unroll
     for (int g = 0; g < kPieces / 4; ++g) {
-      uint4 v = quad_transpose(word(half, 4 * g), word(half, 4 * g + 1), word(half, 4 * g + 2), word(half, 4 * g + 3), q);
+      uint4 v = quad_transpose(word(half, 4 * g), word(half, 4 * g + 1), word(half, 4 * g + 2),
+                               word(half, 4 * g + 3), q);
       if constexpr (kE4m3) {  // lanes 0..3's words -> bytes in column order
         v = make_uint4(__byte_perm(v.x, v.y, 0x5410), __byte_perm(v.z, v.w, 0x5410), __byte_perm(v.x, v.y, 0x7632),
                        __byte_perm(v.z, v.w, 0x7632));
@@ -764,8 +765,8 @@ __device__ __forceinline__ void gemm1_act(const T* __restrict__ x, long long x_r
       T pair[2] = {from_f32<T>(acc[4 * j + 2 * half]), from_f32<T>(acc[4 * j + 2 * half + 1])};
       return *reinterpret_cast<const uint32_t*>(pair);
     };
-    gemm1_store_rows<false, kGateBlocks>(word, row, valid, (N - col0) * (int)sizeof(T), c.count >= kWideStoreMinRows<BM>,
-                            f.lane & 3);
+    const bool wide = c.count >= kWideStoreMinRows<BM>;  // CTA-uniform
+    gemm1_store_rows<false, kGateBlocks>(word, row, valid, (N - col0) * (int)sizeof(T), wide, f.lane & 3);
   });
 }
 
@@ -1106,7 +1107,8 @@ __device__ __forceinline__ void fp8_gemm1_tile(const WgmmaFp8Scales& sc,
              ((uint32_t)fp8x2_quantize(acc[8 * b + 4 + 2 * half], acc[8 * b + 5 + 2 * half], 0.f, q_inv, true) << 16);
     };
     // N is a multiple of 16: a 16-column piece is whole or past N
-    gemm1_store_rows<true, kGateBlocks / 2>(word, row, valid, N - col0, c.count >= kWideStoreMinRows<BM>, f.lane & 3);
+    const bool wide = c.count >= kWideStoreMinRows<BM>;  // CTA-uniform
+    gemm1_store_rows<true, kGateBlocks / 2>(word, row, valid, N - col0, wide, f.lane & 3);
     return;
   }
   unsigned amax = 0u;  // per tensor: this thread's |inter| as float bits
