@@ -655,9 +655,40 @@ __device__ __forceinline__ uint4 quad_transpose(uint32_t w0, uint32_t w1, uint32
 template <int BM>
 constexpr int kWideStoreMinRows = BM / 2;
 
+// A consumer thread's two output rows of a GEMM1 tile in `out` (rows of N elements, the tile's
+// first row at c.start): row[h] is tile row row0 + 8h at column col0 (the warpgroup's first),
+// as bytes; valid[h] is false past the tile's expert, whose pointer is then row 0's.
+struct Gemm1OutRows {
+  unsigned char* row[2];
+  bool valid[2];
+};
+
+template <int BM, typename E>
+__device__ __forceinline__ Gemm1OutRows gemm1_out_rows(const Frag<BM>& f, const TileCoord& c, E* out, int N,
+                                                       int col0) {
+  Gemm1OutRows o;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = f.row0 + half * 8;
+    o.valid[half] = r < c.count;
+    o.row[half] = reinterpret_cast<unsigned char*>(out + (long long)(c.start + (o.valid[half] ? r : 0)) * N + col0);
+  }
+  return o;
+}
+
+// The 32-bit word of e4m3 pairs that gemm1_store_rows takes for row half `half` and piece b:
+// n8 block 2b's pair (low half) and block 2b + 1's, quantized as fp8x2_quantize(.., s, inv,
+// per_tensor), from the activated values in place of the gate accumulators (activate_gate_up).
+template <int kAccs>
+__device__ __forceinline__ uint32_t e4m3_pairs_word(const float (&acc)[kAccs], int half, int b, float s, float inv,
+                                                    bool per_tensor) {
+  return fp8x2_quantize(acc[8 * b + 2 * half], acc[8 * b + 2 * half + 1], s, inv, per_tensor) |
+         ((uint32_t)fp8x2_quantize(acc[8 * b + 4 + 2 * half], acc[8 * b + 5 + 2 * half], s, inv, per_tensor) << 16);
+}
+
 // GEMM1's stores of a consumer thread's two row halves, as 32-bit words: word(h, b) is the
-// thread's (quad lane q's) word of 16-byte piece b of row half h, at row[h] (the warpgroup's
-// first column of that row; valid[h] false past the tile's expert), pieces at or past
+// thread's (quad lane q's) word of 16-byte piece b of row half h, at rows.row[h]
+// (gemm1_out_rows; rows.valid[h] false past the tile's expert), pieces at or past
 // `bytes_left` dropped. 16-bit values: the word is columns 8b + 2q, + 1 (n8 block b).
 // e4m3 (kE4m3): the low half is n8 block 2b's pair (columns 16b + 2q, + 1), the high half
 // block 2b + 1's (16b + 8 + 2q, + 1). `wide` (CTA-uniform): each quad transposes its words so
@@ -667,9 +698,11 @@ constexpr int kWideStoreMinRows = BM / 2;
 // M = 4096 were its 2-byte stores (benches/NOTES.md "Where the wgmma GEMM1's fixed cost per
 // tile goes").
 template <bool kE4m3, int kPieces, typename Word>
-__device__ __forceinline__ void gemm1_store_rows(Word word, unsigned char* const (&row)[2],
-                                                 const bool (&valid)[2], int bytes_left, bool wide, int q) {
+__device__ __forceinline__ void gemm1_store_rows(Word word, const Gemm1OutRows& rows, int bytes_left, bool wide,
+                                                 int q) {
   static_assert(kPieces % 4 == 0, "pieces go through the quad transpose in fours");
+  unsigned char* const(&row)[2] = rows.row;
+  const bool(&valid)[2] = rows.valid;
   if (!wide) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -753,20 +786,13 @@ __device__ __forceinline__ void gemm1_act(const T* __restrict__ x, long long x_r
                          row_slots<BM>(tl, c), w);
     constexpr float kNoScale[2] = {1.f, 1.f};
     activate_gate_up<kGateBlocks>(acc, kNoScale, w, act);
-    unsigned char* row[2];
-    bool valid[2];
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = f.row0 + half * 8;
-      valid[half] = r < c.count;
-      row[half] = reinterpret_cast<unsigned char*>(inter + (long long)(c.start + (valid[half] ? r : 0)) * N + col0);
-    }
     auto word = [&](int half, int j) {  // n8 block j's pair of row half `half`
       T pair[2] = {from_f32<T>(acc[4 * j + 2 * half]), from_f32<T>(acc[4 * j + 2 * half + 1])};
       return *reinterpret_cast<const uint32_t*>(pair);
     };
     const bool wide = c.count >= kWideStoreMinRows<BM>;  // CTA-uniform
-    gemm1_store_rows<false, kGateBlocks>(word, row, valid, (N - col0) * (int)sizeof(T), wide, f.lane & 3);
+    const Gemm1OutRows rows = gemm1_out_rows(f, c, inter, N, col0);
+    gemm1_store_rows<false, kGateBlocks>(word, rows, (N - col0) * (int)sizeof(T), wide, f.lane & 3);
   });
 }
 
@@ -994,27 +1020,20 @@ __device__ __forceinline__ void fp8_gemm1_block_store(const float (&acc)[Tile<BM
 #pragma unroll
     for (int half = 0; half < 2; ++half) m[half] = max(m[half], row_max[parity][f.cw ^ 1][f.row0 + 8 * half]);
   }
-  unsigned char* row[2];
-  bool valid[2];
+  const Gemm1OutRows rows = gemm1_out_rows(f, c, inter_q, N, col0);
   float s[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const int r = f.row0 + half * 8;
-    valid[half] = r < c.count;
-    const int p = c.start + (valid[half] ? r : 0);
-    row[half] = inter_q + (long long)p * N + col0;
     s[half] = fp8_group_scale(__uint_as_float(m[half]));
-    if (valid[half] && (f.lane & 3) == 0 && (BM == 128 || f.cw == 0))
+    const int p = c.start + (rows.valid[half] ? f.row0 + 8 * half : 0);
+    if (rows.valid[half] && (f.lane & 3) == 0 && (BM == 128 || f.cw == 0))
       inter_s[(long long)p * inter_groups + c.block] = s[half];
   }
-  auto word = [&](int half, int b) {  // e4m3 pairs of n8 blocks 2b (low half) and 2b + 1
-    return fp8x2_quantize(acc[8 * b + 2 * half], acc[8 * b + 2 * half + 1], s[half], 0.f, false) |
-           ((uint32_t)fp8x2_quantize(acc[8 * b + 4 + 2 * half], acc[8 * b + 5 + 2 * half], s[half], 0.f, false) << 16);
-  };
+  auto word = [&](int half, int b) { return e4m3_pairs_word(acc, half, b, s[half], 0.f, false); };
   // Narrow stores on every tile: the wide ones measured slower here (a 16-byte spill in the
   // t128 kernel; qwen3-30b-a3b M = 1024 253-257 -> 266-269 µs, deepseek-v3-tp8 M = 4096 +5 µs;
   // benches/NOTES.md "GEMM1 16-byte stores").
-  gemm1_store_rows<true, kPairs / 2>(word, row, valid, N - col0, /*wide=*/false, f.lane & 3);
+  gemm1_store_rows<true, kPairs / 2>(word, rows, N - col0, /*wide=*/false, f.lane & 3);
 }
 
 // GEMM1: inter[p, j] = act(g) * u, g and u dequantized by the input's and w1's scales.
@@ -1094,21 +1113,11 @@ __device__ __forceinline__ void fp8_gemm1_tile(const WgmmaFp8Scales& sc,
     // The e4m3 pairs are converted with no condition around them (gemm1_store_rows predicates
     // only the stores: rows past the tile's expert, columns past N); with the conversions
     // inside the stores' conditions each pair sat in its own branch.
-    unsigned char* row[2];
-    bool valid[2];
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = f.row0 + half * 8;
-      valid[half] = r < c.count;
-      row[half] = static_cast<uint8_t*>(inter) + (long long)(c.start + (valid[half] ? r : 0)) * N + col0;
-    }
-    auto word = [&](int half, int b) {  // e4m3 pairs of n8 blocks 2b (low half) and 2b + 1
-      return fp8x2_quantize(acc[8 * b + 2 * half], acc[8 * b + 2 * half + 1], 0.f, q_inv, true) |
-             ((uint32_t)fp8x2_quantize(acc[8 * b + 4 + 2 * half], acc[8 * b + 5 + 2 * half], 0.f, q_inv, true) << 16);
-    };
+    auto word = [&](int half, int b) { return e4m3_pairs_word(acc, half, b, 0.f, q_inv, true); };
     // N is a multiple of 16: a 16-column piece is whole or past N
     const bool wide = c.count >= kWideStoreMinRows<BM>;  // CTA-uniform
-    gemm1_store_rows<true, kGateBlocks / 2>(word, row, valid, N - col0, wide, f.lane & 3);
+    const Gemm1OutRows rows = gemm1_out_rows(f, c, static_cast<uint8_t*>(inter), N, col0);
+    gemm1_store_rows<true, kGateBlocks / 2>(word, rows, N - col0, wide, f.lane & 3);
     return;
   }
   unsigned amax = 0u;  // per tensor: this thread's |inter| as float bits
