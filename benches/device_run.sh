@@ -100,6 +100,40 @@ for step in "$@"; do
         grep -E "wgmma_moe_|Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Registers Per|Local Memory|Shared Memory Throughput|Issue Slots Busy|No Eligible|Stall|Tensor" "$f" | head -60
       done
       tar czf "$OUT/ncu_wgmma.tgz" -C /tmp $(cd /tmp && ls ncu_wgmma_*.txt) ;;
+    clocks)
+      # SM clock, power and the driver's clock-event reasons (nvidia-smi every 100 ms) while
+      # `swapmoe bench` times each "model:M:quant" of $CLOCKS_CASES (quant none = bf16) in its
+      # CUDA graphs: whether a sustained layer runs at the clock ncu's single kernels see.
+      f="$OUT/clocks.csv"; fields=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu
+      nvidia-smi --query-gpu=$fields,clocks_event_reasons.active --format=csv,noheader -lms 100 > "$f" 2>&1 &
+      smi=$!; sleep 1
+      if ! kill -0 $smi 2>/dev/null; then  # older drivers name the reasons clocks_throttle_reasons
+        nvidia-smi --query-gpu=$fields,clocks_throttle_reasons.active --format=csv,noheader -lms 100 > "$f" 2>&1 &
+        smi=$!; sleep 1
+      fi
+      for c in ${CLOCKS_CASES:-qwen3-30b-a3b:4096:fp8_tensor}; do
+        IFS=: read -r model m quant <<< "$c"
+        q=""; [ "$quant" != none ] && q="--quant $quant"
+        echo "$(date +%T.%N | cut -c1-12) start $c" >> "$OUT/clocks_marks.txt"
+        python3 -m swapmoe bench --model $model --m $m $q --no-check --no-baselines --no-progress 2>&1 | grep -E '^ *[0-9]+ '
+        echo "$(date +%T.%N | cut -c1-12) end $c" >> "$OUT/clocks_marks.txt"
+      done
+      sleep 1; kill $smi
+      python3 - "$f" <<'PY' | tee "$OUT/clocks.txt"
+import collections, statistics, sys
+rows = [l.split(", ") for l in open(sys.argv[1]) if l.count(",") >= 5]
+busy = [r for r in rows if r[3].endswith(" W") and float(r[3][:-2]) > 300]  # the layer running
+if not busy:
+    print(f"no sample above 300 W of {len(rows)}")
+else:
+    mhz = sorted(int(r[1].split()[0]) for r in busy)
+    watts = sorted(float(r[3][:-2]) for r in busy)
+    print(f"busy samples {len(busy)} of {len(rows)}: SM MHz {mhz[0]} / {statistics.median(mhz):.0f} / {mhz[-1]},"
+          f" W {watts[0]:.0f} / {statistics.median(watts):.0f} / {watts[-1]:.0f} (min / median / max)")
+    for reason, n in collections.Counter(r[5].strip() for r in busy).most_common():
+        print(f"  clock event reasons {reason}: {n} samples")
+PY
+      ;;
     ktimes)
       # per-kernel durations of the default plan (ncu, one metric; caches flushed before each
       # kernel) per "shape:M:quant" of $KTIMES_CASES (quant none = bf16); summary to stdout.

@@ -1037,6 +1037,24 @@ def cpu_time_us(calls: Sequence[Callable[[], Any]], min_reps: int = 5, max_reps:
     return statistics.median(times) * 1e6
 
 
+def capture_graph(torch: Any, calls: Sequence[Callable[[], Any]]) -> Any:
+    """A CUDA graph of ``calls`` in order, each run once first on a side stream (as torch's
+    capture wants: allocations and lazy initialization out of the way). Raises what capture
+    raises."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for c in calls:
+            c()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for c in calls:
+            c()
+    return g
+
+
 def gpu_time_us(torch: Any, calls: Sequence[Callable[[], Any]], timer: GpuTimer, graph: bool) -> Tuple[float, str]:
     """µs per layer of ``calls`` (one per layer): a CUDA graph of all of them replayed under
     ``timer``, or the eager loop. Returns (µs, how)."""
@@ -1045,18 +1063,8 @@ def gpu_time_us(torch: Any, calls: Sequence[Callable[[], Any]], timer: GpuTimer,
     fn: Callable[[], Any]
     g = None
     if graph:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for c in calls:
-                c()
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
         try:
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                for c in calls:
-                    c()
+            g = capture_graph(torch, calls)
             fn = g.replay
             how = "graph"
         except Exception as e:  # a pipeline that cannot be captured is timed eagerly
