@@ -126,6 +126,13 @@ struct Ring {
   int g;
 };
 
+// What consume_fp8 runs at the start of each stage besides its own work (`hook(kt)`, kt the
+// stage's index in the tile): nothing, or the FP8 GEMM2's router-weight loads
+// (kRouterWeightStage).
+struct NoStageHook {
+  __device__ void operator()(int) const {}
+};
+
 #ifdef SWAPMOE_SM90A
 constexpr int kGatherThreads = 128;  // producer threads that gather GEMM1's A rows
 
@@ -269,9 +276,10 @@ __device__ __forceinline__ void promote(float* acc, const float (&p)[R], const f
 // promotion; the other warpgroup's wgmmas keep the tensor core busy meanwhile. The larger
 // tile reads 40% fewer bytes from L2 per MMA than BM = 64, whose FP8 GEMMs ran at 60-74% of
 // L2 throughput (ncu, Mixtral M = 4096).
-template <int BM, bool kGatherA, typename Scale>
+// `hook(kt)` runs at the start of each stage kt, before its wait (NoStageHook: nothing).
+template <int BM, bool kGatherA, typename Scale, typename Hook = NoStageHook>
 __device__ __forceinline__ void consume_fp8(int ktiles, Ring& ring, float (&acc)[Tile<BM>::kAccs],
-                                            const Scale& scale) {
+                                            const Scale& scale, Hook hook = {}) {
   using L = Tile<BM>;
   constexpr int S = L::kStages;
   const int lane = threadIdx.x & 31;
@@ -282,6 +290,7 @@ __device__ __forceinline__ void consume_fp8(int ktiles, Ring& ring, float (&acc)
 #pragma unroll
     for (int i = 0; i < L::kAccs; ++i) acc[i] = 0.f;
     for (int kt = 0; kt < ktiles; ++kt, ++ring.g) {
+      hook(kt);
       float s[4];
       scale.load(kt, s);
       uint32_t a, b;
@@ -310,6 +319,7 @@ __device__ __forceinline__ void consume_fp8(int ktiles, Ring& ring, float (&acc)
     int kt = 0;  // stages issued in this tile
     // Issues stage ring.g's wgmmas into p (one commit group), its scales into s.
     auto issue = [&](float (&p)[L::kAccs], float (&s)[4]) {
+      hook(kt);
       scale.load(kt++, s);
       uint32_t a, b;
       wait_stage<BM, kGatherA>(ring, cw, a, b);
@@ -616,6 +626,18 @@ __device__ __forceinline__ RowSlots row_slots(const Tiles& tl, const TileCoord& 
   }
   return s;
 }
+
+// The stage at whose start a per-tensor or per-channel FP8 GEMM2 tile issues its rows'
+// router-weight loads: the second. The slots they index (row_slots) were read before the main loop and have arrived
+// by then (the first stage's wait and wgmmas lie between), so the loads' round trip runs
+// under the tile's remaining stages rather than between its main loop and its epilogue,
+// where the ncu source view of the FP8 per-tensor GEMM2 (qwen3-30b-a3b M = 4096) put 6% of the
+// kernel's stall samples on the weights' first use. Not the first stage: "GEMM2 16-byte
+// stores" measured slot-dependent loads in front of the first stage's wait 17% slower on
+// sparse tiles. The bf16/f16 and 128x128-block GEMM2s load them after the main loop: measured
+// the same way they were 0.6-2% slower whole op at M = 4096 (NOTES "GEMM2's router weights
+// loaded during the main loop").
+constexpr int kRouterWeightStage = 1;
 
 // The router weights of a thread's two row halves where they apply to the input (both
 // halves' loads at once), else 1: GEMM1's factor w in activate_gate_up.
@@ -1201,6 +1223,28 @@ __device__ __forceinline__ void fp8_quant_inter(const float* __restrict__ inter,
   }
 }
 
+#ifdef SWAPMOE_SM90A
+// An FP8 GEMM2 tile's main loop (consume_fp8) with its rows' router-weight bits loaded
+// during it (kRouterWeightStage; after it for a tile with no such stage). Where the weights
+// apply to the input the bits stay 0 and nothing is loaded.
+template <int BM, typename Scale>
+__device__ __forceinline__ RouterWeightBits<2> consume_fp8_loading_router_weights(
+    int ktiles, Ring& ring, float (&acc)[Tile<BM>::kAccs], const Scale& scale, const RowSlots& slots,
+    const void* __restrict__ topk_weights, int topk_weights_code, long long topk_weights_row_stride, int topk,
+    int weight_on_input) {
+  RouterWeightBits<2> bits{};
+  auto load = [&] {
+    if (!weight_on_input)
+      bits = load_router_weight_bits<2>(topk_weights, topk_weights_code, topk_weights_row_stride, topk, slots.slot);
+  };
+  consume_fp8<BM, false>(ktiles, ring, acc, scale, [&](int kt) {
+    if (kt == kRouterWeightStage) load();
+  });
+  if (ktiles <= kRouterWeightStage) load();
+  return bits;
+}
+#endif
+
 // GEMM2: y[slot, r] = w(slot) * s2 * w2_scale * (inter_q[p] . w2_q[e, r]), s2 the
 // intermediate's scale (static, or from the absmax), in the activation dtype. The consumer
 // warpgroups' side of one tile.
@@ -1229,6 +1273,7 @@ __device__ __forceinline__ void fp8_gemm2_tile(const WgmmaFp8Scales& sc, const v
     bs.col[0] = block_col_scales(sc, ws, group0);
     bs.col[1] = block_col_scales(sc, ws, BM == 128 ? group0 + 1 : group0);
     bs.col_stride = sc.w_scale_col;
+    // The router weights load after the main loop here (kRouterWeightStage says why).
     const RowSlots slots = row_slots<BM>(tl, c);  // issued before the main loop (row_slots)
     consume_fp8<BM, false>(ktiles, ring, acc, bs);
     const auto rows =
@@ -1255,13 +1300,12 @@ __device__ __forceinline__ void fp8_gemm2_tile(const WgmmaFp8Scales& sc, const v
     w2_tensor = __ldg(ws);
     s2_raw = __ldg(sc.a2_static ? sc.a2_static : sc.inter_amax);
   }
-  consume_fp8<BM, false>(ktiles, ring, acc, NoStageScales{});
+  const auto weight_bits = consume_fp8_loading_router_weights<BM>(ktiles, ring, acc, NoStageScales{}, slots, topk_weights,
+                                                                  topk_weights_code, topk_weights_row_stride, topk,
+                                                                  weight_on_input);
   // One round of loads after the main loop: per channel w2's scales, all of them (the
   // promotion's registers are free now; in batches of 8 blocks each batch was one more
-  // round, "GEMM2 epilogue loads") and each row's intermediate absmax; the router weights.
-  RouterWeightBits<2> weight_bits{};
-  if (!weight_on_input)
-    weight_bits = load_router_weight_bits<2>(topk_weights, topk_weights_code, topk_weights_row_stride, topk, slots.slot);
+  // round, "GEMM2 epilogue loads") and each row's intermediate absmax.
   constexpr int kBlocks = L::kWgN / 8;
   float w2_pairs[SCHEME == kQChannel ? kBlocks : 1][2];
   float row_amax[2] = {0.f, 0.f};
