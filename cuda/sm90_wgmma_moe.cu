@@ -628,15 +628,15 @@ __device__ __forceinline__ RowSlots row_slots(const Tiles& tl, const TileCoord& 
 }
 
 // The stage at whose start a per-tensor or per-channel FP8 GEMM2 tile issues its rows'
-// router-weight loads: the second. The slots they index (row_slots) were read before the main loop and have arrived
-// by then (the first stage's wait and wgmmas lie between), so the loads' round trip runs
-// under the tile's remaining stages rather than between its main loop and its epilogue,
-// where the ncu source view of the FP8 per-tensor GEMM2 (qwen3-30b-a3b M = 4096) put 6% of the
-// kernel's stall samples on the weights' first use. Not the first stage: "GEMM2 16-byte
-// stores" measured slot-dependent loads in front of the first stage's wait 17% slower on
-// sparse tiles. The bf16/f16 and 128x128-block GEMM2s load them after the main loop: measured
-// the same way they were 0.6-2% slower whole op at M = 4096 (NOTES "GEMM2's router weights
-// loaded during the main loop").
+// router-weight loads: the second. The slots they index (row_slots) were read before the main
+// loop and have arrived by then (the first stage's wait and wgmmas lie between), so the
+// loads' round trip runs under the tile's remaining stages rather than between its main loop
+// and its epilogue, where the ncu source view of the FP8 per-tensor GEMM2 (qwen3-30b-a3b
+// M = 4096) put 6% of the kernel's stall samples on the weights' first use. Not the first
+// stage: "GEMM2 16-byte stores" measured slot-dependent loads in front of the first stage's
+// wait 17% slower on sparse tiles. The bf16/f16 and 128x128-block GEMM2s load them after the
+// main loop: measured the same way they were 0.6-2% slower whole op at M = 4096 (NOTES
+// "GEMM2's router weights loaded during the main loop").
 constexpr int kRouterWeightStage = 1;
 
 // The router weights of a thread's two row halves where they apply to the input (both
@@ -1300,9 +1300,9 @@ __device__ __forceinline__ void fp8_gemm2_tile(const WgmmaFp8Scales& sc, const v
     w2_tensor = __ldg(ws);
     s2_raw = __ldg(sc.a2_static ? sc.a2_static : sc.inter_amax);
   }
-  const auto weight_bits = consume_fp8_loading_router_weights<BM>(ktiles, ring, acc, NoStageScales{}, slots, topk_weights,
-                                                                  topk_weights_code, topk_weights_row_stride, topk,
-                                                                  weight_on_input);
+  const auto weight_bits =
+      consume_fp8_loading_router_weights<BM>(ktiles, ring, acc, NoStageScales{}, slots, topk_weights, topk_weights_code,
+                                             topk_weights_row_stride, topk, weight_on_input);
   // One round of loads after the main loop: per channel w2's scales, all of them (the
   // promotion's registers are free now; in batches of 8 blocks each batch was one more
   // round, "GEMM2 epilogue loads") and each row's intermediate absmax.
