@@ -104,6 +104,13 @@ for key in sorted(dur):
     print(f"  {key[1][:60]:60s} {statistics.median(dur[key]):8.1f}  gap before {g_}")
 print(f"  layer span (first start to last end) {statistics.median(span):.1f}, period (start to next layer's start)"
       f" {statistics.median(period):.1f}")
+if len(runs) >= 40:  # each kernel in the first 10 replays against the last 20 (the steady state under load)
+    print("  per kernel, first 10 replays -> last 20 (µs, medians):")
+    for i in range(per_layer):
+        first = [r[j * per_layer + i]["dur"] for r in runs[:10] for j in range(LAYERS)]
+        last = [r[j * per_layer + i]["dur"] for r in runs[-20:] for j in range(LAYERS)]
+        a, b = statistics.median(first), statistics.median(last)
+        print(f"    {runs[0][i]['name'][:58]:58s} {a:8.1f} -> {b:8.1f} ({100 * (b / a - 1):+.1f}%)")
 for i, r in enumerate(runs):
     if len(runs) > 12 and 4 <= i < len(runs) - 4 and i % 10:
         continue
