@@ -7,28 +7,11 @@ import sys
 import torch
 
 import swapmoe
+from fp8_cases import fp8_problem
 
 
 def case(M, E, topk, K, N, scheme, backend, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(M, K, generator=g).to(torch.bfloat16)
-    w1 = (torch.randn(E, 2 * N, K, generator=g) * 8).to(torch.float8_e4m3fn)
-    w2 = (torch.randn(E, K, N, generator=g) * 8).to(torch.float8_e4m3fn)
-    b = 128
-    if scheme == "block":
-        s1 = torch.rand(E, -(-2 * N // b), -(-K // b), generator=g) * 0.02 + 0.01
-        s2 = torch.rand(E, -(-K // b), -(-N // b), generator=g) * 0.02 + 0.01
-        kw = dict(block_shape=[128, 128])
-    elif scheme == "channel":
-        s1 = torch.rand(E, 2 * N, generator=g) * 0.02 + 0.01
-        s2 = torch.rand(E, K, generator=g) * 0.02 + 0.01
-        kw = dict(per_channel_quant=True)
-    else:
-        s1 = torch.rand(E, generator=g) * 0.02 + 0.01
-        s2 = torch.rand(E, generator=g) * 0.02 + 0.01
-        kw = {}
-    tw, ids = torch.topk(torch.softmax(torch.randn(M, E, generator=g), -1), topk)
-    ids = ids.to(torch.int32)
+    x, w1, w2, tw, ids, s1, s2, kw = fp8_problem(M, E, topk, K, N, scheme, seed=seed)
     cpu = swapmoe.fused_experts(x, w1, w2, tw, ids, use_fp8_w8a8=True, w1_scale=s1, w2_scale=s2, **kw)
     d = "cuda"
     gpu = swapmoe.fused_experts(x.to(d), w1.to(d), w2.to(d), tw.to(d), ids.to(d), use_fp8_w8a8=True,

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 import swapmoe
+from fp8_cases import fp8_problem
 from swapmoe.reference import e4m3_decode, fused_experts_fp8_ref, rel_error, rel_error_with_flips
 
 CASES = [  # (M, E, topk, K, N, scheme, out dtype)
@@ -20,21 +21,7 @@ CASES = [  # (M, E, topk, K, N, scheme, out dtype)
 ]
 
 for M, E, topk, K, N, scheme, dtype in CASES:
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(M, K, generator=g).to(dtype)
-    w1 = (torch.randn(E, 2 * N, K, generator=g) * 8).to(torch.float8_e4m3fn)
-    w2 = (torch.randn(E, K, N, generator=g) * 8).to(torch.float8_e4m3fn)
-    if scheme == "channel":
-        s1 = torch.rand(E, 2 * N, generator=g) * 0.02 + 0.01
-        s2 = torch.rand(E, K, generator=g) * 0.02 + 0.01
-        kw = dict(per_channel_quant=True)
-    else:
-        s1 = torch.rand(E, generator=g) * 0.02 + 0.01
-        s2 = torch.rand(E, generator=g) * 0.02 + 0.01
-        kw = dict(a1_scale=torch.tensor(0.01), a2_scale=torch.tensor(0.05))
-    logits = torch.randn(M, E, generator=g)
-    tw, ids = torch.topk(torch.softmax(logits, -1), topk)
-    ids = ids.to(torch.int32)
+    x, w1, w2, tw, ids, s1, s2, kw = fp8_problem(M, E, topk, K, N, scheme, dtype, static_scales=True)
     dev = {k: (v.cuda() if torch.is_tensor(v) else v) for k, v in kw.items()}
     out = swapmoe.fused_experts(x.cuda(), w1.cuda(), w2.cuda(), tw.cuda(), ids.cuda(), use_fp8_w8a8=True,
                                 w1_scale=s1.cuda(), w2_scale=s2.cuda(), backend="cuda_wgmma", **dev)

@@ -25,7 +25,8 @@ from swapmoe.bench import capture_graph
 
 M = int(sys.argv[1]) if len(sys.argv) > 1 else 4096
 SHAPES = {"qwen3": (128, 8, 2048, 768), "deepseek": (256, 8, 7168, 256), "mixtral": (8, 2, 4096, 14336)}
-E, TOPK, K, N = SHAPES[sys.argv[2] if len(sys.argv) > 2 else "qwen3"]
+SHAPE = sys.argv[2] if len(sys.argv) > 2 else "qwen3"
+E, TOPK, K, N = SHAPES[SHAPE]
 LAYERS = 8
 # $TIMELINE_REPLAYS replays back to back under the profiler (each after an L2 flush), as do_bench
 # runs them: the later ones show what sustained load does to the clock.
@@ -72,7 +73,7 @@ events.sort(key=lambda e: e["ts"])
 # which is the first kernel of the call's own sequence (the same name at a fixed position).
 runs, cur = [], []
 for e in events:
-    if "swapmoe" not in e["name"] and "wgmma" not in e["name"] and "swap" not in e["name"]:
+    if "swap" not in e["name"] and "wgmma" not in e["name"]:  # swapmoe's kernels: swapmoe_*, swap_moe_*, wgmma_moe_*
         if cur:
             runs.append(cur)
             cur = []
@@ -97,7 +98,7 @@ for r in runs:
         span.append(ks[-1]["ts"] + ks[-1]["dur"] - ks[0]["ts"])
         if layer + 1 < LAYERS:
             period.append(r[(layer + 1) * per_layer]["ts"] - ks[0]["ts"])
-print(f"{sys.argv[2] if len(sys.argv) > 2 else 'qwen3'} M={M} quant={QUANT or 'none'}: {len(runs)} replays x {LAYERS} layers,"
+print(f"{SHAPE} M={M} quant={QUANT or 'none'}: {len(runs)} replays x {LAYERS} layers,"
       f" {per_layer} kernels per layer (µs, medians)")
 for key in sorted(dur):
     g_ = f"{statistics.median(gap[key]):8.1f}" if gap[key] else "        "
