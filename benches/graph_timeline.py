@@ -21,7 +21,7 @@ from collections import defaultdict
 import torch
 
 import swapmoe
-from swapmoe.bench import capture_graph
+from swapmoe.bench import capture_graph, warm_up_for_capture
 
 M = int(sys.argv[1]) if len(sys.argv) > 1 else 4096
 SHAPES = {"qwen3": (128, 8, 2048, 768), "deepseek": (256, 8, 7168, 256), "mixtral": (8, 2, 4096, 14336)}
@@ -53,6 +53,7 @@ for _ in range(LAYERS):
     out = torch.empty_like(x)
     layers.append(lambda w1=w1, w2=w2, fp8=fp8, out=out: swapmoe.fused_experts(x, w1, w2, tw, ids, out=out, **fp8))
 
+warm_up_for_capture(torch, layers)
 graph = capture_graph(torch, layers)
 flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
 for _ in range(3):  # warm-up

@@ -1037,10 +1037,9 @@ def cpu_time_us(calls: Sequence[Callable[[], Any]], min_reps: int = 5, max_reps:
     return statistics.median(times) * 1e6
 
 
-def capture_graph(torch: Any, calls: Sequence[Callable[[], Any]]) -> Any:
-    """A CUDA graph of ``calls`` in order, each run once first on a side stream (as torch's
-    capture wants: allocations and lazy initialization out of the way). Raises what capture
-    raises."""
+def warm_up_for_capture(torch: Any, calls: Sequence[Callable[[], Any]]) -> None:
+    """Runs ``calls`` once on a side stream, as torch's graph capture wants (allocations and
+    lazy initialization out of the way), and waits for them."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -1048,6 +1047,11 @@ def capture_graph(torch: Any, calls: Sequence[Callable[[], Any]]) -> Any:
             c()
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
+
+
+def capture_graph(torch: Any, calls: Sequence[Callable[[], Any]]) -> Any:
+    """A CUDA graph of ``calls`` in order (after warm_up_for_capture). Raises what capture
+    raises."""
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         for c in calls:
@@ -1063,6 +1067,7 @@ def gpu_time_us(torch: Any, calls: Sequence[Callable[[], Any]], timer: GpuTimer,
     fn: Callable[[], Any]
     g = None
     if graph:
+        warm_up_for_capture(torch, calls)
         try:
             g = capture_graph(torch, calls)
             fn = g.replay
