@@ -1224,12 +1224,12 @@ __device__ __forceinline__ void fp8_quant_inter(const float* __restrict__ inter,
 }
 
 #ifdef SWAPMOE_SM90A
-// An FP8 GEMM2 tile's main loop (consume_fp8) with its rows' router-weight bits loaded
-// during it (kRouterWeightStage; after it for a tile with no such stage). Where the weights
-// apply to the input the bits stay 0 and nothing is loaded.
-template <int BM, typename Scale>
+// A per-tensor or per-channel FP8 GEMM2 tile's main loop (consume_fp8, no stage scales) with
+// its rows' router-weight bits loaded during it (kRouterWeightStage; after it for a tile with
+// no such stage). Where the weights apply to the input the bits stay 0 and nothing is loaded.
+template <int BM>
 __device__ __forceinline__ RouterWeightBits<2> consume_fp8_loading_router_weights(
-    int ktiles, Ring& ring, float (&acc)[Tile<BM>::kAccs], const Scale& scale, const RowSlots& slots,
+    int ktiles, Ring& ring, float (&acc)[Tile<BM>::kAccs], const RowSlots& slots,
     const void* __restrict__ topk_weights, int topk_weights_code, long long topk_weights_row_stride, int topk,
     int weight_on_input) {
   RouterWeightBits<2> bits{};
@@ -1237,7 +1237,7 @@ __device__ __forceinline__ RouterWeightBits<2> consume_fp8_loading_router_weight
     if (!weight_on_input)
       bits = load_router_weight_bits<2>(topk_weights, topk_weights_code, topk_weights_row_stride, topk, slots.slot);
   };
-  consume_fp8<BM, false>(ktiles, ring, acc, scale, [&](int kt) {
+  consume_fp8<BM, false>(ktiles, ring, acc, NoStageScales{}, [&](int kt) {
     if (kt == kRouterWeightStage) load();
   });
   if (ktiles <= kRouterWeightStage) load();
@@ -1301,7 +1301,7 @@ __device__ __forceinline__ void fp8_gemm2_tile(const WgmmaFp8Scales& sc, const v
     s2_raw = __ldg(sc.a2_static ? sc.a2_static : sc.inter_amax);
   }
   const auto weight_bits =
-      consume_fp8_loading_router_weights<BM>(ktiles, ring, acc, NoStageScales{}, slots, topk_weights, topk_weights_code,
+      consume_fp8_loading_router_weights<BM>(ktiles, ring, acc, slots, topk_weights, topk_weights_code,
                                              topk_weights_row_stride, topk, weight_on_input);
   // One round of loads after the main loop: per channel w2's scales, all of them (the
   // promotion's registers are free now; in batches of 8 blocks each batch was one more
