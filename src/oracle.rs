@@ -93,6 +93,15 @@ pub const WGMMA_PERSISTENT_MAX_STAGES: usize = 8;
 /// at M = 1024 and 4096 (per-tensor); deepseek-v3-tp8's (56 stages) -1 to -2%, within the
 /// spread; Mixtral with both GEMMs (32 and 112 stages) persistent 6% slower at M = 4096.
 pub const WGMMA_FP8_PERSISTENT_MAX_STAGES: usize = 16;
+/// GEMM1 also runs as a persistent grid past the stage rule when an expert has at most this
+/// many column blocks (`WGMMA_GEMM1_COLUMNS` inter columns each) and its items at most
+/// `WGMMA_GEMM1_FEW_BLOCKS_MAX_STAGES` k-stages. Measured (H200, benches/NOTES.md "Persistent
+/// GEMM1 by column blocks per expert"), persistent against one CTA per item: qwen3-30b-a3b
+/// bf16 (6 blocks, 32 stages) 1-4% faster and deepseek-v3-tp8 FP8 (2 blocks, 56 stages) 0-4%
+/// faster at M = 1024-4096; deepseek bf16 (2 blocks, 112 stages) 0-1% slower; Mixtral (112
+/// blocks) 0-3% slower in bf16 and FP8.
+pub const WGMMA_GEMM1_PERSISTENT_MAX_BLOCKS: usize = 8;
+pub const WGMMA_GEMM1_FEW_BLOCKS_MAX_STAGES: usize = 64;
 /// Threads per CTA of the wgmma GEMMs: a producer warpgroup and two consumer warpgroups.
 pub const WGMMA_THREADS: usize = 384;
 /// Dynamic shared memory of the wgmma GEMMs with token tile `tile`: 4 (tile 128) or 5
@@ -214,8 +223,9 @@ pub const WGMMA_GEMM2_BLOCK_RUN_ENV: &str = "SWAPMOE_WGMMA_GEMM2_BLOCK_RUN";
 /// cuda_wgmma's e4m3 GEMM2 column-block run where a token tile's rows fill it (runs of 2 and
 /// 4 measured at deepseek-v3-tp8 fp8_tensor M = 4096: 4 is 4% faster, 2 about 2%).
 pub const WGMMA_GEMM2_DENSE_E4M3_BLOCK_RUN: u8 = 4;
-/// `$SWAPMOE_WGMMA_PERSISTENT` = "on" | "off" (else the stage rule,
-/// `WGMMA_PERSISTENT_MAX_STAGES`): whether both of cuda_wgmma's GEMMs run as persistent grids.
+/// `$SWAPMOE_WGMMA_PERSISTENT` = "on" | "off" | "gemm1" | "gemm2" (else the stage rule,
+/// `WGMMA_PERSISTENT_MAX_STAGES`): which of cuda_wgmma's GEMMs run as persistent grids (both,
+/// neither, or only the one named).
 pub const WGMMA_PERSISTENT_ENV: &str = "SWAPMOE_WGMMA_PERSISTENT";
 /// `$SWAPMOE_SWAP_SLICES` = "g1,g2": force the K slices per stage of GEMM1 and GEMM2; for tuning.
 pub const SWAP_SLICES_ENV: &str = "SWAPMOE_SWAP_SLICES";
@@ -1249,7 +1259,10 @@ fn wgmma_grids(
     } else {
         WGMMA_PERSISTENT_MAX_STAGES
     };
-    let rule = (stages.0 <= max_stages, stages.1 <= max_stages);
+    let gemm1_blocks = p.n.div_ceil(WGMMA_GEMM1_COLUMNS);
+    let few_blocks = gemm1_blocks <= WGMMA_GEMM1_PERSISTENT_MAX_BLOCKS
+        && stages.0 <= WGMMA_GEMM1_FEW_BLOCKS_MAX_STAGES;
+    let rule = (stages.0 <= max_stages || few_blocks, stages.1 <= max_stages);
     let (persistent, forced) = match std::env::var(WGMMA_PERSISTENT_ENV)
         .as_deref()
         .map(str::trim)
@@ -1262,23 +1275,44 @@ fn wgmma_grids(
             (false, false),
             format!(" (forced by ${WGMMA_PERSISTENT_ENV}=off)"),
         ),
+        Ok(which @ ("gemm1" | "gemm2")) => (
+            (which == "gemm1", which == "gemm2"),
+            format!(" (forced by ${WGMMA_PERSISTENT_ENV}={which})"),
+        ),
         Ok(v) if !v.is_empty() && v != "auto" => (
             rule,
-            format!(" (${WGMMA_PERSISTENT_ENV}={v:?} ignored: expected on, off or auto)"),
+            format!(
+                " (${WGMMA_PERSISTENT_ENV}={v:?} ignored: expected on, off, gemm1, gemm2 or auto)"
+            ),
         ),
         _ => (rule, String::new()),
     };
-    let grid = |name: &str, n: usize, on: bool| {
+    // Why the rule gives `on` for a GEMM of `n` stages (GEMM1: with `blocks` column blocks
+    // per expert); nothing where the stages alone decide it persistent, or where the
+    // environment forced the opposite.
+    let grid = |name: &str, n: usize, on: bool, blocks: Option<usize>| {
+        let why = match (on, n <= max_stages, blocks) {
+            (true, false, Some(b)) if few_blocks => format!(
+                " ({b} column blocks per expert <= {WGMMA_GEMM1_PERSISTENT_MAX_BLOCKS} and <= {WGMMA_GEMM1_FEW_BLOCKS_MAX_STAGES} stages: measured faster persistent)"
+            ),
+            (false, false, Some(b)) if !few_blocks => format!(
+                " (> {max_stages} stages, and {b} column blocks per expert > {WGMMA_GEMM1_PERSISTENT_MAX_BLOCKS} or > {WGMMA_GEMM1_FEW_BLOCKS_MAX_STAGES} stages: a persistent grid measured slower)"
+            ),
+            (false, false, None) => {
+                format!(" (> {max_stages} stages: a persistent grid measured no gain)")
+            }
+            _ => String::new(),
+        };
         if on {
-            format!("{name} ({n} k-stages per item) a persistent grid of {ctas} CTAs, each looping over its items so the next one's loads run under the last one's epilogue")
+            format!("{name} ({n} k-stages per item) a persistent grid of {ctas} CTAs, each looping over its items so the next one's loads run under the last one's epilogue{why}")
         } else {
-            format!("{name} ({n} k-stages per item) one CTA per item (> {max_stages} stages: a persistent grid measured no gain)")
+            format!("{name} ({n} k-stages per item) one CTA per item{why}")
         }
     };
     reasons.push(format!(
         "cuda_wgmma grids: {}; {}{forced}",
-        grid("GEMM1", stages.0, persistent.0),
-        grid("GEMM2", stages.1, persistent.1)
+        grid("GEMM1", stages.0, persistent.0, Some(gemm1_blocks)),
+        grid("GEMM2", stages.1, persistent.1, None)
     ));
     let any = persistent.0 || persistent.1;
     (if any { ctas } else { 0 }, persistent)
@@ -3175,31 +3209,42 @@ mod tests {
             (p.ctas, p.wgmma_persistent, p.reasons)
         };
         // deepseek-v3-tp8: GEMM2's 4 bf16 (2 e4m3) k-stages per item -> persistent
+        // GEMM1: 2 column blocks per expert but 112 stages -> one CTA per item; FP8 (56
+        // stages) -> persistent
         let (ctas, on, why) = grids(256, 8, 7168, 256, None);
         assert_eq!((ctas, on), (132, (false, true)));
         assert!(why
             .iter()
             .any(|r| r.contains("GEMM2 (4 k-stages per item) a persistent grid of 132 CTAs")));
-        assert!(why
-            .iter()
-            .any(|r| r.contains("GEMM1 (112 k-stages per item) one CTA per item")));
-        let (_, on, _) = grids(256, 8, 7168, 256, Some(QuantScheme::Tensor));
-        assert_eq!(on, (false, true));
-        // qwen3: 12 bf16 stages in GEMM2 -> one CTA per item; FP8: GEMM1 16 and GEMM2 6
-        // stages -> both persistent
-        assert_eq!(grids(128, 8, 2048, 768, None).0, 0);
+        assert!(why.iter().any(|r| r.contains(
+            "GEMM1 (112 k-stages per item) one CTA per item (> 8 stages, and 2 column blocks per expert > 8 or > 64 stages: a persistent grid measured slower)"
+        )));
+        let (_, on, why) = grids(256, 8, 7168, 256, Some(QuantScheme::Tensor));
+        assert_eq!(on, (true, true));
+        assert!(why.iter().any(|r| r.contains(
+            "GEMM1 (56 k-stages per item) a persistent grid of 132 CTAs, each looping over its items so the next one's loads run under the last one's epilogue (2 column blocks per expert <= 8 and <= 64 stages: measured faster persistent)"
+        )));
+        // qwen3: 12 bf16 stages in GEMM2 -> one CTA per item, GEMM1's 6 column blocks ->
+        // persistent; FP8: GEMM1 16 and GEMM2 6 stages -> both persistent
+        let (ctas, on, _) = grids(128, 8, 2048, 768, None);
+        assert_eq!((ctas, on), (132, (true, false)));
         let (_, on, why) = grids(128, 8, 2048, 768, Some(QuantScheme::Tensor));
         assert_eq!(on, (true, true));
         assert!(why
             .iter()
             .any(|r| r.contains("GEMM1 (16 k-stages per item) a persistent grid")));
         assert_eq!(
-            grids(256, 8, 7168, 256, Some(QuantScheme::Block)).2.iter().filter(|r| r.contains("GEMM1 (56 k-stages per item) one CTA per item (> 16 stages")).count(),
+            grids(256, 8, 7168, 256, Some(QuantScheme::Block)).2.iter().filter(|r| r.contains("GEMM1 (56 k-stages per item) a persistent grid of 132 CTAs")).count(),
             1
         );
-        // Mixtral: long items everywhere
-        let (ctas, on, _) = grids(8, 2, 4096, 14336, None);
+        // Mixtral: long items everywhere, and 112 column blocks per expert
+        let (ctas, on, why) = grids(8, 2, 4096, 14336, None);
         assert_eq!((ctas, on), (0, (false, false)));
+        assert!(why.iter().any(|r| r.contains(
+            "GEMM1 (64 k-stages per item) one CTA per item (> 8 stages, and 112 column blocks per expert > 8 or > 64 stages: a persistent grid measured slower)"
+        )));
+        // 9 column blocks (N = 1152) and long items: one CTA per item
+        assert_eq!(grids(64, 8, 4096, 1152, None).1, (false, false));
     }
 
     /// Under expert parallelism each local expert expects the whole model's load per expert

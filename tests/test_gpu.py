@@ -283,8 +283,8 @@ def test_align_cluster_gives_the_same_output(backend, case, ctas, rng, monkeypat
 
 
 # Persistent grids with several work items per CTA (one CTA per SM, ~370 items): GEMM2 with
-# 4 k-stages (N = 256), then GEMM1 with 4 (K = 256); the ring's stages and phases run on
-# across tiles.
+# 4 k-stages (N = 256) and GEMM1 with 16 (K = 1024, 2 column blocks per expert), then GEMM1
+# with 4 (K = 256); the ring's stages and phases run on across tiles.
 PERSISTENT_CASES = [Case(1200, 8, 2, 256, 2048, out="poison"),
                     Case(1200, 8, 2, 1024, 256, ids="concentrated", out="poison")]
 
@@ -295,7 +295,7 @@ PERSISTENT_CASES = [Case(1200, 8, 2, 256, 2048, out="poison"),
 @pytest.mark.parametrize("case", PERSISTENT_CASES, ids=_ids(PERSISTENT_CASES))
 def test_wgmma_persistent_grids(case, tile, rng, monkeypatch):
     plan = _run_wgmma_tile(case, "bfloat16", tile, rng, monkeypatch)
-    assert plan["wgmma_persistent"] == ((False, True) if case.N == 256 else (True, False))
+    assert plan["wgmma_persistent"] == ((True, True) if case.N == 256 else (True, False))
     assert 0 < plan["ctas"] < 2 * torch.cuda.get_device_properties(0).multi_processor_count
 
 

@@ -106,12 +106,14 @@ def test_wgmma_token_tile_and_gemm1_a_mode(quant, monkeypatch):
 @pytest.mark.parametrize("quant", [None, "fp8_block128"])
 def test_wgmma_persistent_grids_and_their_override(quant, monkeypatch):
     """cuda_wgmma's GEMMs run as persistent grids (one CTA per SM) for items of <= 8 k-stages
-    (FP8: 16), both or neither when the environment says so."""
+    (FP8: 16), GEMM1 also with <= 8 column blocks per expert; both, neither or the one named
+    when the environment says so."""
     kw = {"quant": quant} if quant else {}
     p = plan(4096, QWEN3, **kw)  # GEMM1: K = 2048; GEMM2: N = 768 (bf16: 32 and 12 stages; FP8: 16 and 6)
     assert p.backend == "cuda_wgmma", p.reasons
     fp8 = quant is not None
-    assert p.tile["wgmma_persistent"] == (fp8, fp8) and p.tile["ctas"] == (132 if fp8 else 0)
+    # GEMM1's 6 column blocks per expert (<= 8): persistent whatever its stages
+    assert p.tile["wgmma_persistent"] == (True, fp8) and p.tile["ctas"] == 132
     monkeypatch.setenv("SWAPMOE_WGMMA_PERSISTENT", "on")
     p = plan(4096, QWEN3, **kw)
     assert p.tile["wgmma_persistent"] == (True, True) and p.tile["ctas"] == 132
@@ -119,6 +121,11 @@ def test_wgmma_persistent_grids_and_their_override(quant, monkeypatch):
     monkeypatch.setenv("SWAPMOE_WGMMA_PERSISTENT", "off")
     p = plan(4096, QWEN3, **kw)
     assert p.tile["wgmma_persistent"] == (False, False) and p.tile["ctas"] == 0
+    for which, want in (("gemm1", (True, False)), ("gemm2", (False, True))):
+        monkeypatch.setenv("SWAPMOE_WGMMA_PERSISTENT", which)
+        p = plan(4096, QWEN3, **kw)
+        assert p.tile["wgmma_persistent"] == want and p.tile["ctas"] == 132
+        assert any(f"forced by $SWAPMOE_WGMMA_PERSISTENT={which}" in r for r in p.reasons)
     monkeypatch.setenv("SWAPMOE_WGMMA_PERSISTENT", "always")
     assert any('$SWAPMOE_WGMMA_PERSISTENT="always" ignored' in r for r in plan(4096, QWEN3, **kw).reasons)
 
