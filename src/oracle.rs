@@ -94,14 +94,17 @@ pub const WGMMA_PERSISTENT_MAX_STAGES: usize = 8;
 /// spread; Mixtral with both GEMMs (32 and 112 stages) persistent 6% slower at M = 4096.
 pub const WGMMA_FP8_PERSISTENT_MAX_STAGES: usize = 16;
 /// GEMM1 also runs as a persistent grid past the stage rule when an expert has at most this
-/// many column blocks (`WGMMA_GEMM1_COLUMNS` inter columns each) and its items at most
-/// `WGMMA_GEMM1_FEW_BLOCKS_MAX_STAGES` k-stages. Measured (H200, benches/NOTES.md "Persistent
-/// GEMM1 by column blocks per expert"), persistent against one CTA per item: qwen3-30b-a3b
-/// bf16 (6 blocks, 32 stages) 1-4% faster and deepseek-v3-tp8 FP8 (2 blocks, 56 stages) 0-4%
-/// faster at M = 1024-4096; deepseek bf16 (2 blocks, 112 stages) 0-1% slower; Mixtral (112
-/// blocks) 0-3% slower in bf16 and FP8.
+/// many column blocks (`WGMMA_GEMM1_COLUMNS` inter columns each), its items at most
+/// `WGMMA_GEMM1_FEW_BLOCKS_MAX_STAGES` k-stages and each expert at least
+/// `WGMMA_GEMM1_FEW_BLOCKS_MIN_TOKENS` expected tokens (the loads measured; decode sizes keep
+/// the stage rule). Measured (H200, benches/NOTES.md "Persistent GEMM1 by column blocks per
+/// expert"), persistent against one CTA per item: qwen3-30b-a3b bf16 (6 blocks, 32 stages)
+/// 1-4% faster and deepseek-v3-tp8 FP8 (2 blocks, 56 stages) 0-4% faster at M = 1024-4096
+/// (64-256 and 32-128 tokens per expert); deepseek bf16 (2 blocks, 112 stages) 0-1% slower;
+/// Mixtral (112 blocks) 0-3% slower in bf16 and FP8.
 pub const WGMMA_GEMM1_PERSISTENT_MAX_BLOCKS: usize = 8;
 pub const WGMMA_GEMM1_FEW_BLOCKS_MAX_STAGES: usize = 64;
+pub const WGMMA_GEMM1_FEW_BLOCKS_MIN_TOKENS: usize = 32;
 /// Threads per CTA of the wgmma GEMMs: a producer warpgroup and two consumer warpgroups.
 pub const WGMMA_THREADS: usize = 384;
 /// Dynamic shared memory of the wgmma GEMMs with token tile `tile`: 4 (tile 128) or 5
@@ -1260,8 +1263,10 @@ fn wgmma_grids(
         WGMMA_PERSISTENT_MAX_STAGES
     };
     let gemm1_blocks = p.n.div_ceil(WGMMA_GEMM1_COLUMNS);
+    let tokens = expected_local_slots(p) / p.local_experts.max(1);
     let few_blocks = gemm1_blocks <= WGMMA_GEMM1_PERSISTENT_MAX_BLOCKS
-        && stages.0 <= WGMMA_GEMM1_FEW_BLOCKS_MAX_STAGES;
+        && stages.0 <= WGMMA_GEMM1_FEW_BLOCKS_MAX_STAGES
+        && tokens >= WGMMA_GEMM1_FEW_BLOCKS_MIN_TOKENS;
     let rule = (stages.0 <= max_stages || few_blocks, stages.1 <= max_stages);
     let (persistent, forced) = match std::env::var(WGMMA_PERSISTENT_ENV)
         .as_deref()
@@ -1293,10 +1298,10 @@ fn wgmma_grids(
     let grid = |name: &str, n: usize, on: bool, blocks: Option<usize>| {
         let why = match (on, n <= max_stages, blocks) {
             (true, false, Some(b)) if few_blocks => format!(
-                " ({b} column blocks per expert <= {WGMMA_GEMM1_PERSISTENT_MAX_BLOCKS} and <= {WGMMA_GEMM1_FEW_BLOCKS_MAX_STAGES} stages: measured faster persistent)"
+                " ({b} column blocks per expert <= {WGMMA_GEMM1_PERSISTENT_MAX_BLOCKS}, <= {WGMMA_GEMM1_FEW_BLOCKS_MAX_STAGES} stages and >= {WGMMA_GEMM1_FEW_BLOCKS_MIN_TOKENS} tokens per expert: measured faster persistent)"
             ),
             (false, false, Some(b)) if !few_blocks => format!(
-                " (> {max_stages} stages, and {b} column blocks per expert > {WGMMA_GEMM1_PERSISTENT_MAX_BLOCKS} or > {WGMMA_GEMM1_FEW_BLOCKS_MAX_STAGES} stages: a persistent grid measured slower)"
+                " (> {max_stages} stages; past that it needs <= {WGMMA_GEMM1_PERSISTENT_MAX_BLOCKS} column blocks per expert (has {b}), <= {WGMMA_GEMM1_FEW_BLOCKS_MAX_STAGES} stages and >= {WGMMA_GEMM1_FEW_BLOCKS_MIN_TOKENS} tokens per expert (expects {tokens}): persistent measured slower or not measured)"
             ),
             (false, false, None) => {
                 format!(" (> {max_stages} stages: a persistent grid measured no gain)")
@@ -3189,9 +3194,9 @@ mod tests {
     #[test]
     fn wgmma_grids_are_persistent_for_short_items_only() {
         let h = h200();
-        let grids = |e: i64, topk: i64, k: i64, n: i64, quant: Option<QuantScheme>| {
+        let grids_at = |m: i64, e: i64, topk: i64, k: i64, n: i64, quant: Option<QuantScheme>| {
             let p = plan_for_shape(
-                4096,
+                m,
                 e,
                 topk,
                 k,
@@ -3208,6 +3213,7 @@ mod tests {
             .unwrap();
             (p.ctas, p.wgmma_persistent, p.reasons)
         };
+        let grids = |e, topk, k, n, quant| grids_at(4096, e, topk, k, n, quant);
         // deepseek-v3-tp8: GEMM2's 4 bf16 (2 e4m3) k-stages per item -> persistent
         // GEMM1: 2 column blocks per expert but 112 stages -> one CTA per item; FP8 (56
         // stages) -> persistent
@@ -3217,12 +3223,12 @@ mod tests {
             .iter()
             .any(|r| r.contains("GEMM2 (4 k-stages per item) a persistent grid of 132 CTAs")));
         assert!(why.iter().any(|r| r.contains(
-            "GEMM1 (112 k-stages per item) one CTA per item (> 8 stages, and 2 column blocks per expert > 8 or > 64 stages: a persistent grid measured slower)"
+            "GEMM1 (112 k-stages per item) one CTA per item (> 8 stages; past that it needs <= 8 column blocks per expert (has 2), <= 64 stages and >= 32 tokens per expert (expects 128): persistent measured slower or not measured)"
         )));
         let (_, on, why) = grids(256, 8, 7168, 256, Some(QuantScheme::Tensor));
         assert_eq!(on, (true, true));
         assert!(why.iter().any(|r| r.contains(
-            "GEMM1 (56 k-stages per item) a persistent grid of 132 CTAs, each looping over its items so the next one's loads run under the last one's epilogue (2 column blocks per expert <= 8 and <= 64 stages: measured faster persistent)"
+            "GEMM1 (56 k-stages per item) a persistent grid of 132 CTAs, each looping over its items so the next one's loads run under the last one's epilogue (2 column blocks per expert <= 8, <= 64 stages and >= 32 tokens per expert: measured faster persistent)"
         )));
         // qwen3: 12 bf16 stages in GEMM2 -> one CTA per item, GEMM1's 6 column blocks ->
         // persistent; FP8: GEMM1 16 and GEMM2 6 stages -> both persistent
@@ -3241,10 +3247,12 @@ mod tests {
         let (ctas, on, why) = grids(8, 2, 4096, 14336, None);
         assert_eq!((ctas, on), (0, (false, false)));
         assert!(why.iter().any(|r| r.contains(
-            "GEMM1 (64 k-stages per item) one CTA per item (> 8 stages, and 112 column blocks per expert > 8 or > 64 stages: a persistent grid measured slower)"
+            "GEMM1 (64 k-stages per item) one CTA per item (> 8 stages; past that it needs <= 8 column blocks per expert (has 112), <= 64 stages and >= 32 tokens per expert (expects 1024): persistent measured slower or not measured)"
         )));
         // 9 column blocks (N = 1152) and long items: one CTA per item
         assert_eq!(grids(64, 8, 4096, 1152, None).1, (false, false));
+        // qwen3 bf16 at M = 128 (8 tokens per expert, not measured): the stage rule alone
+        assert_eq!(grids_at(128, 128, 8, 2048, 768, None).1, (false, false));
     }
 
     /// Under expert parallelism each local expert expects the whole model's load per expert
