@@ -283,8 +283,8 @@ def test_align_cluster_gives_the_same_output(backend, case, ctas, rng, monkeypat
 
 
 # Persistent grids with several work items per CTA (one CTA per SM, ~370 items): GEMM2 with
-# 4 k-stages (N = 256) and GEMM1 with 16 (K = 1024, 2 column blocks per expert), then GEMM1
-# with 4 (K = 256); the ring's stages and phases run on across tiles.
+# 4 k-stages (N = 256) and GEMM1 with 32 (K = 2048; persistent for its 2 column blocks per
+# expert), then GEMM1 with 4 (K = 256); the ring's stages and phases run on across tiles.
 PERSISTENT_CASES = [Case(1200, 8, 2, 256, 2048, out="poison"),
                     Case(1200, 8, 2, 1024, 256, ids="concentrated", out="poison")]
 
