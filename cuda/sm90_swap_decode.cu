@@ -245,11 +245,21 @@ __device__ __forceinline__ void init_barriers(uint64_t* full, uint64_t* empty, c
   }
 }
 
+// Stages in the ring of a kernel whose launcher may give it fewer than L::kCount (the
+// swap GEMM1: `Plan::swap_gemm1_ring`, so that more CTAs fit an SM): as many as the dynamic
+// shared memory holds past its 1 KiB of alignment, at most L::kCount (the barriers' count).
+template <typename L>
+__device__ __forceinline__ int ring_stages() {
+  uint32_t bytes;
+  asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(bytes));
+  return min(L::kCount, (int)((bytes - 1024u) / (uint32_t)L::kStageBytes));
+}
+
 // The consumer warpgroup: `items` stages, each kBK / 16 wgmmas per weight box against the
-// stage's token rows, accumulated into acc[box]. Releases each stage to the producer once
-// its wgmmas have completed.
+// stage's token rows, accumulated into acc[box], through a ring of `ring` stages. Releases
+// each stage to the producer once its wgmmas have completed.
 template <typename T, int NT, int kBoxes, int kSub>
-__device__ __forceinline__ void consume(int items, unsigned char* stages, uint64_t* full, uint64_t* empty,
+__device__ __forceinline__ void consume(int items, int ring, unsigned char* stages, uint64_t* full, uint64_t* empty,
                                         float (&acc)[kBoxes][NT / 2]) {
   using L = Stages<NT, kBoxes, kSub>;
   const int lane = threadIdx.x & 31;
@@ -257,9 +267,9 @@ __device__ __forceinline__ void consume(int items, unsigned char* stages, uint64
   for (int b = 0; b < kBoxes; ++b)
 #pragma unroll
     for (int i = 0; i < NT / 2; ++i) acc[b][i] = 0.f;
+  int st = 0, phase = 0;  // stage it's buffer and its phase
   for (int it = 0; it < items; ++it) {
-    const int st = it % L::kCount;
-    mbar_wait(&full[st], (it / L::kCount) & 1);
+    mbar_wait(&full[st], phase);
     SWAPMOE_STAMP_FIRST_FULL(it);
     const uint32_t base = smem_u32(stages + st * L::kStageBytes);
 #pragma unroll
@@ -279,7 +289,11 @@ __device__ __forceinline__ void consume(int items, unsigned char* stages, uint64
     wgmma_wait<1>();
 #pragma unroll
     for (int b = 0; b < kBoxes; ++b) fence_accumulators(acc[b]);
-    if (it > 0 && lane == 0) mbar_arrive(&empty[(it - 1) % L::kCount]);
+    if (it > 0 && lane == 0) mbar_arrive(&empty[st == 0 ? ring - 1 : st - 1]);
+    if (++st == ring) {
+      st = 0;
+      phase ^= 1;
+    }
   }
   wgmma_wait<0>();
 #pragma unroll
@@ -345,12 +359,13 @@ __device__ __forceinline__ void gemm1_act(const TensorMap* x_map, const TensorMa
   const int ktiles = (K + kBK * kSub - 1) / (kBK * kSub), per = (ktiles + ranks - 1) / ranks;
   const int kt0 = min(ktiles, rank * per), items = min(ktiles, kt0 + per) - kt0;
   unsigned char* stages = aligned_stages(smem_raw);
+  const int ring = ring_stages<L>();
   float acc[2][NT / 2];
   if (warp == kProducerWarp) {
     if (lane == 0) {
+      int st = 0, phase = 0;  // stage it's buffer and the phase of its previous use
       for (int it = 0; it < items; ++it) {
-        const int st = it % L::kCount;
-        if (it >= L::kCount) mbar_wait(&empty[st], ((it / L::kCount) - 1) & 1);
+        if (it >= ring) mbar_wait(&empty[st], phase);
         unsigned char* s = stages + st * L::kStageBytes;
         mbar_arrive_expect(&full[st], L::kStageBytes);
 #pragma unroll
@@ -360,10 +375,14 @@ __device__ __forceinline__ void gemm1_act(const TensorMap* x_map, const TensorMa
           tma_load_3d(s + L::weight(1, j), w1_map, k0, N + j0, e, &full[st]);
           tma_load_2d(s + L::tokens(j), x_map, k0, 0, &full[st]);
         }
+        if (++st == ring) {
+          st = 0;
+          if (it >= ring) phase ^= 1;
+        }
       }
     }
   } else {
-    consume<T, NT, 2, kSub>(items, stages, full, empty, acc);
+    consume<T, NT, 2, kSub>(items, ring, stages, full, empty, acc);
     SWAPMOE_STAMP(stamps, 4);
   }
   if (ranks > 1) cluster_sum<NT, 2>(acc, reinterpret_cast<float*>(stages), warp != kProducerWarp);
@@ -493,7 +512,7 @@ __device__ __forceinline__ void gemm2_sum(const TensorMap* h_map, const TensorMa
   } else {
     pdl_wait();  // before this grid writes out
     SWAPMOE_STAMP(stamps, 2);
-    consume<T, NT, 1, kSub>(items, stages, full, empty, acc);
+    consume<T, NT, 1, kSub>(items, L::kCount, stages, full, empty, acc);
     SWAPMOE_STAMP(stamps, 4);
   }
   if (ranks > 1) cluster_sum<NT, 1>(acc, reinterpret_cast<float*>(stages), warp != kProducerWarp);

@@ -201,6 +201,37 @@ pub const SM_SHARED_MEMORY_BYTES: usize = 228 * 1024;
 pub fn resident_ctas_per_sm(smem: usize) -> usize {
     (SM_SHARED_MEMORY_BYTES / (smem + 1024)).max(1)
 }
+/// `$SWAPMOE_SWAP_GEMM1_RING` = `v` for a kernel whose own ring has `own_ring` stages: the
+/// ring (0 or 2..=own_ring; anything else is ignored: 0) and the reason.
+fn swap_gemm1_ring_override(v: &str, own_ring: usize) -> (usize, String) {
+    match v.trim().parse::<usize>() {
+        Ok(n) if n == 0 || (2..=own_ring).contains(&n) => (
+            n,
+            format!("gemm1: a ring of {n} stages (0: the kernel's own, {own_ring}), forced by ${SWAP_GEMM1_RING_ENV}={v}"),
+        ),
+        _ => (
+            0,
+            format!("gemm1: ${SWAP_GEMM1_RING_ENV}={v:?} ignored (expected 0 or 2 to {own_ring})"),
+        ),
+    }
+}
+/// The most swap-AB GEMM1 CTAs per SM that a smaller ring (`Plan::swap_gemm1_ring`) may
+/// make room for: past 4 the ring has 2 stages, too few to keep a CTA streaming.
+pub const SWAP_GEMM1_RING_MAX_CTAS_PER_SM: usize = 4;
+/// What the one-wave ring measured (H200, swapmoe bench, cuda_wgmma_swap forced, two rounds;
+/// benches/NOTES.md "Swap GEMM1 ring sized for one wave, measured").
+const SWAP_GEMM1_RING_MEASURED: &str = "measured at one wave: deepseek-v3-tp8 M = 16 (2 stages, 4 per SM) 283.7-284.2 us against 292.6-294.1 with its own ring, qwen3-30b-a3b M = 4 (4 stages, 3 per SM) 83.9 against 84.1-84.2, qwen3-30b-a3b M = 8 (2 stages, 5 per SM) 146.1-146.2 against 139.6-140.0";
+/// Resident swap-AB GEMM1 CTAs per SM with a ring of `ring` stages (0: the kernel's own):
+/// as many as shared memory (dynamic and static) and registers allow.
+fn swap_gemm1_ctas_per_sm(gemm1: KernelId, tile: usize, slices: usize, ring: usize) -> usize {
+    let dynamic = if ring > 0 {
+        ring * swap_stage_bytes(tile, 2, slices) + 1024
+    } else {
+        gemm1.dynamic_smem_bytes().unwrap_or(0)
+    };
+    resident_ctas_per_sm(dynamic + SWAP_GEMM1_STATIC_SMEM_BYTES)
+        .min(swap_gemm1_max_ctas_per_sm(tile))
+}
 /// What launching the swap-AB GEMM1 without PDL measured where its grid fits one wave
 /// (H200, fused_experts back to back in a graph of 8 layers, benches/NOTES.md "First-kernel
 /// PDL"); where it takes more waves, PDL measured 0.2-0.9 us faster (qwen3-30b-a3b M = 4, 8).
@@ -237,7 +268,27 @@ pub const SWAP_SLICES_ENV: &str = "SWAPMOE_SWAP_SLICES";
 /// 102 KiB (two CTAs per SM) when that is at least 3, else as many as fit 200 KiB; plus 1 KiB
 /// to align them. GEMM1 has 2 boxes (gate, up), GEMM2 one.
 pub fn swap_smem_bytes(tile: usize, weight_boxes: usize, slices: usize) -> usize {
-    swap_stages_smem_bytes(slices * (weight_boxes * SWAP_ROWS * 64 * 2 + tile * 64 * 2))
+    swap_stages_smem_bytes(swap_stage_bytes(tile, weight_boxes, slices))
+}
+/// Bytes of one stage of a swap-AB kernel (`Stages<NT, kBoxes, kSub>::kStageBytes`).
+pub fn swap_stage_bytes(tile: usize, weight_boxes: usize, slices: usize) -> usize {
+    slices * (weight_boxes * SWAP_ROWS * 64 * 2 + tile * 64 * 2)
+}
+/// `$SWAPMOE_SWAP_GEMM1_RING` = 0 | 2..: force `Plan::swap_gemm1_ring` (0: the kernel's own
+/// ring); for tuning.
+pub const SWAP_GEMM1_RING_ENV: &str = "SWAPMOE_SWAP_GEMM1_RING";
+/// Static shared memory of the bf16/fp16 swap-AB GEMM1 (its routing in shared memory; ptxas
+/// -v: 5.1-5.2 KiB), rounded up.
+pub const SWAP_GEMM1_STATIC_SMEM_BYTES: usize = 6 * 1024;
+/// Resident bf16/fp16 swap-AB GEMM1 CTAs per SM its registers allow (ptxas -v, CUDA 13: 64,
+/// 80, 127 and 255 registers per thread at token tiles 8, 16, 32 and 64; 160 threads).
+pub fn swap_gemm1_max_ctas_per_sm(tile: usize) -> usize {
+    match tile {
+        8 => 6,
+        16 => 5,
+        32 => 3,
+        _ => 1,
+    }
 }
 /// The stage ring of both swap-AB kernel families for stages of `stage` bytes: as many as
 /// fit 102 KiB (two CTAs per SM) when that is at least 3, else as many as fit 200 KiB; plus
@@ -293,7 +344,7 @@ pub fn swap_token_tile(m: usize) -> usize {
         .unwrap_or(SWAP_MAX_TOKENS)
 }
 /// Why an FP8 call no table measured goes to vLLM's Triton where the caller can run it.
-const FP8_TRITON_VS_SWAPMOE: &str = "vLLM's Triton is the faster at 37 of the 66 points of the shipped H200 FP8 tables that timed both (per-tensor and 128x128 blocks, vLLM's times from the anchor: benches/merge_anchor.py)";
+const FP8_TRITON_VS_SWAPMOE: &str = "vLLM's Triton is the faster at 39 of the 66 points of the shipped H200 FP8 tables that timed both (per-tensor and 128x128 blocks, vLLM's times from the anchor: benches/merge_anchor.py)";
 /// Smallest compute capability the FP8 path runs on (Ada, Hopper and later).
 pub const FP8_MIN_CAPABILITY: (i32, i32) = (8, 9);
 /// Threads of the routing-alignment CTA (`kThreads` in cuda/route_align.cu).
@@ -910,6 +961,10 @@ pub struct Plan {
     /// cuda_wgmma_swap: thread-block cluster sizes, (GEMM1's split of K, GEMM2's split of
     /// the active experts); (1, 1) for other backends.
     pub splits: (usize, usize),
+    /// cuda_wgmma_swap (bf16/fp16): stages of GEMM1's ring when fewer than the kernel's own
+    /// (`swap_gemm1_ring`: so that more CTAs share an SM and the grid fits one wave); 0: the
+    /// kernel's own ring. 0 for other backends.
+    pub swap_gemm1_ring: usize,
     /// cuda_wgmma_swap: GEMM2 asks for more than half an SM's shared memory
     /// (`SWAP_GEMM2_ONE_PER_SM_SMEM_BYTES`), so that its CTAs spread one per SM.
     pub swap_gemm2_one_per_sm: bool,
@@ -2630,6 +2685,59 @@ impl<'a> Candidates<'a> {
         }
     }
 
+    /// cuda_wgmma_swap's GEMM1 ring (`Plan::swap_gemm1_ring`) for `ctas` expected CTAs of
+    /// `gemm1` (token tile `tile`, `slices` K slices per stage), and why:
+    /// `$SWAPMOE_SWAP_GEMM1_RING`, else 0 (the kernel's own ring, two CTAs per SM) unless the
+    /// CTAs need more per SM than that to fit one wave, at most
+    /// `SWAP_GEMM1_RING_MAX_CTAS_PER_SM` and what registers allow: then the most stages (at
+    /// least 2) that let that many share an SM.
+    fn swap_gemm1_ring(
+        &self,
+        gemm1: KernelId,
+        tile: usize,
+        slices: usize,
+        ctas: usize,
+    ) -> (usize, Option<String>) {
+        let stage = swap_stage_bytes(tile, 2, slices);
+        let own_ring = (gemm1.dynamic_smem_bytes().unwrap_or(0) - 1024) / stage;
+        if let Ok(v) = std::env::var(SWAP_GEMM1_RING_ENV) {
+            let (n, why) = swap_gemm1_ring_override(&v, own_ring);
+            return (n, Some(why));
+        }
+        let own_per_sm = swap_gemm1_ctas_per_sm(gemm1, tile, slices, 0);
+        let want = ctas.div_ceil(self.sms.max(1));
+        if want <= own_per_sm {
+            return (0, None);
+        }
+        let regs = swap_gemm1_max_ctas_per_sm(tile);
+        if want > SWAP_GEMM1_RING_MAX_CTAS_PER_SM && want <= regs {
+            return (
+                0,
+                Some(format!("gemm1: its own ring of {own_ring} stages ({own_per_sm} CTAs per SM): one wave of its ~{ctas} CTAs needs {want} per SM, more than {SWAP_GEMM1_RING_MAX_CTAS_PER_SM} ({SWAP_GEMM1_RING_MEASURED})")),
+            );
+        }
+        if want > regs {
+            return (
+                0,
+                Some(format!("gemm1: its own ring of {own_ring} stages ({own_per_sm} CTAs per SM): one wave of its ~{ctas} CTAs needs {want} per SM, its registers allow {regs}")),
+            );
+        }
+        let ring = ((SM_SHARED_MEMORY_BYTES / want)
+            .saturating_sub(2048 + SWAP_GEMM1_STATIC_SMEM_BYTES)
+            / stage)
+            .min(own_ring);
+        if ring < 2 {
+            return (
+                0,
+                Some(format!("gemm1: its own ring of {own_ring} stages: {want} CTAs per SM leave room for {ring} stages each (2 needed)")),
+            );
+        }
+        (
+            ring,
+            Some(format!("gemm1: a ring of {ring} stages (its own: {own_ring}) so that its ~{ctas} CTAs fit one wave, {want} per SM ({SWAP_GEMM1_RING_MEASURED})")),
+        )
+    }
+
     /// Whether cuda_wgmma_swap's GEMM2 runs one CTA per SM (`Plan::swap_gemm2_one_per_sm`)
     /// and why: `$SWAPMOE_SWAP_GEMM2_ONE_PER_SM`, else from N >= SWAP_GEMM2_ONE_PER_SM_MIN_N.
     fn swap_gemm2_placement(&self) -> (bool, String) {
@@ -2719,12 +2827,23 @@ impl<'a> Candidates<'a> {
         let swap_gemm2_placement =
             (b == Backend::CudaWgmmaSwap).then(|| self.swap_gemm2_placement());
         let active_experts = self.expected_active_experts();
+        // the bf16/fp16 swap GEMM1's ring, from its expected CTAs
+        let swap_gemm1_ring_choice =
+            (b == Backend::CudaWgmmaSwap && self.p.quant.is_none()).then(|| {
+                let tile = swap_token_tile(self.p.m);
+                let (s, _) = swap_split_choice.clone().unwrap_or_default();
+                let ((k1, _), _) = swap_slice_choice.clone().unwrap_or_default();
+                let ctas =
+                    (self.p.n.div_ceil(SWAP_ROWS) as f64 * active_experts).ceil() as usize * s.0;
+                self.swap_gemm1_ring(KernelId::SwapGemm1Act(d, tile, k1), tile, k1, ctas)
+            });
         let mut reasons = self.reasons;
         let mut ctas = 0;
         let mut wgmma_persistent = (false, false);
         let mut wgmma_hints = 0;
         let mut wgmma_block_run = 1;
         let mut splits = (1, 1);
+        let mut swap_gemm1_ring = 0;
         let swap_gemm2_one_per_sm = match swap_gemm2_placement {
             Some((on, why)) => {
                 reasons.push(why);
@@ -2901,10 +3020,13 @@ impl<'a> Candidates<'a> {
                         "GEMM2 streams its first weights while GEMM1 finishes",
                     ));
                     let gemm1 = KernelId::SwapGemm1Act(d, tile, k1);
-                    let per_sm = resident_ctas_per_sm(gemm1.dynamic_smem_bytes().unwrap_or(0));
                     let gemm1_ctas = (self.p.n.div_ceil(SWAP_ROWS) as f64 * active_experts).ceil()
                         as usize
                         * s.0;
+                    let (ring, ring_why) = swap_gemm1_ring_choice.clone().unwrap_or_default();
+                    swap_gemm1_ring = ring;
+                    reasons.extend(ring_why);
+                    let per_sm = swap_gemm1_ctas_per_sm(gemm1, tile, k1, ring);
                     if pdl_ok && gemm1_ctas <= per_sm * self.sms {
                         first_kernel_pdl_off = Some(format!(
                             "first kernel: GEMM1's ~{gemm1_ctas} CTAs fit one wave ({per_sm} per SM), so it is launched without PDL: launched early, its CTAs take the SMs the previous kernel frees first and stay unevenly placed (hypothesis); {SWAP_ONE_WAVE_FIRST_PDL_MEASURED}"
@@ -2977,6 +3099,7 @@ impl<'a> Candidates<'a> {
             splits,
             swap_gemm2_one_per_sm,
             swap_gemm2_pdl,
+            swap_gemm1_ring,
             one_wave_gemm1,
             align_ctas,
             reasons,
@@ -3589,6 +3712,65 @@ mod tests {
     }
 
     #[test]
+    fn swap_gemm1_ring_fits_one_wave_where_registers_and_shared_memory_allow() {
+        let swap = |m: i64, e: i64, k: i64, n: i64| {
+            plan_with(
+                &problem(m, e, 8, k, n, DType::BF16),
+                Some(&h200()),
+                Some(Backend::CudaWgmmaSwap),
+            )
+            .unwrap()
+        };
+        // qwen3-30b-a3b: M = 1 (~192 CTAs with the K split) fits two per SM: the kernel's
+        // own ring; M = 4 (~350) three per SM: 4 stages of 17 KiB; M = 8 (~650) would need
+        // five (2 stages each: measured slower, so its own ring); M = 16 (~960) would need 8,
+        // more than the registers allow (5)
+        assert_eq!(swap(1, 128, 2048, 768).swap_gemm1_ring, 0);
+        let m4 = swap(4, 128, 2048, 768);
+        assert_eq!(m4.swap_gemm1_ring, 4, "{:?}", m4.reasons);
+        assert!(m4
+            .reasons
+            .iter()
+            .any(|r| r.starts_with("gemm1: a ring of 4 stages (its own: 6)")));
+        let m8 = swap(8, 128, 2048, 768);
+        assert_eq!(m8.swap_gemm1_ring, 0);
+        assert!(m8
+            .reasons
+            .iter()
+            .any(|r| r.contains("needs 5 per SM, more than 4 (measured at one wave")));
+        // deepseek-v3-tp8 M = 16: four per SM, 2 stages of 18 KiB
+        assert_eq!(swap(16, 256, 7168, 256).swap_gemm1_ring, 2);
+        let m16 = swap(16, 128, 2048, 768);
+        assert_eq!(m16.swap_gemm1_ring, 0);
+        assert!(m16
+            .reasons
+            .iter()
+            .any(|r| r.contains("its registers allow 5")));
+        // token tile 64: one CTA per SM by registers, the kernel's own ring
+        assert_eq!(swap(64, 128, 2048, 768).swap_gemm1_ring, 0);
+        // the override (parsed apart from the environment: other tests plan swap-AB calls
+        // in parallel), and values outside the kernel's ring
+        assert_eq!(swap_gemm1_ring_override("3", 6).0, 3);
+        assert_eq!(swap_gemm1_ring_override(" 0", 6).0, 0);
+        for bad in ["1", "7", "x", ""] {
+            let (n, why) = swap_gemm1_ring_override(bad, 6);
+            assert_eq!(n, 0);
+            assert!(why.contains("ignored (expected 0 or 2 to 6)"), "{why}");
+        }
+        // FP8 swap plans and other backends carry 0
+        assert_eq!(
+            plan_with(
+                &problem(8, 128, 8, 2048, 768, DType::BF16),
+                Some(&h200()),
+                Some(Backend::CudaWgmma)
+            )
+            .unwrap()
+            .swap_gemm1_ring,
+            0
+        );
+    }
+
+    #[test]
     fn first_kernel_pdl_follows_the_device_and_the_override() {
         let p = problem(8, 256, 8, 7168, 256, DType::BF16);
         let a100 = DeviceCaps {
@@ -3604,13 +3786,15 @@ mod tests {
             )
             .unwrap()
         };
-        // The swap-AB GEMM1 that fits one wave starts without PDL, with the reason; one of
-        // several waves keeps it (deepseek-v3-tp8 M = 16, qwen3-30b-a3b M = 8).
+        // The swap-AB GEMM1 that fits one wave starts without PDL, with the reason (deepseek
+        // M = 16 and qwen3-30b-a3b M = 8 through a smaller ring, `swap_gemm1_ring`); one of
+        // several waves keeps it (qwen3 M = 16: ~960 CTAs, 8 per SM would be needed).
         for (plan, one_wave) in [
             (swap(1, 256, 7168, 256), true),
             (swap(8, 256, 7168, 256), true),
-            (swap(16, 256, 7168, 256), false),
-            (swap(8, 128, 2048, 768), false),
+            (swap(16, 256, 7168, 256), true),
+            (swap(8, 128, 2048, 768), true),
+            (swap(16, 128, 2048, 768), false),
         ] {
             assert_eq!(plan.first_kernel_pdl, !one_wave, "{:?}", plan.reasons);
             assert_eq!(plan.one_wave_gemm1, one_wave);

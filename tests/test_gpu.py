@@ -431,6 +431,25 @@ def test_wgmma_swap_gemm2_launch(case, splits, one_per_sm, gemm2_pdl, rng, monke
 
 
 @pytest.mark.skipif(not HAS_BACKEND_ARG, reason="this build has no backend= argument")
+@pytest.mark.parametrize("ring", ["0", "2", "3"], ids=lambda r: f"ring{r}")
+@pytest.mark.parametrize("splits", [None, "2,4"], ids=lambda s: f"splits={s or 'oracle'}")
+@pytest.mark.parametrize("case", [SWAP_CASES[i] for i in (0, 3, 6)], ids=_ids([SWAP_CASES[i] for i in (0, 3, 6)]))
+def test_wgmma_swap_gemm1_ring(case, splits, ring, rng, monkeypatch):
+    """GEMM1 with a ring of 2 or 3 stages (more CTAs per SM; $SWAPMOE_SWAP_GEMM1_RING) or its
+    own (0): the stage index and the barriers' phases wrap at the ring, whatever the number
+    of k-stages; the plan says the ring."""
+    _needs_hopper()
+    monkeypatch.setenv("SWAPMOE_SWAP_GEMM1_RING", ring)
+    if splits:
+        monkeypatch.setenv("SWAPMOE_SWAP_SPLITS", splits)
+    monkeypatch.setenv("SWAPMOE_BACKEND", "cuda_wgmma_swap")
+    _, _, inp = run_case(case, "torch", "bfloat16", rng, device=DEV)
+    plan = swapmoe._core.describe_plan(inp["x"], inp["w1"], inp["w2"], inp["tw"], inp["ids"],
+                                       expert_map=inp["expert_map"])
+    assert plan["swap_gemm1_ring"] == int(ring)
+
+
+@pytest.mark.skipif(not HAS_BACKEND_ARG, reason="this build has no backend= argument")
 @pytest.mark.parametrize("ids", ["uniform", "concentrated"])
 @pytest.mark.parametrize("M", [m for m in DECODE_M if m <= 64])
 def test_wgmma_swap_every_decode_size(M, ids, rng):

@@ -136,7 +136,8 @@ def describe_plan(
 ) -> dict[str, Any]:
     """The plan a call with these tensors would run, without running it: problem, backend,
     source, table, kernels (fused_moe's router kernel first where it has its own), router,
-    rows_per_cta, tokens_per_pass, splits, swap_gemm2_one_per_sm, swap_gemm2_pdl (the swap-AB
+    rows_per_cta, tokens_per_pass, splits, swap_gemm1_ring (stages of the swap-AB GEMM1's ring
+    when smaller than its own, 0 otherwise), swap_gemm2_one_per_sm, swap_gemm2_pdl (the swap-AB
     GEMM2 starts by programmatic dependent launch under GEMM1), align_ctas (CTAs of the
     routing alignment, one thread-block cluster past 1), pdl (later kernels start by
     programmatic dependent launch), first_kernel_pdl (so does the first: fused_experts' first

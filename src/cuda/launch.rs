@@ -4,9 +4,9 @@
 use super::{check, device, stream_is_capturing, DeviceState};
 use crate::error::{Error, Result};
 use crate::oracle::{
-    Backend, KernelId, Plan, RouterPlacement, BULK_SMEM_BYTES, BULK_THREADS, REDUCE_THREADS,
-    ROUTE_ALIGN_ROUTED_THREADS, ROUTE_ALIGN_THREADS, SWAP_FP8_GEMM2_THREADS, SWAP_ROWS,
-    SWAP_THREADS, WGMMA_GATHER_THREADS, WGMMA_GEMM1_COLUMNS, WGMMA_GEMM2_COLUMNS,
+    swap_stage_bytes, Backend, KernelId, Plan, RouterPlacement, BULK_SMEM_BYTES, BULK_THREADS,
+    REDUCE_THREADS, ROUTE_ALIGN_ROUTED_THREADS, ROUTE_ALIGN_THREADS, SWAP_FP8_GEMM2_THREADS,
+    SWAP_ROWS, SWAP_THREADS, WGMMA_GATHER_THREADS, WGMMA_GEMM1_COLUMNS, WGMMA_GEMM2_COLUMNS,
     WGMMA_QUANT_INTER_THREADS, WGMMA_RASTER_GROUP, WGMMA_REDUCE_THREADS, WGMMA_THREADS,
 };
 
@@ -1237,7 +1237,7 @@ fn swap_decode(
             plan.kernels[0],
             grid,
             SWAP_THREADS as u32,
-            swap_smem(plan.kernels[0]),
+            swap_gemm1_smem(plan.kernels[0], plan),
             stream,
             plan.pdl && first_pdl,
             g1_split,
@@ -1426,6 +1426,18 @@ fn swap_fp8(
 /// Dynamic shared memory of a swap-AB kernel.
 fn swap_smem(id: KernelId) -> u32 {
     id.dynamic_smem_bytes().unwrap_or(0) as u32
+}
+
+/// Dynamic shared memory of the bf16/fp16 swap-AB GEMM1: its own, or the plan's smaller ring
+/// (`Plan::swap_gemm1_ring`; the kernel takes as many stages as the dynamic shared memory
+/// holds).
+fn swap_gemm1_smem(id: KernelId, plan: &Plan) -> u32 {
+    match id {
+        KernelId::SwapGemm1Act(_, tile, slices) if plan.swap_gemm1_ring > 0 => {
+            (plan.swap_gemm1_ring * swap_stage_bytes(tile, 2, slices) + 1024) as u32
+        }
+        _ => swap_smem(id),
+    }
 }
 
 /// Dynamic shared memory of a swap-AB GEMM2: its own, or, where the plan runs it one CTA

@@ -586,6 +586,7 @@ fn describe_plan<'py>(
     d.set_item("rows_per_cta", plan.rows_per_cta)?;
     d.set_item("tokens_per_pass", plan.tokens_per_pass)?;
     d.set_item("splits", plan.splits)?;
+    d.set_item("swap_gemm1_ring", plan.swap_gemm1_ring)?;
     d.set_item("swap_gemm2_one_per_sm", plan.swap_gemm2_one_per_sm)?;
     d.set_item("swap_gemm2_pdl", plan.swap_gemm2_pdl)?;
     d.set_item("align_ctas", plan.align_ctas)?;
@@ -735,6 +736,7 @@ fn select_backend<'py>(
     tile.set_item("pdl", plan.pdl)?;
     tile.set_item("first_kernel_pdl", plan.first_kernel_pdl)?;
     tile.set_item("splits", plan.splits)?;
+    tile.set_item("swap_gemm1_ring", plan.swap_gemm1_ring)?;
     tile.set_item("swap_gemm2_one_per_sm", plan.swap_gemm2_one_per_sm)?;
     tile.set_item("swap_gemm2_pdl", plan.swap_gemm2_pdl)?;
     tile.set_item("align_ctas", plan.align_ctas)?;
