@@ -95,18 +95,24 @@ def test_shipped_entries_are_measured():
 
 
 def test_shipped_tables_pick_the_measured_decode_backend():
-    # measured (benches/results/tune_bf16_v2.txt): Mixtral M=1 cuda_generic 176.7 µs < swap 181.6
+    # measured (benches/results/tables_retune_2026-12-04/tune.txt): Mixtral M=1 swap-AB
+    # 173.6 µs < cuda_generic 180.3
     p = plan(1, MIXTRAL)
-    assert (p.backend, p.source, p.table_m) == ("cuda_generic", "table", 1)
+    assert (p.backend, p.source, p.table_m) == ("cuda_wgmma_swap", "table", 1)
     assert p.table == os.path.join(swapmoe.TABLES_DIR, "E=8;N=14336;device_name=NVIDIA_H200;dtype=bf16.json")
     assert plan(1, MIXTRAL, backend="cuda_decode").source == "override"
     # deepseek M=4: the table's fastest swapmoe backend (cuda_wgmma_swap 92.0 µs, vLLM's Triton
     # ~101.9) where the heuristic would say cuda_decode (104.0)
     p = plan(4, DEEPSEEK_TP8)
     assert (p.backend, p.source, p.table_m) == ("cuda_wgmma_swap", "table", 4)
-    # qwen3 M=4: vllm_triton is external, not a candidate here: the fastest swapmoe label
+    # qwen3 M=4: vllm_triton (~81.4) is external, not a candidate here: the fastest swapmoe
+    # label, swap-AB (83.8, its GEMM1 in one wave of 3 CTAs per SM with a ring of 4 stages)
+    # over cuda_mma t16 (87.4)
     p = plan(4, QWEN3)
-    assert (p.backend, p.source, p.tile["tokens_per_pass"]) == ("cuda_mma", "table", 16)
+    assert (p.backend, p.source, p.tile["swap_gemm1_ring"]) == ("cuda_wgmma_swap", "table", 4)
+    # deepseek M=16: swap-AB with a ring of 2 stages (284.3) over the wgmma GEMMs t64 (307.4)
+    p = plan(16, DEEPSEEK_TP8)
+    assert (p.backend, p.source, p.tile["swap_gemm1_ring"]) == ("cuda_wgmma_swap", "table", 2)
 
 
 def test_shipped_fp8_tables_route_between_swapmoe_and_vllm():
@@ -339,7 +345,7 @@ def test_explain_shows_source_and_table(capsys):
     assert cli.main(["explain", "--model", "mixtral-8x7b", "--device-name", H200, "--m", "1,10000"]) == 0
     out = capsys.readouterr().out
     assert "tables: 12 loaded from" in out
-    assert "M=1: cuda_generic (table; swap_ab=False) on NVIDIA H200 sm_90" in out
+    assert "M=1: cuda_wgmma_swap (table; swap_ab=True) on NVIDIA H200 sm_90" in out
     assert "table: " + os.path.join(swapmoe.TABLES_DIR, "E=8;N=14336;device_name=NVIDIA_H200;dtype=bf16.json") \
         + " entry M=1 (used)" in out
     assert "M=10000: cuda_wgmma (heuristic;" in out and "(not used, see the reasons)" in out
