@@ -257,7 +257,11 @@ __device__ __forceinline__ int ring_stages() {
 
 // The consumer warpgroup: `items` stages, each kBK / 16 wgmmas per weight box against the
 // stage's token rows, accumulated into acc[box], through a ring of `ring` stages. Releases
-// each stage to the producer once its wgmmas have completed.
+// each stage to the producer once its wgmmas have completed: with the kernel's own ring one
+// stage later (the next stage's wgmmas are issued before the previous ones are waited for,
+// so the consumer holds two stages and ring - 1 loads stay in flight); with a smaller ring
+// (the swap GEMM1's `Plan::swap_gemm1_ring`) at once, so that all `ring` stages can be
+// loading while the tensor core is idle.
 template <typename T, int NT, int kBoxes, int kSub>
 __device__ __forceinline__ void consume(int items, int ring, unsigned char* stages, uint64_t* full, uint64_t* empty,
                                         float (&acc)[kBoxes][NT / 2]) {
@@ -267,6 +271,7 @@ __device__ __forceinline__ void consume(int items, int ring, unsigned char* stag
   for (int b = 0; b < kBoxes; ++b)
 #pragma unroll
     for (int i = 0; i < NT / 2; ++i) acc[b][i] = 0.f;
+  const bool release_at_once = ring < L::kCount;
   int st = 0, phase = 0;  // stage it's buffer and its phase
   for (int it = 0; it < items; ++it) {
     mbar_wait(&full[st], phase);
@@ -286,10 +291,17 @@ __device__ __forceinline__ void consume(int items, int ring, unsigned char* stag
     wgmma_commit();
 #pragma unroll
     for (int b = 0; b < kBoxes; ++b) fence_accumulators(acc[b]);
-    wgmma_wait<1>();
+    if (release_at_once) {
+      wgmma_wait<0>();
 #pragma unroll
-    for (int b = 0; b < kBoxes; ++b) fence_accumulators(acc[b]);
-    if (it > 0 && lane == 0) mbar_arrive(&empty[st == 0 ? ring - 1 : st - 1]);
+      for (int b = 0; b < kBoxes; ++b) fence_accumulators(acc[b]);
+      if (lane == 0) mbar_arrive(&empty[st]);
+    } else {
+      wgmma_wait<1>();
+#pragma unroll
+      for (int b = 0; b < kBoxes; ++b) fence_accumulators(acc[b]);
+      if (it > 0 && lane == 0) mbar_arrive(&empty[st == 0 ? ring - 1 : st - 1]);
+    }
     if (++st == ring) {
       st = 0;
       phase ^= 1;

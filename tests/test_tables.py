@@ -106,11 +106,11 @@ def test_shipped_tables_pick_the_measured_decode_backend():
     p = plan(4, DEEPSEEK_TP8)
     assert (p.backend, p.source, p.table_m) == ("cuda_wgmma_swap", "table", 4)
     # qwen3 M=4: vllm_triton (~81.4) is external, not a candidate here: the fastest swapmoe
-    # label, swap-AB (83.8, its GEMM1 in one wave of 3 CTAs per SM with a ring of 4 stages)
-    # over cuda_mma t16 (87.4)
+    # label, swap-AB (84.1, its GEMM1 in one wave of 3 CTAs per SM with a ring of 4 stages)
+    # over cuda_mma t16 (85.5)
     p = plan(4, QWEN3)
     assert (p.backend, p.source, p.tile["swap_gemm1_ring"]) == ("cuda_wgmma_swap", "table", 4)
-    # deepseek M=16: swap-AB with a ring of 2 stages (284.3) over the wgmma GEMMs t64 (307.4)
+    # deepseek M=16: swap-AB with a ring of 2 stages (280.7) over cuda_mma t16 (302.5)
     p = plan(16, DEEPSEEK_TP8)
     assert (p.backend, p.source, p.tile["swap_gemm1_ring"]) == ("cuda_wgmma_swap", "table", 2)
 
