@@ -928,6 +928,62 @@ impl KernelId {
     }
 }
 
+/// The sentences a plan gives for its choices and rejections (`swapmoe explain`,
+/// `describe_plan`, `select_backend`). A plan made for a launch alone skips them
+/// (`Request::quiet`): formatting them was most of a plan's 1.2-2.6 us on the CPU machine.
+/// Reads as the list (`Deref`); grows only through `add` and `extend`, which do nothing when
+/// the reasons are not wanted.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Reasons {
+    wanted: bool,
+    list: Vec<String>,
+}
+
+impl Reasons {
+    /// An empty list that collects (`wanted`) or ignores what is added.
+    pub fn new(wanted: bool) -> Self {
+        Reasons {
+            wanted,
+            list: Vec::new(),
+        }
+    }
+    /// Adds the sentence `why` builds, building it only when the reasons are wanted.
+    pub fn add(&mut self, why: impl FnOnce() -> String) {
+        if self.wanted {
+            self.list.push(why());
+        }
+    }
+    /// Whether sentences are collected.
+    pub fn wanted(&self) -> bool {
+        self.wanted
+    }
+    /// The sentences.
+    pub fn into_vec(self) -> Vec<String> {
+        self.list
+    }
+}
+
+impl Extend<String> for Reasons {
+    fn extend<I: IntoIterator<Item = String>>(&mut self, iter: I) {
+        if self.wanted {
+            self.list.extend(iter);
+        }
+    }
+}
+
+impl std::ops::Deref for Reasons {
+    type Target = Vec<String>;
+    fn deref(&self) -> &Vec<String> {
+        &self.list
+    }
+}
+
+impl fmt::Debug for Reasons {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.list.fmt(f)
+    }
+}
+
 /// What one call runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Plan {
@@ -980,8 +1036,9 @@ pub struct Plan {
     /// CTAs of the routing alignment (`KernelId::RouteAlign`), launched as one thread-block
     /// cluster when more than 1 (sm_90+); 1 for plans without that kernel.
     pub align_ctas: usize,
-    /// Why each choice was made or each candidate rejected.
-    pub reasons: Vec<String>,
+    /// Why each choice was made or each candidate rejected (empty for a plan made with
+    /// `Request::quiet`).
+    pub reasons: Reasons,
     /// What decided: an override, a tuned table or the heuristics.
     pub source: Source,
     /// The table entry used (also when it was rejected: the reasons say why).
@@ -1172,6 +1229,8 @@ pub struct Request<'a> {
     /// `$SWAPMOE_FIRST_KERNEL_PDL`: launch the first kernel with PDL (or not) where the
     /// device has it; None: the oracle's choice.
     pub first_kernel_pdl: Option<bool>,
+    /// Plan without reasons (`Plan::reasons` stays empty): for a launch, which reads none.
+    pub quiet: bool,
 }
 
 /// The plan for a call of the op: forced backend, `$SWAPMOE_MMA_TOKEN_TILE`, the shipped and
@@ -1180,6 +1239,24 @@ pub fn plan_with(
     p: &MoeProblem,
     caps: Option<&DeviceCaps>,
     forced: Option<Backend>,
+) -> Result<Plan> {
+    plan_for_call(p, caps, forced, false)
+}
+
+/// `plan_with` without the reasons: what the op's launches run (the same choices).
+pub fn plan_for_launch(
+    p: &MoeProblem,
+    caps: Option<&DeviceCaps>,
+    forced: Option<Backend>,
+) -> Result<Plan> {
+    plan_for_call(p, caps, forced, true)
+}
+
+fn plan_for_call(
+    p: &MoeProblem,
+    caps: Option<&DeviceCaps>,
+    forced: Option<Backend>,
+    quiet: bool,
 ) -> Result<Plan> {
     let tables = tables::global();
     decide(
@@ -1190,6 +1267,7 @@ pub fn plan_with(
             mma_token_tile: forced_mma_tile()?,
             tables: Some(&tables),
             first_kernel_pdl: forced_first_kernel_pdl()?,
+            quiet,
             ..Request::default()
         },
     )
@@ -1197,7 +1275,7 @@ pub fn plan_with(
 
 /// The heuristics' plan alone (no override, no table).
 pub fn plan(p: &MoeProblem, caps: Option<&DeviceCaps>) -> Plan {
-    let mut c = Candidates::new(p, caps);
+    let mut c = Candidates::new(p, caps, true);
     let b = heuristic(&mut c);
     c.build(b)
 }
@@ -1223,7 +1301,7 @@ pub fn decide(p: &MoeProblem, caps: Option<&DeviceCaps>, req: &Request) -> Resul
             )));
         }
     }
-    let mut c = Candidates::new(p, caps);
+    let mut c = Candidates::new(p, caps, !req.quiet);
     let mut source = Source::Heuristic;
     let mut table = None;
     let mut external = None;
@@ -1236,10 +1314,12 @@ pub fn decide(p: &MoeProblem, caps: Option<&DeviceCaps>, req: &Request) -> Resul
                 plan(p, caps).backend.name()
             )));
         }
-        c.reasons.push(format!(
-            "override: {} forced by the backend argument or ${BACKEND_ENV}",
-            want.name()
-        ));
+        c.reasons.add(|| {
+            format!(
+                "override: {} forced by the backend argument or ${BACKEND_ENV}",
+                want.name()
+            )
+        });
         source = Source::Override;
         want
     } else if p.device == Device::Cpu {
@@ -1258,7 +1338,7 @@ pub fn decide(p: &MoeProblem, caps: Option<&DeviceCaps>, req: &Request) -> Resul
             None => {
                 let b = heuristic(&mut c);
                 if p.quant.is_some() && req.external.contains(&ExternalBackend::VllmTriton) {
-                    c.reasons.push(format!(
+                    c.reasons.add(|| format!(
                         "vllm_triton: no tuned entry for this FP8 call and the caller can run vLLM's Triton; {FP8_TRITON_VS_SWAPMOE}, so vLLM's Triton runs it, {} if it cannot",
                         b.name()
                     ));
@@ -1270,27 +1350,28 @@ pub fn decide(p: &MoeProblem, caps: Option<&DeviceCaps>, req: &Request) -> Resul
     };
     if let Some(t) = req.mma_token_tile {
         if backend == Backend::CudaWgmma && !WGMMA_TOKEN_TILES.contains(&t) {
-            c.reasons.push(format!(
+            c.reasons.add(|| format!(
                 "override: ${MMA_TILE_ENV}={t} ignored, cuda_wgmma is built for token tiles {WGMMA_TOKEN_TILES:?}"
             ));
         } else if matches!(backend, Backend::CudaMma | Backend::CudaWgmma) {
             c.tile = Some(t);
             source = Source::Override;
-            c.reasons.push(format!(
-                "override: token tile {t} forced by ${MMA_TILE_ENV}"
-            ));
+            c.reasons
+                .add(|| format!("override: token tile {t} forced by ${MMA_TILE_ENV}"));
         } else {
-            c.reasons.push(format!(
-                "override: ${MMA_TILE_ENV}={t} ignored, the plan is {}",
-                backend.name()
-            ));
+            c.reasons.add(|| {
+                format!(
+                    "override: ${MMA_TILE_ENV}={t} ignored, the plan is {}",
+                    backend.name()
+                )
+            });
         }
     }
     let can = c.pdl_ok;
     let mut plan = c.build(backend);
     if let (Some(want), true) = (req.first_kernel_pdl, !plan.kernels.is_empty()) {
         plan.first_kernel_pdl = want && can;
-        plan.reasons.push(match (want, can) {
+        plan.reasons.add(|| match (want, can) {
             (true, true) => format!("override: ${FIRST_KERNEL_PDL_ENV}=on, the first kernel is launched with PDL"),
             (true, false) => format!("override: ${FIRST_KERNEL_PDL_ENV}=on ignored, PDL needs sm_90"),
             (false, _) => format!("override: ${FIRST_KERNEL_PDL_ENV}=off, the first kernel starts after the previous kernel in the stream has finished"),
@@ -1309,7 +1390,7 @@ fn wgmma_grids(
     p: &MoeProblem,
     hopper_sms: Option<usize>,
     stage_k: usize,
-    reasons: &mut Vec<String>,
+    reasons: &mut Reasons,
 ) -> (usize, (bool, bool)) {
     let ctas = hopper_sms.unwrap_or(132) * WGMMA_CTAS_PER_SM;
     let stages = (p.k.div_ceil(stage_k), p.n.div_ceil(stage_k));
@@ -1370,11 +1451,13 @@ fn wgmma_grids(
             format!("{name} ({n} k-stages per item) one CTA per item{why}")
         }
     };
-    reasons.push(format!(
-        "cuda_wgmma grids: {}; {}{forced}",
-        grid("GEMM1", stages.0, persistent.0, Some(gemm1_blocks)),
-        grid("GEMM2", stages.1, persistent.1, None)
-    ));
+    reasons.add(|| {
+        format!(
+            "cuda_wgmma grids: {}; {}{forced}",
+            grid("GEMM1", stages.0, persistent.0, Some(gemm1_blocks)),
+            grid("GEMM2", stages.1, persistent.1, None)
+        )
+    });
     let any = persistent.0 || persistent.1;
     (if any { ctas } else { 0 }, persistent)
 }
@@ -1437,7 +1520,7 @@ fn expected_local_slots(p: &MoeProblem) -> usize {
 /// expert, qwen3-30b-a3b and deepseek-v3-tp8, bf16 and fp8_tensor, M = 256-2048: -5 to -9%;
 /// Mixtral (N = 14336) at every M measured: -2.5 to -12%; qwen3 / deepseek at one or more
 /// tiles per expert: +0.5 to +6% (deepseek-v3-tp8 M = 4096 bf16: 1460 -> 1550 us).
-fn wgmma_l2_hints(p: &MoeProblem, tile: usize, reasons: &mut Vec<String>) -> u8 {
+fn wgmma_l2_hints(p: &MoeProblem, tile: usize, reasons: &mut Reasons) -> u8 {
     let what = |h: u8| match h {
         0 => "no L2 eviction hints".to_string(),
         _ => [
@@ -1470,22 +1553,26 @@ fn wgmma_l2_hints(p: &MoeProblem, tile: usize, reasons: &mut Vec<String>) -> u8 
     };
     match std::env::var(WGMMA_L2_HINTS_ENV) {
         Err(_) => {
-            reasons.push(why(rule));
+            reasons.add(|| why(rule));
             rule
         }
         Ok(v) => match v.trim().parse::<u8>() {
             Ok(h) if h <= WGMMA_L2_WEIGHTS_EVICT_FIRST | WGMMA_L2_ACTS_EVICT_LAST => {
-                reasons.push(format!(
-                    "cuda_wgmma loads: {} (forced by ${WGMMA_L2_HINTS_ENV}={v})",
-                    what(h)
-                ));
+                reasons.add(|| {
+                    format!(
+                        "cuda_wgmma loads: {} (forced by ${WGMMA_L2_HINTS_ENV}={v})",
+                        what(h)
+                    )
+                });
                 h
             }
             _ => {
-                reasons.push(format!(
-                    "${WGMMA_L2_HINTS_ENV}={v:?} ignored (expected 0 to 3); {}",
-                    why(rule)
-                ));
+                reasons.add(|| {
+                    format!(
+                        "${WGMMA_L2_HINTS_ENV}={v:?} ignored (expected 0 to 3); {}",
+                        why(rule)
+                    )
+                });
                 rule
             }
         },
@@ -1505,7 +1592,7 @@ fn wgmma_gemm2_block_run(
     tile: usize,
     stage_k: usize,
     gemm2_persistent: bool,
-    reasons: &mut Vec<String>,
+    reasons: &mut Reasons,
 ) -> u8 {
     let (ktiles, stages) = (p.n.div_ceil(stage_k), wgmma_stages(tile));
     let blocks = p.k.div_ceil(WGMMA_GEMM2_COLUMNS);
@@ -1524,7 +1611,7 @@ fn wgmma_gemm2_block_run(
                 1
             } else if p.quant.is_some() && per_expert >= tile as f64 {
                 let r = WGMMA_GEMM2_DENSE_E4M3_BLOCK_RUN.min(most);
-                reasons.push(format!("cuda_wgmma GEMM2: runs of {r} of the {blocks} column blocks per token tile, the tile's rows loaded once per run (e4m3, ~{per_expert:.0} tokens per expert fill the {tile}-row tile: measured 4% faster at deepseek-v3-tp8 M = 4096)"));
+                reasons.add(|| format!("cuda_wgmma GEMM2: runs of {r} of the {blocks} column blocks per token tile, the tile's rows loaded once per run (e4m3, ~{per_expert:.0} tokens per expert fill the {tile}-row tile: measured 4% faster at deepseek-v3-tp8 M = 4096)"));
                 r
             } else {
                 let what = if p.quant.is_some() {
@@ -1532,26 +1619,24 @@ fn wgmma_gemm2_block_run(
                 } else {
                     "bf16/f16".to_string()
                 };
-                reasons.push(format!("cuda_wgmma GEMM2: one column block per work item ({what}: runs of blocks measured no faster; ${WGMMA_GEMM2_BLOCK_RUN_ENV} asks for them)"));
+                reasons.add(|| format!("cuda_wgmma GEMM2: one column block per work item ({what}: runs of blocks measured no faster; ${WGMMA_GEMM2_BLOCK_RUN_ENV} asks for them)"));
                 1
             }
         }
         Ok(v) => match v.trim().parse::<u8>() {
             Ok(r) if r >= 1 && eligible => {
                 let r = r.min(most).max(1);
-                reasons.push(format!("cuda_wgmma GEMM2: runs of {r} of the {blocks} column blocks per token tile, the tile's rows loaded once per run (forced by ${WGMMA_GEMM2_BLOCK_RUN_ENV}={v})"));
+                reasons.add(|| format!("cuda_wgmma GEMM2: runs of {r} of the {blocks} column blocks per token tile, the tile's rows loaded once per run (forced by ${WGMMA_GEMM2_BLOCK_RUN_ENV}={v})"));
                 r
             }
             Ok(r) if r >= 1 => {
-                reasons.push(format!(
-                    "${WGMMA_GEMM2_BLOCK_RUN_ENV}={v} ignored: {why_not}"
-                ));
+                reasons.add(|| format!("${WGMMA_GEMM2_BLOCK_RUN_ENV}={v} ignored: {why_not}"));
                 1
             }
             _ => {
-                reasons.push(format!(
-                    "${WGMMA_GEMM2_BLOCK_RUN_ENV}={v:?} ignored (expected 1 to 255)"
-                ));
+                reasons.add(|| {
+                    format!("${WGMMA_GEMM2_BLOCK_RUN_ENV}={v:?} ignored (expected 1 to 255)")
+                });
                 1
             }
         },
@@ -1583,7 +1668,7 @@ fn heuristic(c: &mut Candidates) -> Backend {
     let p = c.p;
     if p.device == Device::Cpu {
         c.reasons
-            .push("cpu: the tensors are on the CPU, so the rayon reference path runs".into());
+            .add(|| "cpu: the tensors are on the CPU, so the rayon reference path runs".into());
         return Backend::Cpu;
     }
     let slots = p.slots();
@@ -1617,7 +1702,7 @@ fn heuristic(c: &mut Candidates) -> Backend {
     };
     match c.eligible(Backend::CudaWgmmaSwap) {
         Ok(()) if fp8 && swap_wins => {
-            c.reasons.push(format!(
+            c.reasons.add(|| format!(
                 "cuda_wgmma_swap: M = {} <= {fp8_max}, FP8: the e4m3 wgmma (QGMMA) swap-AB kernels measured fastest here on the H200 ({})",
                 p.m,
                 if fp8_wgmma {
@@ -1628,7 +1713,7 @@ fn heuristic(c: &mut Candidates) -> Backend {
             ));
             return Backend::CudaWgmmaSwap;
         }
-        Ok(()) if fp8 => c.reasons.push(format!(
+        Ok(()) if fp8 => c.reasons.add(|| format!(
             "cuda_wgmma_swap: not picked, FP8 at M = {} > {fp8_max}: {}",
             p.m,
             if fp8_wgmma {
@@ -1638,75 +1723,75 @@ fn heuristic(c: &mut Candidates) -> Backend {
             }
         )),
         Ok(()) if swap_wins && c.slots_per_expert() < WGMMA_HEURISTIC_MIN_SLOTS_PER_EXPERT => {
-            c.reasons.push(format!(
+            c.reasons.add(|| format!(
                 "cuda_wgmma_swap: M = {}, N = {}: the swap-AB wgmma kernels measured fastest here on the H200 (wide experts up to M = {SWAP_WIDE_HEURISTIC_MAX_TOKENS}, others from the end of cuda_decode's range up to M = {SWAP_HEURISTIC_MAX_TOKENS})",
                 p.m, p.n
             ));
             return Backend::CudaWgmmaSwap;
         }
-        Ok(()) => c.reasons.push(format!(
+        Ok(()) => c.reasons.add(|| format!(
             "cuda_wgmma_swap: not picked, M = {}, N = {} is outside where it measured fastest (a tuned table or backend= can pick it)",
             p.m, p.n
         )),
-        Err(why) => c.reasons.push(format!("cuda_wgmma_swap: rejected, {why}")),
+        Err(why) => c.reasons.add(|| format!("cuda_wgmma_swap: rejected, {why}")),
     }
     if let Some(Err(why)) = fp8_wgmma_check {
-        c.reasons.push(format!("cuda_wgmma: rejected, {why}"));
+        c.reasons.add(|| format!("cuda_wgmma: rejected, {why}"));
     }
     if fp8_wgmma {
-        c.reasons.push(
+        c.reasons.add(||
             "cuda_wgmma: FP8 past the swap-AB kernels' range, so the e4m3 wgmma GEMMs: they measured faster than the FP8 decode and SIMT kernels at every M of the three public shapes on the H200".into(),
         );
         return Backend::CudaWgmma;
     }
     if decode_range {
-        c.reasons.push(format!(
+        c.reasons.add(|| format!(
             "cuda_decode: M*topk = {slots} <= {DECODE_HEURISTIC_MAX_SLOTS} and ~{per_expert:.1} slots per expert, so each GEMM CTA routes for itself and GEMM2 sums over top-k: 2 launches instead of 4"
         ));
-        c.reasons.push(match c.eligible(Backend::CudaBulkDecode) {
+        let bulk = c.eligible(Backend::CudaBulkDecode);
+        c.reasons.add(|| match bulk {
             Ok(()) => "cuda_bulk_decode: not picked by the heuristic, measured slower than cuda_decode on the H200 (benches/NOTES.md, v6); a tuned table or backend= can pick it".into(),
             Err(why) => format!("cuda_bulk_decode: rejected, {why}"),
         });
         return Backend::CudaDecode;
     }
-    c.reasons.push(format!(
+    c.reasons.add(|| format!(
         "cuda_decode: rejected, M*topk = {slots} (limit {DECODE_HEURISTIC_MAX_SLOTS}) with ~{per_expert:.1} slots per expert (limit {DECODE_HEURISTIC_MAX_SLOTS_PER_EXPERT}): its GEMM2 would re-read weight rows per slot"
     ));
     let per_active = c.slots_per_expert();
     if p.quant.is_some() {
         c.reasons
-            .push("cuda_mma: rejected, it has no FP8 kernels in this build".into());
-        c.reasons.push(
+            .add(|| "cuda_mma: rejected, it has no FP8 kernels in this build".into());
+        c.reasons.add(||
             "cuda_generic: the FP8 path beyond decode where no tensor-core FP8 kernel runs (SIMT, e4m3 weights as 16-byte vectors)".into(),
         );
         return Backend::CudaGeneric;
     }
     match c.eligible(Backend::CudaWgmma) {
         Ok(()) if per_active >= WGMMA_OVER_MMA_MIN_SLOTS_PER_EXPERT => {
-            c.reasons.push(format!(
-                "cuda_wgmma: {per_active:.1} slots per active expert on average (>= {WGMMA_OVER_MMA_MIN_SLOTS_PER_EXPERT}), so the Hopper wgmma GEMMs win; token tile {}",
-                c.wgmma_token_tile()
+            let tile = c.wgmma_token_tile();
+            c.reasons.add(|| format!(
+                "cuda_wgmma: {per_active:.1} slots per active expert on average (>= {WGMMA_OVER_MMA_MIN_SLOTS_PER_EXPERT}), so the Hopper wgmma GEMMs win; token tile {tile}"
             ));
             return Backend::CudaWgmma;
         }
-        Ok(()) => c.reasons.push(format!(
+        Ok(()) => c.reasons.add(|| format!(
             "cuda_wgmma: not picked, {per_active:.1} slots per active expert (< {WGMMA_OVER_MMA_MIN_SLOTS_PER_EXPERT}): the 16-token mma.sync tile wastes fewer rows"
         )),
-        Err(why) => c.reasons.push(format!("cuda_wgmma: rejected, {why}")),
+        Err(why) => c.reasons.add(|| format!("cuda_wgmma: rejected, {why}")),
     }
     match c.eligible(Backend::CudaMma) {
         Ok(()) => {
-            c.reasons.push(format!(
-                "cuda_mma: {:.1} slots per active expert on average, so tensor cores pay; token tile {}",
-                c.slots_per_expert(),
-                c.mma_token_tile()
+            let tile = c.mma_token_tile();
+            c.reasons.add(|| format!(
+                "cuda_mma: {per_active:.1} slots per active expert on average, so tensor cores pay; token tile {tile}"
             ));
             Backend::CudaMma
         }
         Err(why) => {
-            c.reasons.push(format!("cuda_mma: rejected, {why}"));
+            c.reasons.add(|| format!("cuda_mma: rejected, {why}"));
             c.reasons
-                .push("cuda_generic: the fallback for every dtype and shape".into());
+                .add(|| "cuda_generic: the fallback for every dtype and shape".into());
             Backend::CudaGeneric
         }
     }
@@ -1732,10 +1817,12 @@ fn from_table(
     });
     let file = tables::file_name(p.local_experts, p.n, &caps.name, p.dtype, quant);
     if set.disabled {
-        c.reasons.push(format!(
-            "table: tables are off (${}=off), so the heuristics decide",
-            tables::TABLES_ENV
-        ));
+        c.reasons.add(|| {
+            format!(
+                "table: tables are off (${}=off), so the heuristics decide",
+                tables::TABLES_ENV
+            )
+        });
         return None;
     }
     let mut note = |kind: &str, warning: bool, message: String| {
@@ -1745,10 +1832,12 @@ fn from_table(
     };
     let t = match set.get(&file) {
         None => {
-            c.reasons.push(format!(
-                "table: none named {file} ({}), so the heuristics decide",
-                set.searched()
-            ));
+            c.reasons.add(|| {
+                format!(
+                    "table: none named {file} ({}), so the heuristics decide",
+                    set.searched()
+                )
+            });
             note(
                 "none",
                 false,
@@ -1757,10 +1846,12 @@ fn from_table(
             return None;
         }
         Some(Loaded::Bad { path, error, .. }) => {
-            c.reasons.push(format!(
-                "table: {} ignored, it is malformed: {error}; the heuristics decide",
-                path.display()
-            ));
+            c.reasons.add(|| {
+                format!(
+                    "table: {} ignored, it is malformed: {error}; the heuristics decide",
+                    path.display()
+                )
+            });
             note(
                 "bad",
                 true,
@@ -1780,7 +1871,7 @@ fn from_table(
             _ => None, // one given, one computed: no table measures that
         };
         if call != Some(measured) {
-            c.reasons.push(format!(
+            c.reasons.add(|| format!(
                 "table: {} ({}) was measured with {} activation scales and this call's are {}: the FP8 kernels differ, so the heuristics decide",
                 t.file,
                 t.origin.name(),
@@ -1791,10 +1882,12 @@ fn from_table(
         }
     }
     let Some(nearest) = t.nearest(p.m) else {
-        c.reasons.push(format!(
-            "table: {} has no M entries; the heuristics decide",
-            t.path.display()
-        ));
+        c.reasons.add(|| {
+            format!(
+                "table: {} has no M entries; the heuristics decide",
+                t.path.display()
+            )
+        });
         note(
             "empty",
             true,
@@ -1803,7 +1896,7 @@ fn from_table(
         return None;
     };
     let Some(entry) = t.lookup(p.m) else {
-        c.reasons.push(format!(
+        c.reasons.add(|| format!(
             "table: {} ({}) has no entry within {}x of M={} (the nearest is M={}); the heuristics decide",
             t.file,
             t.origin.name(),
@@ -1825,7 +1918,7 @@ fn from_table(
         m: entry.m,
         used: false,
     };
-    c.reasons.push(format!(
+    c.reasons.add(|| format!(
         "table: {} ({}) entry M={} (the nearest to M={} within {}x; ties go to the smaller M): {}{}",
         t.file,
         t.origin.name(),
@@ -1846,16 +1939,18 @@ fn from_table(
         differs.push(format!("topk={k} (this call topk={})", p.topk));
     }
     if !differs.is_empty() {
-        c.reasons.push(format!(
+        c.reasons.add(|| {
+            format!(
             "table: measured with {}; used all the same (tables are keyed by E and N, as vLLM's)",
             differs.join(", ")
-        ));
+        )
+        });
     }
     let result = match &entry.choice {
         Choice::External(x) if req.external.contains(x) => {
             // swapmoe's own fallback: the fastest measured swapmoe label, else the heuristics
             let fb = best_swapmoe(c, entry);
-            c.reasons.push(format!(
+            c.reasons.add(|| format!(
                 "table: {} chosen, the caller runs inside vLLM and allows it (external_backends); swapmoe's fallback is below",
                 x.name()
             ));
@@ -1864,7 +1959,7 @@ fn from_table(
             Some((b, Some(*x)))
         }
         Choice::External(x) => {
-            c.reasons.push(format!(
+            c.reasons.add(|| format!(
                 "table: {} is a candidate only when the caller runs inside vLLM and says so (external_backends={:?})",
                 x.name(),
                 req.external.iter().map(|b| b.name()).collect::<Vec<_>>()
@@ -1875,7 +1970,7 @@ fn from_table(
                     Some((b, None))
                 }
                 None => {
-                    c.reasons.push(
+                    c.reasons.add(||
                         "table: no swapmoe time in the entry can run this call, so the heuristics decide"
                             .into(),
                     );
@@ -1903,7 +1998,7 @@ fn from_table(
                     .any(|(timed, _)| *timed == Choice::External(vllm));
                 if p.quant.is_some() && req.external.contains(&vllm) && !vllm_timed {
                     // an FP8 entry that never timed vLLM's Triton cannot say swapmoe is faster
-                    c.reasons.push(format!(
+                    c.reasons.add(|| format!(
                         "vllm_triton: {} has no vllm_triton time at M={} (tuned without vLLM) and the caller can run vLLM's Triton, so it runs this FP8 call as it runs untabled ones; the entry's {choice} is swapmoe's fallback",
                         t.file, entry.m
                     ));
@@ -1922,10 +2017,12 @@ fn from_table(
                 }
             }
             Err(why) => {
-                c.reasons.push(format!(
-                    "table: rejected {choice} from {} M={}: {why}; the heuristics decide",
-                    t.file, entry.m
-                ));
+                c.reasons.add(|| {
+                    format!(
+                        "table: rejected {choice} from {} M={}: {why}; the heuristics decide",
+                        t.file, entry.m
+                    )
+                });
                 note(
                     "rejected",
                     true,
@@ -1951,14 +2048,13 @@ fn best_swapmoe(c: &mut Candidates, entry: &tables::Entry) -> Option<Backend> {
         }
         match c.table_eligible(choice) {
             Ok(b) => {
-                c.reasons.push(format!(
-                    "table: best swapmoe time in the entry: {choice}, {us:.1} µs"
-                ));
+                c.reasons
+                    .add(|| format!("table: best swapmoe time in the entry: {choice}, {us:.1} µs"));
                 return Some(b);
             }
             Err(why) => c
                 .reasons
-                .push(format!("table: skipped {choice} from times_us: {why}")),
+                .add(|| format!("table: skipped {choice} from times_us: {why}")),
         }
     }
     None
@@ -2104,9 +2200,9 @@ pub fn place_router(
     let separate = |plan: &mut Plan, why: String| {
         let (id, kernel_why) = router_kernel(experts, cfg, request.kernel);
         plan.reasons
-            .push(format!("router: its own kernel first, {why}"));
+            .add(|| format!("router: its own kernel first, {why}"));
         plan.reasons
-            .push(format!("router: {}: {kernel_why}", id.symbol()));
+            .add(|| format!("router: {}: {kernel_why}", id.symbol()));
         plan.router = RouterPlacement::Separate(id);
         let cta_past_pdl = id == KernelId::RouteGroupedCta && m > ROUTER_CTA_PDL_MAX_TOKENS;
         // The one-wave rule is about GEMM1's CTAs, which here follow the router by PDL.
@@ -2116,20 +2212,20 @@ pub fn place_router(
             && request.first_kernel_pdl.is_none()
         {
             plan.first_kernel_pdl = true;
-            plan.reasons.push(format!(
+            plan.reasons.add(|| format!(
                 "router: launched with PDL although fused_experts would start GEMM1 without (its one-wave rule): here GEMM1 follows the router by PDL either way; {ROUTER_PDL_BEFORE_ONE_WAVE_MEASURED}"
             ));
         }
         if cta_past_pdl && request.first_kernel_pdl.is_none() && plan.first_kernel_pdl {
             plan.first_kernel_pdl = false;
-            plan.reasons.push(format!(
+            plan.reasons.add(|| format!(
                 "router: launched without PDL (M = {m} > {ROUTER_CTA_PDL_MAX_TOKENS}): launched early, the CTA router's M CTAs measured 2-3 us slower inside fused_moe"
             ));
         }
     };
     if plan.backend == Backend::Cpu {
         plan.reasons
-            .push("router: on the CPU before the experts".into());
+            .add(|| "router: on the CPU before the experts".into());
         plan.router = RouterPlacement::NotRouting;
         return;
     }
@@ -2152,7 +2248,7 @@ pub fn place_router(
             plan.kernels[0] = KernelId::RouteAlignRouted;
             plan.align_ctas = 1;  // the routing twin runs as one CTA
             plan.router = RouterPlacement::InAlign;
-            plan.reasons.push(format!(
+            plan.reasons.add(|| format!(
                 "router: inside the align kernel (M = {m} <= {ROUTER_IN_ALIGN_MAX_TOKENS}: its 32 warps route the tokens, then group them; one launch less)"
             ));
         }
@@ -2163,7 +2259,7 @@ pub fn place_router(
         Some(KernelId::DecodeGemm1Act(d, v)) if m <= DECODE_ROWS_PER_CTA => {
             plan.kernels[0] = KernelId::DecodeGemm1Routed(d, v);
             plan.router = RouterPlacement::InDecodeGemm1;
-            plan.reasons.push(format!(
+            plan.reasons.add(|| format!(
                 "router: inside GEMM1 (M = {m} <= {DECODE_ROWS_PER_CTA}: each CTA's warps route one token each before streaming weights; no router launch, no round trip through global memory)"
             ));
         }
@@ -2327,17 +2423,19 @@ struct Candidates<'a> {
     sms: usize,
     gemm1_vec: usize,
     gemm2_vec: usize,
-    reasons: Vec<String>,
+    reasons: Reasons,
 }
 
 impl<'a> Candidates<'a> {
-    fn new(p: &'a MoeProblem, caps: Option<&DeviceCaps>) -> Self {
-        let mut reasons = Vec::new();
+    fn new(p: &'a MoeProblem, caps: Option<&DeviceCaps>, reasons_wanted: bool) -> Self {
+        let mut reasons = Reasons::new(reasons_wanted);
         if let Some(c) = caps {
-            reasons.push(format!(
-                "device: {} (sm_{}{}, {} SMs)",
-                c.name, c.capability.0, c.capability.1, c.sm_count
-            ));
+            reasons.add(|| {
+                format!(
+                    "device: {} (sm_{}{}, {} SMs)",
+                    c.name, c.capability.0, c.capability.1, c.sm_count
+                )
+            });
         }
         let d = p.dtype;
         let fp8 = p.quant.is_some();
@@ -2355,14 +2453,16 @@ impl<'a> Candidates<'a> {
             p.n as i64 % w == 0 && s.w2_expert % w == 0 && s.w2_row % w == 0 && aligned(o.w2, 16);
         if p.device != Device::Cpu {
             if let Some(q) = p.quant {
-                reasons.push(format!(
-                    "fp8: W8A8 e4m3, {} scales, input scale {}, intermediate scale {}",
-                    q.scheme.name(),
-                    if q.a1_scale != 0 { "static" } else { "dynamic" },
-                    if q.a2_scale != 0 { "static" } else { "dynamic" }
-                ));
+                reasons.add(|| {
+                    format!(
+                        "fp8: W8A8 e4m3, {} scales, input scale {}, intermediate scale {}",
+                        q.scheme.name(),
+                        if q.a1_scale != 0 { "static" } else { "dynamic" },
+                        if q.a2_scale != 0 { "static" } else { "dynamic" }
+                    )
+                });
             }
-            reasons.push(if gemm1_ok {
+            reasons.add(|| if gemm1_ok {
                 format!("gemm1: 16-byte loads, K and the hidden_states/w1 strides are multiples of {w}")
             } else {
                 format!(
@@ -2370,7 +2470,7 @@ impl<'a> Candidates<'a> {
                     p.k
                 )
             });
-            reasons.push(if gemm2_ok {
+            reasons.add(|| if gemm2_ok {
                 format!("gemm2: 16-byte loads, N and the w2 strides are multiples of {w}")
             } else {
                 format!("gemm2: scalar loads, N={} or a w2 stride or address is not a multiple of {w} elements", p.n)
@@ -2847,7 +2947,7 @@ impl<'a> Candidates<'a> {
         let mut swap_gemm1_ring = 0;
         let swap_gemm2_one_per_sm = match swap_gemm2_placement {
             Some((on, why)) => {
-                reasons.push(why);
+                reasons.add(|| why);
                 on
             }
             None => false,
@@ -2873,7 +2973,7 @@ impl<'a> Candidates<'a> {
         };
         let (kernels, rows_per_cta, tokens_per_pass, pdl) = match (b, self.p.quant) {
             (Backend::CudaDecode, Some(q)) => {
-                reasons.push(pdl_reason("sm_90+, the two FP8 GEMMs overlap their start-up with programmatic dependent launch"));
+                reasons.add(|| pdl_reason("sm_90+, the two FP8 GEMMs overlap their start-up with programmatic dependent launch"));
                 let mut v = vec![];
                 fp8_front(&mut v);
                 v.push(KernelId::DecodeFp8Gemm1(q.scheme, g1));
@@ -2893,11 +2993,11 @@ impl<'a> Candidates<'a> {
                 } else {
                     "the intermediate quantized as GEMM2 loads it, its scale from GEMM1's absmax"
                 };
-                reasons.push(format!(
+                reasons.add(|| format!(
                     "cuda_wgmma_swap: e4m3 weights in wgmma's {SWAP_ROWS}-row slot streamed by TMA, 128 of K per stage, the M = {} tokens as {tile} columns (x quantized first; {inter}); clusters of {} (GEMM1, K split) and {} (GEMM2, expert split); {why}",
                     self.p.m, s.0, s.1
                 ));
-                reasons.push(pdl_reason("GEMM1 starts under the quantization, GEMM2 streams its first weights while GEMM1 finishes"));
+                reasons.add(|| pdl_reason("GEMM1 starts under the quantization, GEMM2 streams its first weights while GEMM1 finishes"));
                 let mut v = vec![];
                 fp8_front(&mut v);
                 if static_inter {
@@ -2916,7 +3016,7 @@ impl<'a> Candidates<'a> {
                 wgmma_block_run =
                     wgmma_gemm2_block_run(self.p, tile, 128, wgmma_persistent.1, &mut reasons);
                 let q8 = q.static_intermediate();
-                reasons.push(format!(
+                reasons.add(|| format!(
                     "cuda_wgmma: FP8, token tiles of {tile} rows in expert order, e4m3 weights by TMA, warp-specialized e4m3 wgmma GEMMs, 128 of K per stage ({WGMMA_GEMM1_COLUMNS} inter columns per GEMM1 CTA, {WGMMA_GEMM2_COLUMNS} output columns per GEMM2 CTA); x quantized first; {}",
                     if q8 {
                         "GEMM1 quantizes the intermediate with the static a2_scale"
@@ -2927,7 +3027,7 @@ impl<'a> Candidates<'a> {
                     }
                 ));
                 let (pre, why) = wgmma_pregather(self.p, "the quantized token rows");
-                reasons.push(why);
+                reasons.add(|| why);
                 let mut v = vec![KernelId::RouteAlign];
                 fp8_front(&mut v);
                 if pre {
@@ -2953,7 +3053,7 @@ impl<'a> Candidates<'a> {
                 Backend::Cpu => (vec![], 0, 0, false),
                 Backend::CudaBulkDecode => {
                     ctas = self.hopper_sms.unwrap_or(132);
-                    reasons.push(format!(
+                    reasons.add(|| format!(
                         "cuda_bulk_decode: a persistent grid of {ctas} CTAs streams weights and activations through 5 x 20 KiB bulk-copy stages per SM; GEMM2 starts its weight stream under GEMM1's tail (pdl)"
                     ));
                     (
@@ -2964,10 +3064,10 @@ impl<'a> Candidates<'a> {
                     )
                 }
                 Backend::CudaDecode => {
-                    reasons.push(pdl_reason("sm_90+, the two launches overlap their start-up with programmatic dependent launch"));
+                    reasons.add(|| pdl_reason("sm_90+, the two launches overlap their start-up with programmatic dependent launch"));
                     let gemm2_ctas = self.p.k.div_ceil(DECODE_ROWS_PER_CTA);
                     let wide = gemm2_ctas <= DECODE_GEMM2_WIDE_MAX_CTAS_PER_SM * self.sms;
-                    reasons.push(if wide {
+                    reasons.add(|| if wide {
                         format!("gemm2: its {gemm2_ctas} CTAs fit {DECODE_GEMM2_WIDE_MAX_CTAS_PER_SM} per SM, so the kernel with unbounded registers keeps more weight loads in flight")
                     } else {
                         format!("gemm2: {gemm2_ctas} CTAs, more than {DECODE_GEMM2_WIDE_MAX_CTAS_PER_SM} per SM: the kernel bounded to 5 CTAs per SM keeps most of them resident")
@@ -3013,13 +3113,12 @@ impl<'a> Candidates<'a> {
                     let (s, why) = swap_split_choice.clone().unwrap_or_default();
                     let ((k1, k2), slice_why) = swap_slice_choice.clone().unwrap_or_default();
                     splits = s;
-                    reasons.push(format!(
+                    reasons.add(|| format!(
                         "cuda_wgmma_swap: weights in wgmma's {SWAP_ROWS}-row slot streamed by TMA, {k1} (GEMM1) and {k2} (GEMM2) 64-wide K slices per stage, the M = {} tokens as {tile} columns; 2 launches, no align or top-k sum kernel; clusters of {} (GEMM1, K split) and {} (GEMM2, expert split) summed through distributed shared memory; {why}{slice_why}",
                         self.p.m, s.0, s.1
                     ));
-                    reasons.push(pdl_reason(
-                        "GEMM2 streams its first weights while GEMM1 finishes",
-                    ));
+                    reasons
+                        .add(|| pdl_reason("GEMM2 streams its first weights while GEMM1 finishes"));
                     let gemm1 = KernelId::SwapGemm1Act(d, tile, k1);
                     let gemm1_ctas = (self.p.n.div_ceil(SWAP_ROWS) as f64 * active_experts).ceil()
                         as usize
@@ -3048,10 +3147,10 @@ impl<'a> Candidates<'a> {
                     wgmma_block_run =
                         wgmma_gemm2_block_run(self.p, tile, 64, wgmma_persistent.1, &mut reasons);
                     let (pre, why) = wgmma_pregather(self.p, "the token rows");
-                    reasons.push(format!(
+                    reasons.add(|| format!(
                         "cuda_wgmma: token tiles of {tile} rows in expert order, weights by TMA, warp-specialized wgmma GEMMs ({WGMMA_GEMM1_COLUMNS} inter columns per GEMM1 CTA, {WGMMA_GEMM2_COLUMNS} output columns per GEMM2 CTA), {WGMMA_RASTER_GROUP} token tiles per raster group"
                     ));
-                    reasons.push(why);
+                    reasons.add(|| why);
                     let mut v = vec![KernelId::RouteAlign];
                     if pre {
                         v.push(KernelId::WgmmaGather);
@@ -3068,7 +3167,7 @@ impl<'a> Candidates<'a> {
         let first_kernel_pdl = pdl_ok && !kernels.is_empty() && first_kernel_pdl_off.is_none();
         let one_wave_gemm1 = first_kernel_pdl_off.is_some();
         if let Some(why) = first_kernel_pdl_off {
-            reasons.push(why);
+            reasons.add(|| why);
         }
         let swap_gemm2_pdl = if b == Backend::CudaWgmmaSwap && pdl {
             let (on, why) = Self::swap_gemm2_pdl();
@@ -3079,7 +3178,7 @@ impl<'a> Candidates<'a> {
         };
         let align_ctas = if kernels.first() == Some(&KernelId::RouteAlign) {
             let (n, why) = Self::align_ctas(self.p, pdl_ok);
-            reasons.push(why);
+            reasons.add(|| why);
             n
         } else {
             1
@@ -4142,7 +4241,7 @@ mod tests {
     fn bulk_decode_rejections() {
         let h = h200();
         let why = |p: &MoeProblem| {
-            Candidates::new(p, Some(&h))
+            Candidates::new(p, Some(&h), true)
                 .eligible(Backend::CudaBulkDecode)
                 .unwrap_err()
         };
@@ -4151,7 +4250,7 @@ mod tests {
         assert!(why(&problem(4, 128, 8, 2048, 764, DType::BF16)).contains("multiples of 8"));
         assert!(why(&problem(9, 128, 8, 2048, 768, DType::BF16)).contains("64 slots"));
         assert!(
-            Candidates::new(&problem(8, 128, 8, 2048, 768, DType::F16), Some(&h))
+            Candidates::new(&problem(8, 128, 8, 2048, 768, DType::F16), Some(&h), true)
                 .eligible(Backend::CudaBulkDecode)
                 .is_ok()
         );
@@ -5273,5 +5372,97 @@ mod tests {
             .kernels
             .iter()
             .any(|k| matches!(k, KernelId::Fp8AbsmaxPartials(_))));
+    }
+    /// The op's plans skip the reasons and nothing else: every field but the reasons equals
+    /// the explained plan's, over the public shapes, decode to prefill, bf16 and FP8 schemes.
+    #[test]
+    fn launch_plans_make_the_same_choices_without_reasons() {
+        let shapes = [
+            (128i64, 8i64, 2048i64, 768i64),
+            (256, 8, 7168, 256),
+            (8, 2, 4096, 14336),
+        ];
+        let tables = tables::global();
+        let mut compared = 0;
+        let quants = [
+            None,
+            Some(QuantScheme::Tensor),
+            Some(QuantScheme::Channel),
+            Some(QuantScheme::Block),
+        ];
+        for (e, topk, k, n) in shapes {
+            for m in [1i64, 2, 4, 8, 16, 64, 256, 4096] {
+                for quant in quants {
+                    for backend in [None, Some(Backend::CudaWgmmaSwap)] {
+                        let plan = |quiet| {
+                            let req = Request {
+                                backend,
+                                tables: Some(&tables),
+                                quiet,
+                                ..Request::default()
+                            };
+                            plan_for_shape(
+                                m,
+                                e,
+                                topk,
+                                k,
+                                n,
+                                DType::BF16,
+                                quant,
+                                None,
+                                &h200(),
+                                &req,
+                            )
+                        };
+                        let (Ok(mut told), Ok(mut quiet)) = (plan(false), plan(true)) else {
+                            continue;
+                        };
+                        assert!(!told.reasons.is_empty() && quiet.reasons.is_empty());
+                        told.reasons = Reasons::new(false);
+                        quiet.reasons = Reasons::new(false);
+                        told.log = None;
+                        quiet.log = None;
+                        assert_eq!(
+                            told, quiet,
+                            "M = {m}, E = {e}, {quant:?}, forced {backend:?}"
+                        );
+                        compared += 1;
+                    }
+                }
+            }
+        }
+        assert!(compared >= 150, "{compared} pairs compared");
+    }
+
+    /// What a plan costs on this machine, with and without its reasons (prints; run with
+    /// `cargo test --release plan_cost -- --ignored --nocapture`).
+    #[test]
+    #[ignore]
+    fn plan_cost() {
+        let cases = [
+            (1i64, 128i64, 8i64, 2048i64, 768i64),
+            (8, 256, 8, 7168, 256),
+            (64, 256, 8, 7168, 256),
+            (4096, 128, 8, 2048, 768),
+            (1, 8, 2, 4096, 14336),
+        ];
+        let caps = h200();
+        let iters = 20000;
+        let per_call = |f: &dyn Fn() -> Plan| {
+            let t0 = std::time::Instant::now();
+            for _ in 0..iters {
+                std::hint::black_box(f());
+            }
+            t0.elapsed().as_secs_f64() / iters as f64 * 1e6
+        };
+        for (m, e, topk, k, n) in cases {
+            let p = problem(m, e, topk, k, n, DType::BF16);
+            let told = per_call(&|| plan_with(&p, Some(&caps), None).unwrap());
+            let quiet = per_call(&|| plan_for_launch(&p, Some(&caps), None).unwrap());
+            let reasons = plan_with(&p, Some(&caps), None).unwrap().reasons.len();
+            eprintln!(
+                "M = {m}, E = {e}: {told:.2} us with its {reasons} reasons, {quiet:.2} us without"
+            );
+        }
     }
 }

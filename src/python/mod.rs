@@ -203,7 +203,7 @@ fn fused_experts(
 
     match problem.device {
         crate::problem::Device::Cpu => {
-            oracle::plan_with(&problem, None, forced).py_err(py)?;
+            oracle::plan_for_launch(&problem, None, forced).py_err(py)?;
             // SAFETY: every address comes from a validated DLPack import alive until return.
             if check_ids {
                 unsafe { crate::cpu::check_ids(&problem) }.py_err(py)?;
@@ -235,7 +235,7 @@ fn cuda_plan(
         _ => 0,
     };
     let dev = cuda::device(ordinal).py_err(py)?;
-    oracle::plan_with(problem, Some(&dev.caps), forced).py_err(py)
+    oracle::plan_for_launch(problem, Some(&dev.caps), forced).py_err(py)
 }
 
 /// The CUDA workspace's (address, bytes), checked against the problem's device.
@@ -472,7 +472,7 @@ fn fused_moe(
     }
     match problem.device {
         crate::problem::Device::Cpu => {
-            oracle::plan_with(&problem, None, forced).py_err(py)?;
+            oracle::plan_for_launch(&problem, None, forced).py_err(py)?;
             let p = problem.clone();
             // SAFETY: every address comes from a validated DLPack import alive until return.
             py.detach(move || unsafe {
@@ -596,7 +596,7 @@ fn describe_plan<'py>(
     d.set_item("wgmma_persistent", plan.wgmma_persistent)?;
     d.set_item("wgmma_l2_hints", plan.wgmma_l2_hints)?;
     d.set_item("wgmma_gemm2_block_run", plan.wgmma_gemm2_block_run)?;
-    d.set_item("reasons", plan.reasons)?;
+    d.set_item("reasons", plan.reasons.into_vec())?;
     d.set_item(
         "workspace_bytes",
         WorkspaceLayout::for_problem(&problem).total,
@@ -683,6 +683,7 @@ fn select_backend<'py>(
         external: &external,
         tables: Some(&tables),
         first_kernel_pdl: oracle::forced_first_kernel_pdl().py_err(py)?,
+        quiet: false,
     };
     let mut plan = oracle::plan_for_shape(
         num_tokens,
@@ -742,7 +743,7 @@ fn select_backend<'py>(
     tile.set_item("align_ctas", plan.align_ctas)?;
     d.set_item("tile", tile)?;
     d.set_item("source", plan.source.name())?;
-    d.set_item("reasons", plan.reasons)?;
+    d.set_item("reasons", plan.reasons.into_vec())?;
     d.set_item("device_name", caps.name)?;
     d.set_item("device_capability", caps.capability)?;
     d.set_item("table", plan.table.as_ref().map(|t| t.path.clone()))?;
