@@ -2712,6 +2712,16 @@ impl<'a> Candidates<'a> {
     /// `$SWAPMOE_SWAP_SPLITS`, or the smallest power of two that gives each GEMM at least
     /// 90% of an SM's worth of CTAs (GEMM1 keeping >= 4 k-tiles per CTA; GEMM2 no more
     /// ranks than expected active experts).
+    /// The sentence `f` builds where the plan's reasons are wanted, else an empty one (for
+    /// the rules that return their reason with their value).
+    fn why(&self, f: impl FnOnce() -> String) -> String {
+        if self.reasons.wanted() {
+            f()
+        } else {
+            String::new()
+        }
+    }
+
     fn swap_splits(&self) -> ((usize, usize), String) {
         let allowed = [1usize, 2, 4, 8];
         let mut note = String::new();
@@ -2746,12 +2756,12 @@ impl<'a> Candidates<'a> {
         let g1 = pick(g1_base, (p.k.div_ceil(k_per_stage) / 4).max(1));
         let g2_base = p.k.div_ceil(SWAP_ROWS) as f64;
         let g2 = pick(g2_base, active.ceil() as usize);
+        let sms = self.sms;
         (
             (g1, g2),
-            format!(
-                "{note}~{active:.0} active experts: GEMM1 {g1_base:.0} x {g1} CTAs, GEMM2 {g2_base:.0} x {g2} CTAs for {} SMs",
-                self.sms
-            ),
+            self.why(|| format!(
+                "{note}~{active:.0} active experts: GEMM1 {g1_base:.0} x {g1} CTAs, GEMM2 {g2_base:.0} x {g2} CTAs for {sms} SMs"
+            )),
         )
     }
 
@@ -2814,13 +2824,13 @@ impl<'a> Candidates<'a> {
         if want > SWAP_GEMM1_RING_MAX_CTAS_PER_SM && want <= regs {
             return (
                 0,
-                Some(format!("gemm1: its own ring of {own_ring} stages ({own_per_sm} CTAs per SM): one wave of its ~{ctas} CTAs needs {want} per SM, more than {SWAP_GEMM1_RING_MAX_CTAS_PER_SM} ({SWAP_GEMM1_RING_MEASURED})")),
+                Some(self.why(|| format!("gemm1: its own ring of {own_ring} stages ({own_per_sm} CTAs per SM): one wave of its ~{ctas} CTAs needs {want} per SM, more than {SWAP_GEMM1_RING_MAX_CTAS_PER_SM} ({SWAP_GEMM1_RING_MEASURED})"))),
             );
         }
         if want > regs {
             return (
                 0,
-                Some(format!("gemm1: its own ring of {own_ring} stages ({own_per_sm} CTAs per SM): one wave of its ~{ctas} CTAs needs {want} per SM, its registers allow {regs}")),
+                Some(self.why(|| format!("gemm1: its own ring of {own_ring} stages ({own_per_sm} CTAs per SM): one wave of its ~{ctas} CTAs needs {want} per SM, its registers allow {regs}"))),
             );
         }
         let ring = ((SM_SHARED_MEMORY_BYTES / want)
@@ -2830,12 +2840,12 @@ impl<'a> Candidates<'a> {
         if ring < 2 {
             return (
                 0,
-                Some(format!("gemm1: its own ring of {own_ring} stages: {want} CTAs per SM leave room for {ring} stages each (2 needed)")),
+                Some(self.why(|| format!("gemm1: its own ring of {own_ring} stages: {want} CTAs per SM leave room for {ring} stages each (2 needed)"))),
             );
         }
         (
             ring,
-            Some(format!("gemm1: a ring of {ring} stages (its own: {own_ring}) so that its ~{ctas} CTAs fit one wave, {want} per SM ({SWAP_GEMM1_RING_MEASURED})")),
+            Some(self.why(|| format!("gemm1: a ring of {ring} stages (its own: {own_ring}) so that its ~{ctas} CTAs fit one wave, {want} per SM ({SWAP_GEMM1_RING_MEASURED})"))),
         )
     }
 
@@ -2844,11 +2854,11 @@ impl<'a> Candidates<'a> {
     fn swap_gemm2_placement(&self) -> (bool, String) {
         let n = self.p.n;
         let rule = n >= SWAP_GEMM2_ONE_PER_SM_MIN_N;
-        let why = if rule {
+        let why = self.why(|| if rule {
             format!("gemm2: one CTA per SM (N = {n} >= {SWAP_GEMM2_ONE_PER_SM_MIN_N}: long w2 rows; two per SM, its CTAs crowd the SMs GEMM1 frees first)")
         } else {
             format!("gemm2: up to two CTAs per SM (N = {n} < {SWAP_GEMM2_ONE_PER_SM_MIN_N}: short w2 rows, GEMM2 is mostly start-up)")
-        };
+        });
         let (on, why) = env_switch(
             SWAP_GEMM2_ONE_PER_SM_ENV,
             rule,
@@ -2884,7 +2894,7 @@ impl<'a> Candidates<'a> {
     /// CTAs of the routing alignment (`Plan::align_ctas`) and why: `$SWAPMOE_ALIGN_CTAS`, else
     /// one per ALIGN_SLOTS_PER_CTA slots, at most ALIGN_MAX_CTAS, on sm_90+ (clusters, which
     /// `sm90` says the device has). Asked only by plans that start with the align kernel.
-    fn align_ctas(p: &MoeProblem, sm90: bool) -> (usize, String) {
+    fn align_ctas(p: &MoeProblem, sm90: bool, reasons_wanted: bool) -> (usize, String) {
         let slots = p.slots();
         if !sm90 {
             return (
@@ -2901,7 +2911,14 @@ impl<'a> Candidates<'a> {
             }
         };
         match std::env::var(ALIGN_CTAS_ENV) {
-            Err(_) => (rule, why(rule)),
+            Err(_) => (
+                rule,
+                if reasons_wanted {
+                    why(rule)
+                } else {
+                    String::new()
+                },
+            ),
             Ok(v) => match v.trim().parse::<usize>() {
                 Ok(n) if (1..=ALIGN_MAX_CTAS).contains(&n) => (
                     n,
@@ -3128,9 +3145,11 @@ impl<'a> Candidates<'a> {
                     reasons.extend(ring_why);
                     let per_sm = swap_gemm1_ctas_per_sm(gemm1, tile, k1, ring);
                     if pdl_ok && gemm1_ctas <= per_sm * self.sms {
-                        first_kernel_pdl_off = Some(format!(
-                            "first kernel: GEMM1's ~{gemm1_ctas} CTAs fit one wave ({per_sm} per SM), so it is launched without PDL: launched early, its CTAs take the SMs the previous kernel frees first and stay unevenly placed (hypothesis); {SWAP_ONE_WAVE_FIRST_PDL_MEASURED}"
-                        ));
+                        first_kernel_pdl_off = Some(if reasons.wanted() {
+                            format!("first kernel: GEMM1's ~{gemm1_ctas} CTAs fit one wave ({per_sm} per SM), so it is launched without PDL: launched early, its CTAs take the SMs the previous kernel frees first and stay unevenly placed (hypothesis); {SWAP_ONE_WAVE_FIRST_PDL_MEASURED}")
+                        } else {
+                            String::new()
+                        });
                     }
                     (
                         vec![gemm1, KernelId::SwapGemm2Sum(d, tile, k2)],
@@ -3177,7 +3196,7 @@ impl<'a> Candidates<'a> {
             false
         };
         let align_ctas = if kernels.first() == Some(&KernelId::RouteAlign) {
-            let (n, why) = Self::align_ctas(self.p, pdl_ok);
+            let (n, why) = Self::align_ctas(self.p, pdl_ok, reasons.wanted());
             reasons.add(|| why);
             n
         } else {
