@@ -3233,6 +3233,9 @@ impl<'a> Candidates<'a> {
 
 #[cfg(test)]
 mod tests {
+    /// Tests that set `$SWAPMOE_*` knobs hold it for writing; tests whose plans must not see
+    /// another test's knobs mid-way hold it for reading (the harness runs tests in parallel).
+    static ENV_KNOBS: std::sync::RwLock<()> = std::sync::RwLock::new(());
     use super::*;
     use std::collections::HashSet;
 
@@ -3323,6 +3326,7 @@ mod tests {
 
     #[test]
     fn wgmma_l2_hints_where_experts_fill_half_a_tile() {
+        let _knobs = ENV_KNOBS.write().unwrap_or_else(|e| e.into_inner());
         let hints = |m: i64, shape: (i64, i64, i64, i64), quant: Option<QuantScheme>| {
             let p = forced(m, shape, quant, Backend::CudaWgmma);
             assert_eq!(p.backend, Backend::CudaWgmma);
@@ -3373,6 +3377,7 @@ mod tests {
 
     #[test]
     fn wgmma_gemm2_block_run_on_dense_e4m3_tiles_or_where_forced() {
+        let _knobs = ENV_KNOBS.write().unwrap_or_else(|e| e.into_inner());
         let run = |m: i64, quant: Option<QuantScheme>, tile: usize| {
             let (e, topk, k, n) = DEEPSEEK;
             let req = Request {
@@ -3601,6 +3606,7 @@ mod tests {
 
     #[test]
     fn wgmma_swap_tiles_splits_slices_and_rejections() {
+        let _knobs = ENV_KNOBS.write().unwrap_or_else(|e| e.into_inner());
         let swap =
             |p: &MoeProblem| plan_with(p, Some(&h200()), Some(Backend::CudaWgmmaSwap)).unwrap();
         // qwen3 M=1: 8 token columns, 12 row blocks x 8 experts -> K split 2; GEMM2 32 row
@@ -3758,6 +3764,7 @@ mod tests {
 
     #[test]
     fn align_runs_as_a_cluster_for_many_slots() {
+        let _knobs = ENV_KNOBS.write().unwrap_or_else(|e| e.into_inner());
         let a100 = DeviceCaps {
             name: "A100".into(),
             capability: (8, 0),
@@ -5396,6 +5403,7 @@ mod tests {
     /// the explained plan's, over the public shapes, decode to prefill, bf16 and FP8 schemes.
     #[test]
     fn launch_plans_make_the_same_choices_without_reasons() {
+        let _knobs = ENV_KNOBS.read().unwrap_or_else(|e| e.into_inner());
         let shapes = [
             (128i64, 8i64, 2048i64, 768i64),
             (256, 8, 7168, 256),
