@@ -361,6 +361,17 @@ def test_explain_shows_swap_clusters(capsys):
     assert "tokens_per_pass=8" in out and "clusters: gemm1 4, gemm2 2" in out
 
 
+def test_explain_shows_the_swap_gemm1_ring(capsys):
+    # deepseek-v3-tp8 M=16: the table's swap-AB, its GEMM1 on a ring of 2 stages so that ~404
+    # CTAs fit one wave of 4 per SM; M=8 keeps the kernel's own ring (no gemm1_ring shown)
+    assert cli.main(["explain", "--model", "deepseek-v3-tp8", "--device-name", H200, "--m", "8,16"]) == 0
+    out = capsys.readouterr().out
+    m8, m16 = out.split("\nM=16: ")
+    assert "M=8: cuda_wgmma_swap (table; swap_ab=True)" in m8 and "gemm1_ring=" not in m8
+    assert m16.startswith("cuda_wgmma_swap (table; swap_ab=True)")
+    assert "gemm1_ring=2" in m16 and "gemm1: a ring of 2 stages (its own: 5)" in m16
+
+
 def test_explain_external_backends(tmp_path, monkeypatch, capsys):
     write(tmp_path, _core.table_file_name(32, 512, H200), {"8": {"backend": "vllm_triton"}})
     monkeypatch.setenv("SWAPMOE_TABLES_DIR", str(tmp_path))

@@ -443,6 +443,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
         clusters = f" clusters: gemm1 {splits[0]}, gemm2 {splits[1]}" if tuple(splits) != (1, 1) else ""
         if t.get("align_ctas", 1) > 1:
             clusters += f" align_ctas={t['align_ctas']}"
+        if t.get("swap_gemm1_ring", 0) > 0:
+            clusters += f" gemm1_ring={t['swap_gemm1_ring']}"
         print(f"  rows_per_cta={t['rows_per_cta']} tokens_per_pass={t['tokens_per_pass']} "
               f"gemm1_vec={t['gemm1_vec']} gemm2_vec={t['gemm2_vec']} pdl={t['pdl']} "
               f"first_kernel_pdl={t['first_kernel_pdl']}{clusters}")
