@@ -222,14 +222,20 @@ pub const SWAP_GEMM1_RING_MAX_CTAS_PER_SM: usize = 4;
 /// What the one-wave ring measured (H200, swapmoe bench, cuda_wgmma_swap forced, two rounds;
 /// benches/NOTES.md "Swap GEMM1 ring sized for one wave, measured").
 const SWAP_GEMM1_RING_MEASURED: &str = "measured at one wave, the small ring releasing each stage as soon as its wgmmas complete: deepseek-v3-tp8 M = 16 (2 stages, 4 per SM) 280.0-281.3 us against 292.6-293.2 with its own ring, qwen3-30b-a3b M = 4 (4 stages, 3 per SM) 84.1 against 85.5, qwen3-30b-a3b M = 8 (2 stages, 5 per SM) 144.1 against 140.9-141.3";
-/// Resident swap-AB GEMM1 CTAs per SM with a ring of `ring` stages (0: the kernel's own):
-/// as many as shared memory (dynamic and static) and registers allow.
-fn swap_gemm1_ctas_per_sm(gemm1: KernelId, tile: usize, slices: usize, ring: usize) -> usize {
-    let dynamic = if ring > 0 {
+/// Dynamic shared memory of the bf16/fp16 swap-AB GEMM1 `gemm1` (token tile `tile`, `slices`
+/// K slices per stage) with a ring of `ring` stages (0: the kernel's own): the stages and
+/// 1 KiB to align them. What its launcher asks for; the kernel takes its ring from it.
+pub fn swap_gemm1_smem_bytes(gemm1: KernelId, tile: usize, slices: usize, ring: usize) -> usize {
+    if ring > 0 {
         ring * swap_stage_bytes(tile, 2, slices) + 1024
     } else {
         gemm1.dynamic_smem_bytes().unwrap_or(0)
-    };
+    }
+}
+/// Resident swap-AB GEMM1 CTAs per SM with a ring of `ring` stages (0: the kernel's own):
+/// as many as shared memory (dynamic and static) and registers allow.
+fn swap_gemm1_ctas_per_sm(gemm1: KernelId, tile: usize, slices: usize, ring: usize) -> usize {
+    let dynamic = swap_gemm1_smem_bytes(gemm1, tile, slices, ring);
     resident_ctas_per_sm(dynamic + SWAP_GEMM1_STATIC_SMEM_BYTES)
         .min(swap_gemm1_max_ctas_per_sm(tile))
 }
@@ -2945,15 +2951,18 @@ impl<'a> Candidates<'a> {
         let swap_gemm2_placement =
             (b == Backend::CudaWgmmaSwap).then(|| self.swap_gemm2_placement());
         let active_experts = self.expected_active_experts();
-        // the bf16/fp16 swap GEMM1's ring, from its expected CTAs
-        let swap_gemm1_ring_choice =
+        // the bf16/fp16 swap GEMM1's expected CTAs and its ring (asked here, while `self`
+        // still holds the reasons)
+        let mut swap_gemm1_grid =
             (b == Backend::CudaWgmmaSwap && self.p.quant.is_none()).then(|| {
                 let tile = swap_token_tile(self.p.m);
-                let (s, _) = swap_split_choice.clone().unwrap_or_default();
-                let ((k1, _), _) = swap_slice_choice.clone().unwrap_or_default();
-                let ctas =
-                    (self.p.n.div_ceil(SWAP_ROWS) as f64 * active_experts).ceil() as usize * s.0;
-                self.swap_gemm1_ring(KernelId::SwapGemm1Act(d, tile, k1), tile, k1, ctas)
+                let g1_split = swap_split_choice.as_ref().map_or(1, |((g1, _), _)| *g1);
+                let k1 = swap_slice_choice.as_ref().map_or(1, |((k1, _), _)| *k1);
+                let ctas = (self.p.n.div_ceil(SWAP_ROWS) as f64 * active_experts).ceil() as usize
+                    * g1_split;
+                let ring =
+                    self.swap_gemm1_ring(KernelId::SwapGemm1Act(d, tile, k1), tile, k1, ctas);
+                (ctas, ring)
             });
         let mut reasons = self.reasons;
         let mut ctas = 0;
@@ -3137,10 +3146,7 @@ impl<'a> Candidates<'a> {
                     reasons
                         .add(|| pdl_reason("GEMM2 streams its first weights while GEMM1 finishes"));
                     let gemm1 = KernelId::SwapGemm1Act(d, tile, k1);
-                    let gemm1_ctas = (self.p.n.div_ceil(SWAP_ROWS) as f64 * active_experts).ceil()
-                        as usize
-                        * s.0;
-                    let (ring, ring_why) = swap_gemm1_ring_choice.clone().unwrap_or_default();
+                    let (gemm1_ctas, (ring, ring_why)) = swap_gemm1_grid.take().unwrap_or_default();
                     swap_gemm1_ring = ring;
                     reasons.extend(ring_why);
                     let per_sm = swap_gemm1_ctas_per_sm(gemm1, tile, k1, ring);
@@ -3851,27 +3857,22 @@ mod tests {
         // own ring; M = 4 (~350) three per SM: 4 stages of 17 KiB; M = 8 (~650) would need
         // five (2 stages each: measured slower, so its own ring); M = 16 (~960) would need 8,
         // more than the registers allow (5)
+        // the ring of qwen3's plan at M, and a reason of the plan that `why` accepts
+        let qwen3 = |m: i64, ring: usize, why: &dyn Fn(&String) -> bool| {
+            let plan = swap(m, 128, 2048, 768);
+            assert_eq!(plan.swap_gemm1_ring, ring, "M = {m}: {:?}", plan.reasons);
+            assert!(plan.reasons.iter().any(why), "M = {m}: {:?}", plan.reasons);
+        };
         assert_eq!(swap(1, 128, 2048, 768).swap_gemm1_ring, 0);
-        let m4 = swap(4, 128, 2048, 768);
-        assert_eq!(m4.swap_gemm1_ring, 4, "{:?}", m4.reasons);
-        assert!(m4
-            .reasons
-            .iter()
-            .any(|r| r.starts_with("gemm1: a ring of 4 stages (its own: 6)")));
-        let m8 = swap(8, 128, 2048, 768);
-        assert_eq!(m8.swap_gemm1_ring, 0);
-        assert!(m8
-            .reasons
-            .iter()
-            .any(|r| r.contains("needs 5 per SM, more than 4 (measured at one wave")));
+        qwen3(4, 4, &|r| {
+            r.starts_with("gemm1: a ring of 4 stages (its own: 6)")
+        });
+        qwen3(8, 0, &|r| {
+            r.contains("needs 5 per SM, more than 4 (measured at one wave")
+        });
         // deepseek-v3-tp8 M = 16: four per SM, 2 stages of 18 KiB
         assert_eq!(swap(16, 256, 7168, 256).swap_gemm1_ring, 2);
-        let m16 = swap(16, 128, 2048, 768);
-        assert_eq!(m16.swap_gemm1_ring, 0);
-        assert!(m16
-            .reasons
-            .iter()
-            .any(|r| r.contains("its registers allow 5")));
+        qwen3(16, 0, &|r| r.contains("its registers allow 5"));
         // token tile 64: one CTA per SM by registers, the kernel's own ring
         assert_eq!(swap(64, 128, 2048, 768).swap_gemm1_ring, 0);
         // the override (parsed apart from the environment: other tests plan swap-AB calls

@@ -408,6 +408,18 @@ def test_wgmma_swap_k_slices(case, slices, rng, monkeypatch):
     assert plan["kernels"][0].endswith(f"_s{g1}") and plan["kernels"][1].endswith(f"_s{g2}")
 
 
+def _run_swap_case(case, splits, rng, monkeypatch):
+    """Runs `case` in bf16 on cuda_wgmma_swap (checked against the float64 reference by
+    run_case), with GEMM1's and GEMM2's cluster sizes `splits` ("g1,g2", None: the oracle's),
+    and returns the plan such a call runs."""
+    if splits:
+        monkeypatch.setenv("SWAPMOE_SWAP_SPLITS", splits)
+    monkeypatch.setenv("SWAPMOE_BACKEND", "cuda_wgmma_swap")
+    _, _, inp = run_case(case, "torch", "bfloat16", rng, device=DEV)
+    return swapmoe._core.describe_plan(inp["x"], inp["w1"], inp["w2"], inp["tw"], inp["ids"],
+                                       expert_map=inp["expert_map"])
+
+
 @pytest.mark.skipif(not HAS_BACKEND_ARG, reason="this build has no backend= argument")
 @pytest.mark.parametrize("gemm2_pdl", ["0", "1"], ids=lambda v: f"gemm2_pdl={v}")
 @pytest.mark.parametrize("one_per_sm", ["0", "1"])
@@ -420,12 +432,7 @@ def test_wgmma_swap_gemm2_launch(case, splits, one_per_sm, gemm2_pdl, rng, monke
     _needs_hopper()
     monkeypatch.setenv("SWAPMOE_SWAP_GEMM2_ONE_PER_SM", one_per_sm)
     monkeypatch.setenv("SWAPMOE_SWAP_GEMM2_PDL", gemm2_pdl)
-    if splits:
-        monkeypatch.setenv("SWAPMOE_SWAP_SPLITS", splits)
-    monkeypatch.setenv("SWAPMOE_BACKEND", "cuda_wgmma_swap")
-    _, _, inp = run_case(case, "torch", "bfloat16", rng, device=DEV)
-    plan = swapmoe._core.describe_plan(inp["x"], inp["w1"], inp["w2"], inp["tw"], inp["ids"],
-                                       expert_map=inp["expert_map"])
+    plan = _run_swap_case(case, splits, rng, monkeypatch)
     assert plan["swap_gemm2_one_per_sm"] is (one_per_sm == "1")
     assert plan["swap_gemm2_pdl"] is (gemm2_pdl == "1")
 
@@ -440,12 +447,7 @@ def test_wgmma_swap_gemm1_ring(case, splits, ring, rng, monkeypatch):
     of k-stages; the plan says the ring."""
     _needs_hopper()
     monkeypatch.setenv("SWAPMOE_SWAP_GEMM1_RING", ring)
-    if splits:
-        monkeypatch.setenv("SWAPMOE_SWAP_SPLITS", splits)
-    monkeypatch.setenv("SWAPMOE_BACKEND", "cuda_wgmma_swap")
-    _, _, inp = run_case(case, "torch", "bfloat16", rng, device=DEV)
-    plan = swapmoe._core.describe_plan(inp["x"], inp["w1"], inp["w2"], inp["tw"], inp["ids"],
-                                       expert_map=inp["expert_map"])
+    plan = _run_swap_case(case, splits, rng, monkeypatch)
     assert plan["swap_gemm1_ring"] == int(ring)
 
 

@@ -4,7 +4,7 @@
 use super::{check, device, stream_is_capturing, DeviceState};
 use crate::error::{Error, Result};
 use crate::oracle::{
-    swap_stage_bytes, Backend, KernelId, Plan, RouterPlacement, BULK_SMEM_BYTES, BULK_THREADS,
+    swap_gemm1_smem_bytes, Backend, KernelId, Plan, RouterPlacement, BULK_SMEM_BYTES, BULK_THREADS,
     REDUCE_THREADS, ROUTE_ALIGN_ROUTED_THREADS, ROUTE_ALIGN_THREADS, SWAP_FP8_GEMM2_THREADS,
     SWAP_ROWS, SWAP_THREADS, WGMMA_GATHER_THREADS, WGMMA_GEMM1_COLUMNS, WGMMA_GEMM2_COLUMNS,
     WGMMA_QUANT_INTER_THREADS, WGMMA_RASTER_GROUP, WGMMA_REDUCE_THREADS, WGMMA_THREADS,
@@ -1428,13 +1428,13 @@ fn swap_smem(id: KernelId) -> u32 {
     id.dynamic_smem_bytes().unwrap_or(0) as u32
 }
 
-/// Dynamic shared memory of the bf16/fp16 swap-AB GEMM1: its own, or the plan's smaller ring
-/// (`Plan::swap_gemm1_ring`; the kernel takes as many stages as the dynamic shared memory
-/// holds).
+/// Dynamic shared memory of the swap-AB GEMM1: for the bf16/fp16 kernel its own or the plan's
+/// smaller ring (`Plan::swap_gemm1_ring`, `swap_gemm1_smem_bytes`; the kernel takes as many
+/// stages as the dynamic shared memory holds).
 fn swap_gemm1_smem(id: KernelId, plan: &Plan) -> u32 {
     match id {
-        KernelId::SwapGemm1Act(_, tile, slices) if plan.swap_gemm1_ring > 0 => {
-            (plan.swap_gemm1_ring * swap_stage_bytes(tile, 2, slices) + 1024) as u32
+        KernelId::SwapGemm1Act(_, tile, slices) => {
+            swap_gemm1_smem_bytes(id, tile, slices, plan.swap_gemm1_ring) as u32
         }
         _ => swap_smem(id),
     }
