@@ -14,7 +14,8 @@ of vLLM's time: it errs toward routing to vLLM. The anchor has no per-channel FP
 per-channel tables get no vllm_triton times: the oracle keeps their calls on vLLM's Triton
 inside vLLM (an FP8 entry that never timed vLLM cannot say swapmoe is faster), and outside
 vLLM they choose among swapmoe's kernels. The entry's `backend` becomes the fastest of all
-its times; without `external_backends` the oracle takes the fastest swapmoe time (tables.rs).
+its times (with the token tile or swap-AB launch of its label); without `external_backends` the
+oracle takes the fastest swapmoe time (tables.rs).
 
 FP8 tables written by a `swapmoe tune` older than the `activation_scales` metadata get it
 here, as tune sets it (static for fp8_tensor, whose bench inputs carry calibrated scales;
@@ -25,6 +26,8 @@ Usage: python benches/merge_anchor.py ANCHOR.json TABLE.json [TABLE.json ...]
 
 import json
 import sys
+
+from swapmoe.tune import swap_launch
 
 KERNEL_US = 1.6
 EXTRA_KERNELS = {None: ("align/activation/sum", 3),
@@ -68,6 +71,12 @@ def main(argv):
                 entry["token_tile"] = int(best.split(":t")[1])
             else:
                 entry.pop("token_tile", None)
+            launch = swap_launch(best)  # cuda_wgmma_swap:r<ring>p<pdl>
+            if launch:
+                entry["swap_gemm1_ring"], entry["swap_gemm2_pdl"] = launch
+            else:
+                entry.pop("swap_gemm1_ring", None)
+                entry.pop("swap_gemm2_pdl", None)
             merged.append(f"M={key}: {best}")
         meta["external_times"] = (f"vllm_triton: from the anchor (vLLM's GEMMs alone, measured on this "
                                   f"H200) + {extra} µs for {count} more kernels; see benches/merge_anchor.py")

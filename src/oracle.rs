@@ -2422,6 +2422,8 @@ struct Candidates<'a> {
     capability: Option<(i32, i32)>,
     /// The token tile of cuda_mma (from a table or an override); None: the heuristic's.
     tile: Option<usize>,
+    /// How a table launches cuda_wgmma_swap's bf16/fp16 kernels; None: the rules.
+    swap_launch: Option<tables::SwapLaunch>,
     pdl_ok: bool,
     /// The device is sm_90 (Hopper), known to the oracle; its SM count.
     hopper_sms: Option<usize>,
@@ -2486,6 +2488,7 @@ impl<'a> Candidates<'a> {
             p,
             capability: caps.map(|c| c.capability),
             tile: None,
+            swap_launch: None,
             pdl_ok: caps.is_none_or(|c| c.capability.0 >= 9),
             hopper_sms: caps
                 .filter(|c| c.capability == (9, 0))
@@ -2671,11 +2674,12 @@ impl<'a> Candidates<'a> {
     /// Whether a table's swapmoe choice can run the problem: its backend, and for
     /// cuda_mma its token tile, which then becomes the plan's.
     fn table_eligible(&mut self, choice: &Choice) -> std::result::Result<Backend, String> {
-        let (b, tile) = match choice {
+        let (b, tile, swap) = match choice {
             Choice::Swapmoe {
                 backend,
                 token_tile,
-            } => (*backend, *token_tile),
+                swap,
+            } => (*backend, *token_tile, *swap),
             Choice::External(x) => return Err(format!("{} is not a swapmoe backend", x.name())),
             Choice::Unknown(name) => {
                 let names: Vec<&str> = Backend::ALL.iter().map(|b| b.name()).collect();
@@ -2700,6 +2704,15 @@ impl<'a> Candidates<'a> {
                 ));
             }
             self.tile = Some(t);
+        }
+        if let Some(v) = swap {
+            if self.p.quant.is_some() {
+                return Err(format!(
+                    "its swap-AB launch ({}) is for the bf16/fp16 kernels, the call is FP8",
+                    v.suffix()
+                ));
+            }
+            self.swap_launch = Some(v);
         }
         Ok(b)
     }
@@ -2821,6 +2834,20 @@ impl<'a> Candidates<'a> {
             let (n, why) = swap_gemm1_ring_override(&v, own_ring);
             return (n, Some(why));
         }
+        if let Some(v) = self.swap_launch {
+            let ring = v.gemm1_ring;
+            return if ring == 0 || (2..=own_ring).contains(&ring) {
+                (
+                    ring,
+                    Some(self.why(|| format!("gemm1: a ring of {ring} stages (0: the kernel's own, {own_ring}), as the table measured"))),
+                )
+            } else {
+                (
+                    0,
+                    Some(self.why(|| format!("gemm1: the table's ring of {ring} stages does not fit this kernel (0 or 2 to {own_ring}): its own ring"))),
+                )
+            };
+        }
         let own_per_sm = swap_gemm1_ctas_per_sm(gemm1, tile, slices, 0);
         let want = ctas.div_ceil(self.sms.max(1));
         if want <= own_per_sm {
@@ -2881,11 +2908,24 @@ impl<'a> Candidates<'a> {
     }
 
     /// Whether cuda_wgmma_swap's GEMM2 starts with PDL (`Plan::swap_gemm2_pdl`), for a plan
-    /// with PDL, and the reason when that is not the default: `$SWAPMOE_SWAP_GEMM2_PDL`.
-    fn swap_gemm2_pdl() -> (bool, Option<String>) {
+    /// with PDL, and the reason when that is not the default: `$SWAPMOE_SWAP_GEMM2_PDL`, else
+    /// the table's swap-AB launch (`table`), else on.
+    fn swap_gemm2_pdl(table: Option<tables::SwapLaunch>) -> (bool, Option<String>) {
+        let (rule, why) = match table {
+            Some(v) => (
+                v.gemm2_pdl,
+                Some(if v.gemm2_pdl {
+                    "gemm2: launched with PDL, as the table measured".to_string()
+                } else {
+                    "gemm2: starts after GEMM1 has finished (no PDL), as the table measured"
+                        .to_string()
+                }),
+            ),
+            None => (true, None),
+        };
         env_switch(
             SWAP_GEMM2_PDL_ENV,
-            true,
+            rule,
             |on| {
                 if on {
                     "gemm2: launched with PDL".into()
@@ -2893,7 +2933,7 @@ impl<'a> Candidates<'a> {
                     "gemm2: starts after GEMM1 has finished (no PDL)".into()
                 }
             },
-            None,
+            why,
         )
     }
 
@@ -3195,7 +3235,7 @@ impl<'a> Candidates<'a> {
             reasons.add(|| why);
         }
         let swap_gemm2_pdl = if b == Backend::CudaWgmmaSwap && pdl {
-            let (on, why) = Self::swap_gemm2_pdl();
+            let (on, why) = Self::swap_gemm2_pdl(self.swap_launch);
             reasons.extend(why);
             on
         } else {
@@ -4508,6 +4548,81 @@ mod tests {
             ask(&p16, &h200(), &set, Request::default()).source,
             Source::Heuristic
         );
+    }
+
+    #[test]
+    fn table_swap_launch_sets_the_ring_and_gemm2_pdl_unless_overridden() {
+        let _knobs = ENV_KNOBS.write().unwrap_or_else(|e| e.into_inner());
+        // qwen3-30b-a3b: M = 8 measured fastest with a ring of 2 and GEMM2 after GEMM1; M = 16
+        // as the rules say; M = 32 on vllm_triton, with the swap variant the fastest swapmoe label
+        let set = tables_with(
+            128,
+            768,
+            "NVIDIA H200",
+            r#"{"8": {"backend": "cuda_wgmma_swap", "swap_gemm1_ring": 2, "swap_gemm2_pdl": false},
+                "16": {"backend": "cuda_wgmma_swap"},
+                "32": {"backend": "vllm_triton", "times_us": {"vllm_triton": 250, "cuda_wgmma_swap:r3p1": 260, "cuda_mma:t16": 270}}}"#,
+        );
+        let q = |m: i64| problem(m, 128, 8, 2048, 768, DType::BF16);
+        let t = ask(&q(8), &h200(), &set, Request::default());
+        assert_eq!(
+            (t.backend, t.source),
+            (Backend::CudaWgmmaSwap, Source::Table)
+        );
+        assert_eq!(
+            (t.swap_gemm1_ring, t.swap_gemm2_pdl),
+            (2, false),
+            "{:?}",
+            t.reasons
+        );
+        assert!(has(
+            &t,
+            &["gemm1: a ring of 2 stages", "as the table measured"]
+        ));
+        assert!(has(
+            &t,
+            &["gemm2: starts after GEMM1 has finished (no PDL), as the table measured"]
+        ));
+        // the quiet plan of a launch makes the same choice
+        let quiet = ask(
+            &q(8),
+            &h200(),
+            &set,
+            Request {
+                quiet: true,
+                ..Request::default()
+            },
+        );
+        assert_eq!((quiet.swap_gemm1_ring, quiet.swap_gemm2_pdl), (2, false));
+        // without the fields: the rules (its own ring at M = 16, GEMM2 by PDL)
+        let t = ask(&q(16), &h200(), &set, Request::default());
+        assert_eq!((t.swap_gemm1_ring, t.swap_gemm2_pdl), (0, true));
+        // the fastest swapmoe label of times_us carries its launch when vLLM's is not allowed
+        let t = ask(&q(32), &h200(), &set, Request::default());
+        assert_eq!(t.backend, Backend::CudaWgmmaSwap);
+        assert_eq!(
+            (t.swap_gemm1_ring, t.swap_gemm2_pdl),
+            (3, true),
+            "{:?}",
+            t.reasons
+        );
+        // the environment beats the table
+        std::env::set_var(SWAP_GEMM1_RING_ENV, "0");
+        std::env::set_var(SWAP_GEMM2_PDL_ENV, "1");
+        let t = ask(&q(8), &h200(), &set, Request::default());
+        assert_eq!((t.swap_gemm1_ring, t.swap_gemm2_pdl), (0, true));
+        std::env::remove_var(SWAP_GEMM1_RING_ENV);
+        std::env::remove_var(SWAP_GEMM2_PDL_ENV);
+        // a ring the kernel cannot hold falls back to its own, with the reason
+        let big = tables_with(
+            128,
+            768,
+            "NVIDIA H200",
+            r#"{"8": {"backend": "cuda_wgmma_swap", "swap_gemm1_ring": 40, "swap_gemm2_pdl": true}}"#,
+        );
+        let t = ask(&q(8), &h200(), &big, Request::default());
+        assert_eq!(t.swap_gemm1_ring, 0);
+        assert!(has(&t, &["the table's ring of 40 stages does not fit"]));
     }
 
     #[test]

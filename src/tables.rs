@@ -23,8 +23,10 @@
 //!   A name this build does not know is kept and rejected when planned (tables of newer
 //!   builds degrade to the heuristics instead of failing).
 //! - `token_tile`: the tensor-core token tile (cuda_mma and cuda_wgmma; absent: the heuristic's tile).
-//! - `time_us`, `times_us` (optional): measured times; labels are `backend` or
-//!   `cuda_mma:t<tile>`. When an external backend is not allowed, the fastest swapmoe
+//! - `swap_gemm1_ring`, `swap_gemm2_pdl` (cuda_wgmma_swap, both or neither; absent: the
+//!   oracle's rules): how its bf16/fp16 kernels launch ([`SwapLaunch`]).
+//! - `time_us`, `times_us` (optional): measured times; labels are `backend`,
+//!   `cuda_mma:t<tile>` or `cuda_wgmma_swap:r<ring>p<0|1>`. When an external backend is not allowed, the fastest swapmoe
 //!   label of `times_us` that can run the call is used.
 //! - Anything else (`source`, notes) is ignored.
 //!
@@ -151,6 +153,36 @@ impl ExternalBackend {
     }
 }
 
+/// How a table runs cuda_wgmma_swap's bf16/fp16 kernels, where it measured that faster than
+/// the oracle's rules: GEMM1's ring of stages (`Plan::swap_gemm1_ring`, 0: the kernel's own)
+/// and whether GEMM2 starts under GEMM1 by PDL (`Plan::swap_gemm2_pdl`). Label suffix
+/// `:r<ring>p<0|1>` (`cuda_wgmma_swap:r2p0`); entry fields `swap_gemm1_ring`, `swap_gemm2_pdl`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SwapLaunch {
+    pub gemm1_ring: usize,
+    pub gemm2_pdl: bool,
+}
+
+impl SwapLaunch {
+    /// `r2p0` -> ring 2, GEMM2 without PDL.
+    pub fn parse(s: &str) -> Option<SwapLaunch> {
+        let (ring, pdl) = s.strip_prefix('r')?.split_once('p')?;
+        let gemm1_ring = ring.parse().ok().filter(|r| *r == 0 || *r >= 2)?;
+        let gemm2_pdl = match pdl {
+            "0" => false,
+            "1" => true,
+            _ => return None,
+        };
+        Some(SwapLaunch {
+            gemm1_ring,
+            gemm2_pdl,
+        })
+    }
+    pub fn suffix(&self) -> String {
+        format!("r{}p{}", self.gemm1_ring, u8::from(self.gemm2_pdl))
+    }
+}
+
 /// What a table entry (or one of its measured labels) names.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Choice {
@@ -158,6 +190,8 @@ pub enum Choice {
         backend: Backend,
         /// cuda_mma only; None: the heuristic's tile.
         token_tile: Option<usize>,
+        /// cuda_wgmma_swap only (bf16/fp16); None: the oracle's rules.
+        swap: Option<SwapLaunch>,
     },
     External(ExternalBackend),
     /// A name this build does not know (a table of a newer build): rejected when planned.
@@ -171,6 +205,7 @@ impl Choice {
             Choice::Swapmoe {
                 backend: b,
                 token_tile,
+                swap: None,
             }
         } else if let Some(x) = ExternalBackend::parse(backend) {
             Choice::External(x)
@@ -179,8 +214,19 @@ impl Choice {
         }
     }
 
-    /// From a `times_us` label: `cuda_decode`, `cuda_mma:t64`, `vllm_triton`, ...
+    /// From a `times_us` label: `cuda_decode`, `cuda_mma:t64`, `cuda_wgmma_swap:r2p0`,
+    /// `vllm_triton`, ...
     pub fn from_label(label: &str) -> Choice {
+        if let Some(v) = label.strip_prefix("cuda_wgmma_swap:") {
+            return match SwapLaunch::parse(v) {
+                Some(swap) => Choice::Swapmoe {
+                    backend: Backend::CudaWgmmaSwap,
+                    token_tile: None,
+                    swap: Some(swap),
+                },
+                None => Choice::Unknown(label.to_string()),
+            };
+        }
         match label.split_once(":t") {
             Some((b, t))
                 if matches!(
@@ -197,13 +243,19 @@ impl Choice {
         }
     }
 
-    /// The label (`cuda_mma:t64`, `cuda_decode`, `vllm_triton`).
+    /// The label (`cuda_mma:t64`, `cuda_wgmma_swap:r2p0`, `cuda_decode`, `vllm_triton`).
     pub fn label(&self) -> String {
         match self {
             Choice::Swapmoe {
                 backend,
                 token_tile: Some(t),
+                ..
             } => format!("{}:t{t}", backend.name()),
+            Choice::Swapmoe {
+                backend,
+                swap: Some(v),
+                ..
+            } => format!("{}:{}", backend.name(), v.suffix()),
             Choice::Swapmoe { backend, .. } => backend.name().to_string(),
             Choice::External(x) => x.name().to_string(),
             Choice::Unknown(s) => s.clone(),
@@ -217,7 +269,23 @@ impl fmt::Display for Choice {
             Choice::Swapmoe {
                 backend,
                 token_tile: Some(t),
+                ..
             } => write!(f, "{} (token tile {t})", backend.name()),
+            Choice::Swapmoe {
+                backend,
+                swap: Some(v),
+                ..
+            } => write!(
+                f,
+                "{} (GEMM1 ring {}, GEMM2 {})",
+                backend.name(),
+                if v.gemm1_ring == 0 {
+                    "its own".to_string()
+                } else {
+                    v.gemm1_ring.to_string()
+                },
+                if v.gemm2_pdl { "by PDL" } else { "after GEMM1" }
+            ),
             _ => f.write_str(&self.label()),
         }
     }
@@ -438,7 +506,49 @@ impl Table {
                 .map(|v| uint(v, "token_tile"))
                 .transpose()
                 .map_err(at)?;
-            let choice = Choice::new(backend, tile);
+            let ring = e
+                .get("swap_gemm1_ring")
+                .filter(|v| !v.is_null())
+                .map(|v| uint(v, "swap_gemm1_ring"))
+                .transpose()
+                .map_err(at)?;
+            let pdl = match e.get("swap_gemm2_pdl").filter(|v| !v.is_null()) {
+                None => None,
+                Some(v) => Some(v.as_bool().ok_or_else(|| {
+                    at(format!("swap_gemm2_pdl: expected true or false, got {v}"))
+                })?),
+            };
+            let mut choice = Choice::new(backend, tile);
+            if ring.is_some() || pdl.is_some() {
+                let (Some(gemm1_ring), Some(gemm2_pdl)) = (ring, pdl) else {
+                    return Err(at(
+                        "swap_gemm1_ring and swap_gemm2_pdl go together (both or neither)".into(),
+                    ));
+                };
+                if gemm1_ring == 1 {
+                    return Err(at(
+                        "swap_gemm1_ring: expected 0 (the kernel's own ring) or at least 2, got 1"
+                            .into(),
+                    ));
+                }
+                match &mut choice {
+                    Choice::Swapmoe {
+                        backend: Backend::CudaWgmmaSwap,
+                        swap,
+                        ..
+                    } => {
+                        *swap = Some(SwapLaunch {
+                            gemm1_ring,
+                            gemm2_pdl,
+                        })
+                    }
+                    _ => {
+                        return Err(at(format!(
+                            "swap_gemm1_ring and swap_gemm2_pdl are only for cuda_wgmma_swap, the backend is {backend}"
+                        )))
+                    }
+                }
+            }
             if tile.is_some()
                 && matches!(&choice, Choice::Swapmoe { backend, .. } if !matches!(backend, Backend::CudaMma | Backend::CudaWgmma))
             {
@@ -762,20 +872,56 @@ mod tests {
             Choice::from_label("cuda_mma:t16"),
             Choice::Swapmoe {
                 backend: Backend::CudaMma,
-                token_tile: Some(16)
+                token_tile: Some(16),
+                swap: None
             }
         );
         assert_eq!(
             Choice::from_label("cuda_wgmma:t64"),
             Choice::Swapmoe {
                 backend: Backend::CudaWgmma,
-                token_tile: Some(64)
+                token_tile: Some(64),
+                swap: None
             }
         );
         assert_eq!(
             Choice::from_label("cuda_tcgen05"),
             Choice::Unknown("cuda_tcgen05".into())
         );
+        // cuda_wgmma_swap's launch variants
+        let v = Choice::from_label("cuda_wgmma_swap:r2p0");
+        assert_eq!(
+            v,
+            Choice::Swapmoe {
+                backend: Backend::CudaWgmmaSwap,
+                token_tile: None,
+                swap: Some(SwapLaunch {
+                    gemm1_ring: 2,
+                    gemm2_pdl: false
+                })
+            }
+        );
+        assert_eq!(v.label(), "cuda_wgmma_swap:r2p0");
+        assert_eq!(
+            v.to_string(),
+            "cuda_wgmma_swap (GEMM1 ring 2, GEMM2 after GEMM1)"
+        );
+        assert_eq!(
+            Choice::from_label("cuda_wgmma_swap:r0p1").label(),
+            "cuda_wgmma_swap:r0p1"
+        );
+        for bad in [
+            "cuda_wgmma_swap:r1p0",
+            "cuda_wgmma_swap:r2p2",
+            "cuda_wgmma_swap:x",
+            "cuda_wgmma_swap:r2",
+        ] {
+            assert_eq!(
+                Choice::from_label(bad),
+                Choice::Unknown(bad.into()),
+                "{bad}"
+            );
+        }
         assert!(ExternalBackend::parse_list(&["vllm_triton"]).is_ok());
         assert!(ExternalBackend::parse_list(&["triton"]).is_err());
     }
@@ -851,6 +997,22 @@ mod tests {
             (
                 r#"{"8": {"backend": "cuda_mma", "times_us": {"cuda_mma:t16": "fast"}}}"#,
                 "times_us.cuda_mma:t16",
+            ),
+            (
+                r#"{"8": {"backend": "cuda_wgmma_swap", "swap_gemm1_ring": 2}}"#,
+                "go together",
+            ),
+            (
+                r#"{"8": {"backend": "cuda_wgmma_swap", "swap_gemm1_ring": 1, "swap_gemm2_pdl": true}}"#,
+                "expected 0 (the kernel's own ring) or at least 2, got 1",
+            ),
+            (
+                r#"{"8": {"backend": "cuda_wgmma_swap", "swap_gemm1_ring": 2, "swap_gemm2_pdl": 0}}"#,
+                "swap_gemm2_pdl: expected true or false",
+            ),
+            (
+                r#"{"8": {"backend": "cuda_mma", "swap_gemm1_ring": 2, "swap_gemm2_pdl": true}}"#,
+                "only for cuda_wgmma_swap",
             ),
             (r#"{"metadata": {"E": 16}}"#, "file name says E=8"),
             (r#"{"metadata": 3}"#, "metadata"),

@@ -452,6 +452,20 @@ def test_wgmma_swap_gemm1_ring(case, splits, ring, rng, monkeypatch):
 
 
 @pytest.mark.skipif(not HAS_BACKEND_ARG, reason="this build has no backend= argument")
+@pytest.mark.parametrize("launch", ["r2p0", "r2p1", "r3p0", "r3p1"])
+@pytest.mark.parametrize("case", [SWAP_CASES[i] for i in (1, 6, 7)], ids=_ids([SWAP_CASES[i] for i in (1, 6, 7)]))
+def test_wgmma_swap_launch_variants(case, launch, rng, monkeypatch):
+    """The launches `swapmoe tune` times and tables pick (`cuda_wgmma_swap:r<ring>p<pdl>`): a
+    small GEMM1 ring (more CTAs per SM) with GEMM2 by PDL under GEMM1 or after it."""
+    _needs_hopper()
+    ring, pdl = launch[1], launch[3]
+    monkeypatch.setenv("SWAPMOE_SWAP_GEMM1_RING", ring)
+    monkeypatch.setenv("SWAPMOE_SWAP_GEMM2_PDL", pdl)
+    plan = _run_swap_case(case, None, rng, monkeypatch)
+    assert (plan["swap_gemm1_ring"], plan["swap_gemm2_pdl"]) == (int(ring), pdl == "1")
+
+
+@pytest.mark.skipif(not HAS_BACKEND_ARG, reason="this build has no backend= argument")
 @pytest.mark.parametrize("ids", ["uniform", "concentrated"])
 @pytest.mark.parametrize("M", [m for m in DECODE_M if m <= 64])
 def test_wgmma_swap_every_decode_size(M, ids, rng):

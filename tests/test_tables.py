@@ -438,8 +438,17 @@ def test_labels_and_candidates():
     assert T.candidate_label("cuda_mma", 64) == "cuda_mma:t64" and T.candidate_label("cuda_decode") == "cuda_decode"
     assert T.parse_label("cuda_mma:t16") == ("cuda_mma", 16)
     assert T.parse_label("vllm_triton") == ("vllm_triton", None)
-    assert T.swapmoe_candidates("bf16") == ["cuda_decode", "cuda_wgmma_swap", "cuda_mma:t16", "cuda_mma:t64", "cuda_mma:t128",
-                                            "cuda_wgmma:t64", "cuda_wgmma:t128", "cuda_generic"]
+    swap = ["cuda_wgmma_swap", "cuda_wgmma_swap:r2p0", "cuda_wgmma_swap:r2p1", "cuda_wgmma_swap:r3p0",
+            "cuda_wgmma_swap:r3p1"]
+    assert T.swapmoe_candidates("bf16") == ["cuda_decode"] + swap + ["cuda_mma:t16", "cuda_mma:t64", "cuda_mma:t128",
+                                                                     "cuda_wgmma:t64", "cuda_wgmma:t128", "cuda_generic"]
+    # cuda_wgmma_swap's launch variants: GEMM1's ring, GEMM2 by PDL or after GEMM1
+    assert T.swap_launch("cuda_wgmma_swap:r2p0") == (2, False) and T.swap_launch("cuda_wgmma_swap:r0p1") == (0, True)
+    for bad in ("cuda_wgmma_swap", "cuda_wgmma_swap:r1p0", "cuda_wgmma_swap:r2p2", "cuda_mma:t16", "cuda_wgmma_swap:r2"):
+        assert T.swap_launch(bad) is None, bad
+    assert T.parse_label("cuda_wgmma_swap:r3p1") == ("cuda_wgmma_swap", None)
+    assert T.entry_label({"backend": "cuda_wgmma_swap", "swap_gemm1_ring": 2, "swap_gemm2_pdl": False}) == "cuda_wgmma_swap:r2p0"
+    assert T.entry_label({"backend": "cuda_mma", "token_tile": 16}) == "cuda_mma:t16"
     assert T.swapmoe_candidates("fp32") == ["cuda_decode", "cuda_generic"]
     for quant in ("fp8_tensor", "fp8_channel", "fp8_block128"):  # cuda_mma has no FP8 kernels
         wgmma = ["cuda_wgmma:t64", "cuda_wgmma:t128"]
@@ -459,7 +468,23 @@ def test_ineligible_candidates_ask_the_oracle():
     assert T.ineligible("cuda_generic", 64, shape, "bf16", H200, (9, 0), "fp8_channel") is None
     assert T.ineligible("cuda_mma:t16", 8, shape, "bf16", H200, (9, 0), "fp8_tensor") is not None
     assert "8.9" in T.ineligible("cuda_generic", 8, shape, "bf16", "NVIDIA A100-SXM4-80GB", (8, 0), "fp8_tensor")
+    # the swap launch variants: bf16/fp16 decode only
+    assert T.ineligible("cuda_wgmma_swap:r2p0", 8, shape, "bf16", H200, (9, 0)) is None
+    assert "M <= 32" in T.ineligible("cuda_wgmma_swap:r2p0", 64, shape, "bf16", H200, (9, 0))
     assert "SWAPMOE_BACKEND" not in os.environ and "SWAPMOE_MMA_TOKEN_TILE" not in os.environ
+    assert "SWAPMOE_SWAP_GEMM1_RING" not in os.environ and "SWAPMOE_SWAP_GEMM2_PDL" not in os.environ
+
+
+def test_forced_swap_launch_sets_and_restores_its_knobs(monkeypatch):
+    monkeypatch.setenv("SWAPMOE_SWAP_GEMM1_RING", "3")
+    with T.forced("cuda_wgmma_swap:r2p0"):
+        assert os.environ["SWAPMOE_BACKEND"] == "cuda_wgmma_swap"
+        assert (os.environ["SWAPMOE_SWAP_GEMM1_RING"], os.environ["SWAPMOE_SWAP_GEMM2_PDL"]) == ("2", "0")
+        p = plan(8, QWEN3)
+        assert (p.source, p.tile["swap_gemm1_ring"], p.tile["swap_gemm2_pdl"]) == ("override", 2, False)
+    with T.forced("cuda_wgmma_swap"):  # the rules: neither knob
+        assert "SWAPMOE_SWAP_GEMM1_RING" not in os.environ and "SWAPMOE_SWAP_GEMM2_PDL" not in os.environ
+    assert os.environ["SWAPMOE_SWAP_GEMM1_RING"] == "3" and "SWAPMOE_SWAP_GEMM2_PDL" not in os.environ
 
 
 def test_forced_restores_the_environment(monkeypatch):
@@ -499,6 +524,10 @@ def test_make_entry_and_merge():
     assert e["best_swapmoe"] == "cuda_mma:t64" and e["skipped"]["cuda_decode"].startswith("it holds")
     e2 = T.make_entry({"cuda_mma:t64": 50.0, "cuda_decode": 60.0})
     assert (e2["backend"], e2["token_tile"]) == ("cuda_mma", 64) and "best_swapmoe" not in e2
+    # a swap launch variant wins: the entry carries its ring and GEMM2 launch
+    e3 = T.make_entry({"cuda_wgmma_swap": 140.0, "cuda_wgmma_swap:r2p0": 137.7, "vllm_triton": 139.0})
+    assert (e3["backend"], e3["swap_gemm1_ring"], e3["swap_gemm2_pdl"]) == ("cuda_wgmma_swap", 2, False)
+    assert "token_tile" not in e3 and T.entry_label(e3) == "cuda_wgmma_swap:r2p0"
     with pytest.raises(ValueError):
         T.make_entry({})
     meta = {"E": 8, "N": 64, "K": 128, "topk": 2, "device_name": H200, "dtype": "bf16", "quant": None,
@@ -519,6 +548,7 @@ def test_written_table_is_read_by_the_oracle(tmp_path, monkeypatch):
     entries = {
         1: T.make_entry({"cuda_decode": 20.0, "cuda_generic": 15.0, "cuda_mma:t16": 30.0}),
         64: T.make_entry({"cuda_mma:t16": 90.0, "cuda_mma:t64": 80.0, "vllm_triton": 70.0}),
+        8: T.make_entry({"cuda_wgmma_swap": 60.0, "cuda_wgmma_swap:r2p0": 55.0, "cuda_mma:t16": 70.0}),
     }
     path = tmp_path / _core.table_file_name(16, 512, H200).replace(",", ";")
     assert T.table_path(str(tmp_path), _core.table_file_name(16, 512, H200)) == str(path)
@@ -533,6 +563,11 @@ def test_written_table_is_read_by_the_oracle(tmp_path, monkeypatch):
     p = plan(64, (16, 2, 1024, 512))
     assert (p.backend, p.tile["tokens_per_pass"]) == ("cuda_mma", 64)
     assert plan(64, (16, 2, 1024, 512), external_backends=["vllm_triton"]).backend == "vllm_triton"
+    # a swap launch variant's entry: its ring and GEMM2 launch reach the plan
+    assert (parsed["entries"][8]["swap_gemm1_ring"], parsed["entries"][8]["swap_gemm2_pdl"]) == (2, False)
+    p = plan(8, (16, 2, 1024, 512))
+    assert (p.backend, p.source, p.tile["swap_gemm1_ring"], p.tile["swap_gemm2_pdl"]) == ("cuda_wgmma_swap", "table", 2, False)
+    assert any("as the table measured" in r for r in p.reasons)
 
 
 def test_table_path_resumes_either_spelling(tmp_path):

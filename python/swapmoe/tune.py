@@ -56,6 +56,16 @@ DEFAULT_PRUNE = 2.0
 ENV_BACKEND = "SWAPMOE_BACKEND"
 ENV_TILE = "SWAPMOE_MMA_TOKEN_TILE"
 ENV_TABLES = "SWAPMOE_TABLES_DIR"
+ENV_SWAP_RING = "SWAPMOE_SWAP_GEMM1_RING"
+ENV_SWAP_GEMM2_PDL = "SWAPMOE_SWAP_GEMM2_PDL"
+#: cuda_wgmma_swap's bf16/fp16 launch variants timed besides its rules (label suffix
+#: ``r<GEMM1 ring>p<GEMM2 by PDL>``; ring 0 is the kernel's own): more GEMM1 CTAs per SM
+#: stream faster alone but leave GEMM2 (started under GEMM1 by PDL) less room, so which pair
+#: wins depends on the shape (H200, benches/NOTES.md "Swap launch variants": qwen3-30b-a3b
+#: M = 8-16 1.6-1.8% faster with r2p0, deepseek-v3-tp8 M = 8, 32 0.7-1% with r3p1)
+SWAP_LAUNCH_VARIANTS: Tuple[str, ...] = ("r2p0", "r2p1", "r3p0", "r3p1")
+#: largest M the variants are timed at (token tiles 8-32; at 64 one CTA fits an SM)
+SWAP_LAUNCH_MAX_M = 32
 
 
 #: swapmoe backends with FP8 kernels (cuda_mma has none; the oracle refuses it for FP8);
@@ -95,8 +105,30 @@ def candidate_label(backend: str, tile: Optional[int] = None) -> str:
     return f"{backend}:t{tile}" if tile else backend
 
 
+def swap_launch(label: str) -> Optional[Tuple[int, bool]]:
+    """``"cuda_wgmma_swap:r2p0"`` -> (2, False): GEMM1's ring and whether GEMM2 starts by
+    PDL; None for every other label."""
+    backend, sep, v = label.partition(":")
+    if backend != "cuda_wgmma_swap" or not sep or not v.startswith("r") or "p" not in v:
+        return None
+    ring, _, pdl = v[1:].partition("p")
+    if not ring.isdigit() or int(ring) == 1 or pdl not in ("0", "1"):
+        return None
+    return int(ring), pdl == "1"
+
+
+def entry_label(entry: dict) -> str:
+    """The label of an entry's own choice (backend, token tile, swap launch)."""
+    if entry.get("swap_gemm1_ring") is not None:
+        return f"{entry['backend']}:r{entry['swap_gemm1_ring']}p{int(bool(entry.get('swap_gemm2_pdl')))}"
+    return candidate_label(entry["backend"], entry.get("token_tile"))
+
+
 def parse_label(label: str) -> Tuple[str, Optional[int]]:
-    """``"cuda_mma:t64"`` -> ("cuda_mma", 64); ``"cuda_decode"`` -> ("cuda_decode", None)."""
+    """``"cuda_mma:t64"`` -> ("cuda_mma", 64); ``"cuda_decode"`` -> ("cuda_decode", None);
+    ``"cuda_wgmma_swap:r2p0"`` -> ("cuda_wgmma_swap", None) (its launch: :func:`swap_launch`)."""
+    if swap_launch(label):
+        return label.partition(":")[0], None
     backend, sep, tile = label.partition(":t")
     if sep and tile.isdigit():
         return backend, int(tile)
@@ -119,6 +151,7 @@ def swapmoe_candidates(dtype: str, quant: str = "none") -> List[str]:
     labels = ["cuda_decode"]
     if dtype in ("bf16", "fp16"):
         labels.append("cuda_wgmma_swap")
+        labels += [f"cuda_wgmma_swap:{v}" for v in SWAP_LAUNCH_VARIANTS]
         labels += [candidate_label("cuda_mma", t) for t in MMA_TILES]
         labels += [candidate_label("cuda_wgmma", t) for t in WGMMA_TILES]
     labels.append("cuda_generic")
@@ -170,6 +203,9 @@ def make_entry(times: Dict[str, float], skipped: Optional[Dict[str, str]] = None
     entry: Dict[str, Any] = {"backend": backend}
     if tile:
         entry["token_tile"] = tile
+    launch = swap_launch(best)
+    if launch:
+        entry["swap_gemm1_ring"], entry["swap_gemm2_pdl"] = launch
     entry["time_us"] = round(best_us, 2)
     entry["times_us"] = {k: round(v, 2) for k, v in ordered}
     swapmoe_best = next((k for k, _ in ordered if parse_label(k)[0] in SWAPMOE_BACKENDS), None)
@@ -315,12 +351,19 @@ def table_metadata(shape: B.MoeShape, dtype: str, device_name: str, capability: 
 def forced(label: str) -> Iterator[None]:
     """Forces the candidate ``label`` for the swapmoe calls inside (env vars, restored)."""
     backend, tile = parse_label(label)
-    saved = {k: os.environ.get(k) for k in (ENV_BACKEND, ENV_TILE)}
+    launch = swap_launch(label)
+    saved = {k: os.environ.get(k) for k in (ENV_BACKEND, ENV_TILE, ENV_SWAP_RING, ENV_SWAP_GEMM2_PDL)}
     os.environ[ENV_BACKEND] = backend
     if tile:
         os.environ[ENV_TILE] = str(tile)
     else:
         os.environ.pop(ENV_TILE, None)
+    if launch:
+        os.environ[ENV_SWAP_RING] = str(launch[0])
+        os.environ[ENV_SWAP_GEMM2_PDL] = "1" if launch[1] else "0"
+    else:
+        os.environ.pop(ENV_SWAP_RING, None)
+        os.environ.pop(ENV_SWAP_GEMM2_PDL, None)
     try:
         yield
     finally:
@@ -336,6 +379,9 @@ def ineligible(label: str, M: int, shape: B.MoeShape, dtype: str, device_name: s
     """Why the oracle cannot run ``label`` at ``M`` (None: it can)."""
     from . import _core
     from .errors import Error
+
+    if swap_launch(label) and M > SWAP_LAUNCH_MAX_M:
+        return f"cuda_wgmma_swap's launch variants are timed at M <= {SWAP_LAUNCH_MAX_M}"
 
     with forced(label):
         try:
@@ -810,7 +856,7 @@ def format_summary(summaries: Sequence[dict]) -> str:
         if s["skipped_m"]:
             lines.append(f"  already in the table (not re-measured): M={','.join(map(str, s['skipped_m']))}")
         for M, e in sorted(s["entries"].items()):
-            best = candidate_label(e["backend"], e.get("token_tile"))
+            best = entry_label(e)
             others = ", ".join(f"{k} {v:.1f}" for k, v in e["times_us"].items() if k != best)
             lines.append(f"  M={M:<5} {best:<14} {e['time_us']:9.1f} µs   ({others or 'no other candidate'})")
     return "\n".join(lines)

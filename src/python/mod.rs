@@ -801,9 +801,14 @@ fn read_table<'py>(py: Python<'py>, path: &str) -> PyResult<Bound<'py, PyDict>> 
             crate::tables::Choice::Swapmoe {
                 backend,
                 token_tile,
+                swap,
             } => {
                 x.set_item("backend", backend.name())?;
                 x.set_item("token_tile", *token_tile)?;
+                if let Some(v) = swap {
+                    x.set_item("swap_gemm1_ring", v.gemm1_ring)?;
+                    x.set_item("swap_gemm2_pdl", v.gemm2_pdl)?;
+                }
             }
             other => {
                 x.set_item("backend", other.label())?;
