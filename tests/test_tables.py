@@ -105,14 +105,23 @@ def test_shipped_tables_pick_the_measured_decode_backend():
     # ~101.9) where the heuristic would say cuda_decode (104.0)
     p = plan(4, DEEPSEEK_TP8)
     assert (p.backend, p.source, p.table_m) == ("cuda_wgmma_swap", "table", 4)
-    # qwen3 M=4: vllm_triton (~81.4) is external, not a candidate here: the fastest swapmoe
-    # label, swap-AB (84.1, its GEMM1 in one wave of 3 CTAs per SM with a ring of 4 stages)
-    # over cuda_mma t16 (85.5)
-    p = plan(4, QWEN3)
-    assert (p.backend, p.source, p.tile["swap_gemm1_ring"]) == ("cuda_wgmma_swap", "table", 4)
-    # deepseek M=16: swap-AB with a ring of 2 stages (280.7) over cuda_mma t16 (302.5)
+    # qwen3 M=4, 8: vllm_triton (~81.4, 127.8) is external, not a candidate here: the fastest
+    # swapmoe label, swap-AB with a ring of 2 stages (5 GEMM1 CTAs per SM) and GEMM2 started
+    # after GEMM1 (83.0, 138.0 against 84.2, 142.2 with the oracle's rules; tune of 2026-12-04
+    # 15:01); M=16: cuda_mma t16 (197.6, the entry of 12:03 kept, see its note)
+    for m in (4, 8):
+        p = plan(m, QWEN3)
+        assert (p.backend, p.source, p.tile["swap_gemm1_ring"], p.tile["swap_gemm2_pdl"]) == \
+            ("cuda_wgmma_swap", "table", 2, False), (m, p.reasons)
+    p = plan(16, QWEN3)
+    assert (p.backend, p.source, p.tile["tokens_per_pass"]) == ("cuda_mma", "table", 16)
+    # deepseek M=16: swap-AB with the rules, a ring of 2 stages (282.9) over cuda_mma t16 (310.0);
+    # M=8, 32: a ring of 3 with GEMM2 by PDL (160.6, 454.0 against 162.6, 457.5)
     p = plan(16, DEEPSEEK_TP8)
     assert (p.backend, p.source, p.tile["swap_gemm1_ring"]) == ("cuda_wgmma_swap", "table", 2)
+    for m in (8, 32):
+        p = plan(m, DEEPSEEK_TP8)
+        assert (p.backend, p.tile["swap_gemm1_ring"], p.tile["swap_gemm2_pdl"]) == ("cuda_wgmma_swap", 3, True)
 
 
 def test_shipped_fp8_tables_route_between_swapmoe_and_vllm():
@@ -362,14 +371,24 @@ def test_explain_shows_swap_clusters(capsys):
 
 
 def test_explain_shows_the_swap_gemm1_ring(capsys):
-    # deepseek-v3-tp8 M=16: the table's swap-AB, its GEMM1 on a ring of 2 stages so that ~404
-    # CTAs fit one wave of 4 per SM; M=8 keeps the kernel's own ring (no gemm1_ring shown)
-    assert cli.main(["explain", "--model", "deepseek-v3-tp8", "--device-name", H200, "--m", "8,16"]) == 0
+    # deepseek-v3-tp8 M=16: the table's swap-AB with the oracle's rules: its GEMM1 on a ring of
+    # 2 stages so that ~404 CTAs fit one wave of 4 per SM; M=8: the table's measured launch, a
+    # ring of 3 with GEMM2 by PDL; M=2: the kernel's own ring (no gemm1_ring shown)
+    assert cli.main(["explain", "--model", "deepseek-v3-tp8", "--device-name", H200, "--m", "2,8,16"]) == 0
     out = capsys.readouterr().out
-    m8, m16 = out.split("\nM=16: ")
-    assert "M=8: cuda_wgmma_swap (table; swap_ab=True)" in m8 and "gemm1_ring=" not in m8
+    m2, rest = out.split("\nM=8: ")
+    m8, m16 = rest.split("\nM=16: ")
+    assert "M=2: cuda_wgmma_swap (table; swap_ab=True)" in m2 and "gemm1_ring=" not in m2
+    assert m8.startswith("cuda_wgmma_swap (table; swap_ab=True)")
+    assert "gemm1_ring=3" in m8 and "gemm1: a ring of 3 stages (0: the kernel's own, 6), as the table measured" in m8
+    assert "gemm2_after_gemm1" not in m8
     assert m16.startswith("cuda_wgmma_swap (table; swap_ab=True)")
     assert "gemm1_ring=2" in m16 and "gemm1: a ring of 2 stages (its own: 5)" in m16
+    # qwen3-30b-a3b M=8: a ring of 2 and GEMM2 started after GEMM1, as measured
+    assert cli.main(["explain", "--model", "qwen3-30b-a3b", "--device-name", H200, "--m", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "gemm1_ring=2 gemm2_after_gemm1" in out
+    assert "gemm2: starts after GEMM1 has finished (no PDL), as the table measured" in out
 
 
 def test_explain_external_backends(tmp_path, monkeypatch, capsys):
