@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A/B of two or more wheels on the device, interleaved in one run (machines differ by more
 # than most changes: compare within a run). Each entry of $WHEELS is a dist/ folder name,
-# optionally with environment settings for its runs ("new:SWAPMOE_X=1,SWAPMOE_Y=2"); each
+# optionally with environment settings for its runs ("new:SWAPMOE_X=1,SWAPMOE_Y=2"; a value may
+# hold commas: "new:SWAPMOE_SWAP_SLICES=4,1,SWAPMOE_Y=2"); each
 # wheel is installed into its own site folder; then for each round and each case, every
 # entry runs `swapmoe bench` in turn. Logs to $OUT/ab.txt.
 #   WHEELS="base new new:SWAPMOE_X=0" CASES="qwen3-30b-a3b:1,8 8,2,4096,2048:1" ARGS="--quant fp8_tensor" bash benches/ab.sh
@@ -28,7 +29,8 @@ for round in $(seq 1 ${ROUNDS:-2}); do
       w=${entry%%:*}; vars=""; [ "$entry" != "$w" ] && vars=${entry#*:}
       echo "=== round $round $model M=$ms wheel=$entry ${ARGS:-}" | tee -a "$OUT/ab.txt"
       what="--model $model"; [[ $model == *,* ]] && what="--shape $model"  # a case "E,topk,K,N:M,..."
-      env ${vars//,/ } PYTHONPATH=/tmp/site_$w timeout ${BENCH_TIMEOUT:-120} python3 -m swapmoe bench $what --m $ms \
+      # assignments split at the commas that start the next NAME= (values may hold commas)
+      env $(sed -E 's/,([A-Za-z_][A-Za-z0-9_]*=)/ \1/g' <<< "$vars") PYTHONPATH=/tmp/site_$w timeout ${BENCH_TIMEOUT:-120} python3 -m swapmoe bench $what --m $ms \
         --no-check --no-baselines --no-progress ${ARGS:-} 2>&1 | grep -E '^ *[0-9]+ |rror' | tee -a "$OUT/ab.txt"
     done
   done
