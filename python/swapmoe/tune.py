@@ -1,11 +1,14 @@
-"""``swapmoe tune``: measures every swapmoe candidate (backend x tensor-core token tile) for
-given shapes and token counts on the current GPU and writes tuned tables that the oracle
-reads (format: ``src/tables.rs``; names: ``swapmoe._core.table_file_name``).
+"""``swapmoe tune``: measures every swapmoe candidate (backend x tensor-core token tile, and
+in bf16/fp16 at M <= 32 cuda_wgmma_swap's launch variants ``cuda_wgmma_swap:r<ring>p<pdl>``:
+GEMM1's ring of stages, GEMM2 by PDL or after GEMM1) for given shapes and token counts on the
+current GPU and writes tuned tables that the oracle reads (format: ``src/tables.rs``; names:
+``swapmoe._core.table_file_name``).
 
 Timing is ``swapmoe bench``'s (``bench.gpu_time_us``): a CUDA graph of ``layers`` calls on
 distinct weight copies, replayed under ``triton.testing.do_bench`` (L2 flushed, median),
 divided by ``layers``; uniform routing ``topk(softmax(randn(M, E)))``. A candidate is forced
-with ``$SWAPMOE_BACKEND`` and ``$SWAPMOE_MMA_TOKEN_TILE`` (source "override"); one that the
+with ``$SWAPMOE_BACKEND`` and ``$SWAPMOE_MMA_TOKEN_TILE`` (a launch variant also with
+``$SWAPMOE_SWAP_GEMM1_RING`` and ``$SWAPMOE_SWAP_GEMM2_PDL``) (source "override"); one that the
 oracle says cannot run a point is skipped with its reason. When vLLM imports, its Triton
 ``fused_experts`` is timed on the same inputs and stored as ``vllm_triton``, a candidate
 only for callers inside vLLM.
