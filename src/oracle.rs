@@ -2909,16 +2909,22 @@ impl<'a> Candidates<'a> {
 
     /// Whether cuda_wgmma_swap's GEMM2 starts with PDL (`Plan::swap_gemm2_pdl`), for a plan
     /// with PDL, and the reason when that is not the default: `$SWAPMOE_SWAP_GEMM2_PDL`, else
-    /// the table's swap-AB launch (`table`), else on.
-    fn swap_gemm2_pdl(table: Option<tables::SwapLaunch>) -> (bool, Option<String>) {
+    /// the table's swap-AB launch (`table`), else on. The table's reason is built only when
+    /// `reasons_wanted` (an override's always is, as for every knob).
+    fn swap_gemm2_pdl(
+        table: Option<tables::SwapLaunch>,
+        reasons_wanted: bool,
+    ) -> (bool, Option<String>) {
         let (rule, why) = match table {
             Some(v) => (
                 v.gemm2_pdl,
-                Some(if v.gemm2_pdl {
-                    "gemm2: launched with PDL, as the table measured".to_string()
-                } else {
-                    "gemm2: starts after GEMM1 has finished (no PDL), as the table measured"
-                        .to_string()
+                reasons_wanted.then(|| {
+                    if v.gemm2_pdl {
+                        "gemm2: launched with PDL, as the table measured".to_string()
+                    } else {
+                        "gemm2: starts after GEMM1 has finished (no PDL), as the table measured"
+                            .to_string()
+                    }
                 }),
             ),
             None => (true, None),
@@ -3235,7 +3241,7 @@ impl<'a> Candidates<'a> {
             reasons.add(|| why);
         }
         let swap_gemm2_pdl = if b == Backend::CudaWgmmaSwap && pdl {
-            let (on, why) = Self::swap_gemm2_pdl(self.swap_launch);
+            let (on, why) = Self::swap_gemm2_pdl(self.swap_launch, reasons.wanted());
             reasons.extend(why);
             on
         } else {
@@ -3341,6 +3347,16 @@ mod tests {
             global_num_experts: -1,
             quant: crate::problem::QuantArgs::default(),
         })
+        .unwrap()
+    }
+
+    /// The H200 plan of bf16 cuda_wgmma_swap (forced) at M tokens, E experts, top-8, K, N.
+    fn h200_swap_plan(m: i64, e: i64, k: i64, n: i64) -> Plan {
+        plan_with(
+            &problem(m, e, 8, k, n, DType::BF16),
+            Some(&h200()),
+            Some(Backend::CudaWgmmaSwap),
+        )
         .unwrap()
     }
 
@@ -3856,12 +3872,7 @@ mod tests {
             .reasons
             .iter()
             .any(|r| r == "align: one CTA (thread-block clusters need sm_90)"));
-        let swap = plan_with(
-            &problem(1, 128, 8, 2048, 768, DType::BF16),
-            Some(&h200()),
-            Some(Backend::CudaWgmmaSwap),
-        )
-        .unwrap();
+        let swap = h200_swap_plan(1, 128, 2048, 768);
         assert_eq!(swap.align_ctas, 1);
         assert!(!swap.reasons.iter().any(|r| r.starts_with("align:")));
         // The override, and what it does not take.
@@ -3885,14 +3896,7 @@ mod tests {
 
     #[test]
     fn swap_gemm1_ring_fits_one_wave_where_registers_and_shared_memory_allow() {
-        let swap = |m: i64, e: i64, k: i64, n: i64| {
-            plan_with(
-                &problem(m, e, 8, k, n, DType::BF16),
-                Some(&h200()),
-                Some(Backend::CudaWgmmaSwap),
-            )
-            .unwrap()
-        };
+        let swap = h200_swap_plan;
         // qwen3-30b-a3b: M = 1 (~192 CTAs with the K split) fits two per SM: the kernel's
         // own ring; M = 4 (~350) three per SM: 4 stages of 17 KiB; M = 8 (~650) would need
         // five (2 stages each: measured slower, so its own ring); M = 16 (~960) would need 8,
@@ -3945,14 +3949,7 @@ mod tests {
             capability: (8, 0),
             sm_count: 108,
         };
-        let swap = |m: i64, e: i64, k: i64, n: i64| {
-            plan_with(
-                &problem(m, e, 8, k, n, DType::BF16),
-                Some(&h200()),
-                Some(Backend::CudaWgmmaSwap),
-            )
-            .unwrap()
-        };
+        let swap = h200_swap_plan;
         // The swap-AB GEMM1 that fits one wave starts without PDL, with the reason (deepseek
         // M = 16 through a smaller ring, `swap_gemm1_ring`); one of several waves keeps it
         // (qwen3-30b-a3b M = 8: ~607 CTAs would need 5 per SM, more than the ring rule's 4;
