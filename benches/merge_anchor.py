@@ -27,7 +27,7 @@ Usage: python benches/merge_anchor.py ANCHOR.json TABLE.json [TABLE.json ...]
 import json
 import sys
 
-from swapmoe.tune import swap_launch
+from swapmoe.tune import set_choice
 
 KERNEL_US = 1.6
 EXTRA_KERNELS = {None: ("align/activation/sum", 3),
@@ -65,18 +65,8 @@ def main(argv):
                 f"anchor {anchor.get('measured')}: vLLM 0.33 Triton GEMMs {gemm:.1f} µs + "
                 f"{extra:.1f} µs for its {what} kernels (estimate)")
             best = min(times, key=times.get)
-            entry["backend"] = best.split(":")[0]
+            set_choice(entry, best)
             entry["time_us"] = times[best]
-            if ":t" in best:
-                entry["token_tile"] = int(best.split(":t")[1])
-            else:
-                entry.pop("token_tile", None)
-            launch = swap_launch(best)  # cuda_wgmma_swap:r<ring>p<pdl>
-            if launch:
-                entry["swap_gemm1_ring"], entry["swap_gemm2_pdl"] = launch
-            else:
-                entry.pop("swap_gemm1_ring", None)
-                entry.pop("swap_gemm2_pdl", None)
             merged.append(f"M={key}: {best}")
         meta["external_times"] = (f"vllm_triton: from the anchor (vLLM's GEMMs alone, measured on this "
                                   f"H200) + {extra} µs for {count} more kernels; see benches/merge_anchor.py")

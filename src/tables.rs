@@ -428,6 +428,24 @@ fn uint(v: &Value, what: &str) -> std::result::Result<usize, String> {
         .ok_or_else(|| format!("{what}: expected a non-negative integer, got {v}"))
 }
 
+fn boolean(v: &Value, what: &str) -> std::result::Result<bool, String> {
+    v.as_bool()
+        .ok_or_else(|| format!("{what}: expected true or false, got {v}"))
+}
+
+/// Field `key` of an entry parsed by `parse` (`uint`, `number`, `boolean`); None when it is
+/// absent or null.
+fn optional<T>(
+    e: &serde_json::Map<String, Value>,
+    key: &str,
+    parse: fn(&Value, &str) -> std::result::Result<T, String>,
+) -> std::result::Result<Option<T>, String> {
+    e.get(key)
+        .filter(|v| !v.is_null())
+        .map(|v| parse(v, key))
+        .transpose()
+}
+
 fn number(v: &Value, what: &str) -> std::result::Result<f64, String> {
     match v.as_f64() {
         Some(x) if x.is_finite() && x >= 0.0 => Ok(x),
@@ -500,24 +518,9 @@ impl Table {
                 .get("backend")
                 .and_then(|b| b.as_str())
                 .ok_or_else(|| at("expected a \"backend\" string".into()))?;
-            let tile = e
-                .get("token_tile")
-                .filter(|v| !v.is_null())
-                .map(|v| uint(v, "token_tile"))
-                .transpose()
-                .map_err(at)?;
-            let ring = e
-                .get("swap_gemm1_ring")
-                .filter(|v| !v.is_null())
-                .map(|v| uint(v, "swap_gemm1_ring"))
-                .transpose()
-                .map_err(at)?;
-            let pdl = match e.get("swap_gemm2_pdl").filter(|v| !v.is_null()) {
-                None => None,
-                Some(v) => Some(v.as_bool().ok_or_else(|| {
-                    at(format!("swap_gemm2_pdl: expected true or false, got {v}"))
-                })?),
-            };
+            let tile = optional(e, "token_tile", uint).map_err(at)?;
+            let ring = optional(e, "swap_gemm1_ring", uint).map_err(at)?;
+            let pdl = optional(e, "swap_gemm2_pdl", boolean).map_err(at)?;
             let mut choice = Choice::new(backend, tile);
             if ring.is_some() || pdl.is_some() {
                 let (Some(gemm1_ring), Some(gemm2_pdl)) = (ring, pdl) else {
@@ -556,12 +559,7 @@ impl Table {
                     "token_tile is only for cuda_mma and cuda_wgmma, the backend is {backend}"
                 )));
             }
-            let time_us = e
-                .get("time_us")
-                .filter(|v| !v.is_null())
-                .map(|v| number(v, "time_us"))
-                .transpose()
-                .map_err(at)?;
+            let time_us = optional(e, "time_us", number).map_err(at)?;
             let mut times_us = Vec::new();
             if let Some(t) = e.get("times_us").filter(|v| !v.is_null()) {
                 let t = t

@@ -547,6 +547,10 @@ def test_make_entry_and_merge():
     e3 = T.make_entry({"cuda_wgmma_swap": 140.0, "cuda_wgmma_swap:r2p0": 137.7, "vllm_triton": 139.0})
     assert (e3["backend"], e3["swap_gemm1_ring"], e3["swap_gemm2_pdl"]) == ("cuda_wgmma_swap", 2, False)
     assert "token_tile" not in e3 and T.entry_label(e3) == "cuda_wgmma_swap:r2p0"
+    # another label made the choice (as benches/merge_anchor.py does): the fields it lacks go
+    assert T.set_choice(dict(e3), "cuda_mma:t16") == dict(
+        {k: v for k, v in e3.items() if not k.startswith("swap_")}, backend="cuda_mma", token_tile=16)
+    assert T.set_choice({"backend": "cuda_mma", "token_tile": 16}, "vllm_triton") == {"backend": "vllm_triton"}
     with pytest.raises(ValueError):
         T.make_entry({})
     meta = {"E": 8, "N": 64, "K": 128, "topk": 2, "device_name": H200, "dtype": "bf16", "quant": None,

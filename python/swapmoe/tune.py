@@ -127,6 +127,25 @@ def entry_label(entry: dict) -> str:
     return candidate_label(entry["backend"], entry.get("token_tile"))
 
 
+def set_choice(entry: dict, label: str) -> dict:
+    """Makes ``label`` the entry's own choice: its ``backend``, and ``token_tile`` or
+    ``swap_gemm1_ring`` / ``swap_gemm2_pdl`` where the label has them (removed where it has
+    not). Returns the entry."""
+    backend, tile = parse_label(label)
+    entry["backend"] = backend
+    if tile:
+        entry["token_tile"] = tile
+    else:
+        entry.pop("token_tile", None)
+    launch = swap_launch(label)
+    if launch:
+        entry["swap_gemm1_ring"], entry["swap_gemm2_pdl"] = launch
+    else:
+        entry.pop("swap_gemm1_ring", None)
+        entry.pop("swap_gemm2_pdl", None)
+    return entry
+
+
 def parse_label(label: str) -> Tuple[str, Optional[int]]:
     """``"cuda_mma:t64"`` -> ("cuda_mma", 64); ``"cuda_decode"`` -> ("cuda_decode", None);
     ``"cuda_wgmma_swap:r2p0"`` -> ("cuda_wgmma_swap", None) (its launch: :func:`swap_launch`)."""
@@ -202,13 +221,7 @@ def make_entry(times: Dict[str, float], skipped: Optional[Dict[str, str]] = None
         raise ValueError("make_entry: no measured candidate")
     ordered = sorted(times.items(), key=lambda kv: kv[1])
     best, best_us = ordered[0]
-    backend, tile = parse_label(best)
-    entry: Dict[str, Any] = {"backend": backend}
-    if tile:
-        entry["token_tile"] = tile
-    launch = swap_launch(best)
-    if launch:
-        entry["swap_gemm1_ring"], entry["swap_gemm2_pdl"] = launch
+    entry: Dict[str, Any] = set_choice({}, best)
     entry["time_us"] = round(best_us, 2)
     entry["times_us"] = {k: round(v, 2) for k, v in ordered}
     swapmoe_best = next((k for k, _ in ordered if parse_label(k)[0] in SWAPMOE_BACKENDS), None)
