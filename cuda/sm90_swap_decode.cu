@@ -589,19 +589,20 @@ __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, 128;
 // box) go into tmp, which is added to acc as acc += tmp * row(b, h) * col(c) with the
 // factors `scales(it, stage, row, col)` gives for the stage (h: the thread's two rows per
 // box; c = 2 j + (q & 1): its NT / 4 token columns). Every thread releases each stage once
-// it has read it (the empty barriers count kConsumerThreads arrivals).
+// it has read it (the empty barriers count kConsumerThreads arrivals). The stages form a ring of
+// `ring` (at most L::kCount: the GEMM1 may be given fewer, `ring_stages`).
 template <typename L, int NT, int kBoxes, typename Scales>
-__device__ __forceinline__ void consume_fp8(int items, unsigned char* stages, uint64_t* full, uint64_t* empty,
-                                            float (&acc)[kBoxes][NT / 2], Scales scales) {
-  constexpr int kStageBytes = L::kStageBytes, kCount = L::kCount, kTokens = L::tokens();
+__device__ __forceinline__ void consume_fp8(int items, int ring, unsigned char* stages, uint64_t* full,
+                                            uint64_t* empty, float (&acc)[kBoxes][NT / 2], Scales scales) {
+  constexpr int kStageBytes = L::kStageBytes, kTokens = L::tokens();
 #pragma unroll
   for (int b = 0; b < kBoxes; ++b)
 #pragma unroll
     for (int i = 0; i < NT / 2; ++i) acc[b][i] = 0.f;
+  int st = 0, phase = 0;  // stage it's slot in the ring and its phase (no division by a runtime ring)
   for (int it = 0; it < items; ++it) {
-    const int st = it % kCount;
     unsigned char* stage = stages + st * kStageBytes;
-    mbar_wait(&full[st], (it / kCount) & 1);
+    mbar_wait(&full[st], phase);
     SWAPMOE_STAMP_FIRST_FULL(it);
     const uint32_t base = smem_u32(stage);
     float tmp[kBoxes][NT / 2];
@@ -626,6 +627,10 @@ __device__ __forceinline__ void consume_fp8(int items, unsigned char* stages, ui
       }
     }
     mbar_arrive(&empty[st]);
+    if (++st == ring) {
+      st = 0;
+      phase ^= 1;
+    }
   }
 }
 #endif
@@ -675,13 +680,16 @@ __device__ __forceinline__ void fp8_gemm1(const TensorMap* xq_map, const TensorM
   const int ktiles = (K + kFp8BK - 1) / kFp8BK, per = (ktiles + ranks - 1) / ranks;
   const int kt0 = min(ktiles, rank * per), items = min(ktiles, kt0 + per) - kt0;
   unsigned char* stages = aligned_stages(smem_raw);
+  // The launcher may give a smaller ring than L::kCount (`Plan::swap_gemm1_ring`), so that
+  // more CTAs share an SM.
+  const int ring = ring_stages<L>();
   float acc[2][NT / 2];
   // The thread's accumulator rows (per box, h = 0/1) and token columns (c = 2j + parity).
   const int row_in = 16 * warp + (lane >> 2);
   if (warp == kProducerWarp) {
     // The weights of the ring's first stages before waiting for quantize-x (the weights are
     // the caller's, not an earlier kernel's output); their x_q rows after.
-    const int pre = min(items, L::kCount);
+    const int pre = min(items, ring);
     // Stage st's full barrier expects the whole stage; this issues its gate and up rows of
     // k-tile it (its x_q rows follow in the main loop).
     auto issue_weights = [&](int it, int st) {
@@ -697,13 +705,17 @@ __device__ __forceinline__ void fp8_gemm1(const TensorMap* xq_map, const TensorM
     pdl_wait();
     pdl_launch_dependents();  // after the wait: GEMM2 reads topk_ids before its own
     if (lane == 0) {
+      int st = 0, round = 0;  // stage it's slot in the ring, and how many times the ring wrapped
       for (int it = 0; it < items; ++it) {
-        const int st = it % L::kCount;
         if (it >= pre) {
-          mbar_wait(&empty[st], ((it / L::kCount) - 1) & 1);
+          mbar_wait(&empty[st], (round - 1) & 1);
           issue_weights(it, st);
         }
         tma_load_2d(stages + st * L::kStageBytes + L::tokens(), xq_map, (kt0 + it) * kFp8BK, 0, &full[st]);
+        if (++st == ring) {
+          st = 0;
+          ++round;
+        }
       }
     }
   } else {
@@ -734,7 +746,7 @@ __device__ __forceinline__ void fp8_gemm1(const TensorMap* xq_map, const TensorM
         for (int c = 0; c < NT / 4; ++c) col[c] = 1.f;
       }
     };
-    consume_fp8<L, NT, 2>(items, stages, full, empty, acc, scales);
+    consume_fp8<L, NT, 2>(items, ring, stages, full, empty, acc, scales);
     SWAPMOE_STAMP(stamps, 4);
   }
   if (ranks > 1) cluster_sum<NT, 2>(acc, reinterpret_cast<float*>(stages), warp != kProducerWarp);
@@ -1049,7 +1061,7 @@ __device__ __forceinline__ void fp8_gemm2(const TensorMap* w2_map, const float* 
         e = next_active(r.bits, words, e);
       }
     };
-    consume_fp8<L, NT, 1>(w.items, stages, full, empty, acc, scales);
+    consume_fp8<L, NT, 1>(w.items, L::kCount, stages, full, empty, acc, scales);
   }
   if (w.ranks > 1) cluster_sum<NT, 1>(acc, reinterpret_cast<float*>(stages), threadIdx.x < kConsumerThreads);
   if (w.rank != 0 || threadIdx.x >= kConsumerThreads) return;
@@ -1152,7 +1164,7 @@ __device__ __forceinline__ void fp8_gemm2_q8(const TensorMap* hq_map, const Tens
         e = next_active(r.bits, words, e);
       }
     };
-    consume_fp8<L, NT, 1>(w.items, stages, full, empty, acc, scales);
+    consume_fp8<L, NT, 1>(w.items, L::kCount, stages, full, empty, acc, scales);
     SWAPMOE_STAMP(stamps, 4);
   }
   if (w.ranks > 1) cluster_sum<NT, 1>(acc, reinterpret_cast<float*>(stages), warp != kProducerWarp);

@@ -222,20 +222,31 @@ pub const SWAP_GEMM1_RING_MAX_CTAS_PER_SM: usize = 4;
 /// What the one-wave ring measured (H200, swapmoe bench, cuda_wgmma_swap forced, two rounds;
 /// benches/NOTES.md "Swap GEMM1 ring sized for one wave, measured").
 const SWAP_GEMM1_RING_MEASURED: &str = "measured at one wave, the small ring releasing each stage as soon as its wgmmas complete: deepseek-v3-tp8 M = 16 (2 stages, 4 per SM) 280.0-281.3 us against 292.6-293.2 with its own ring, qwen3-30b-a3b M = 4 (4 stages, 3 per SM) 84.1 against 85.5, qwen3-30b-a3b M = 8 (2 stages, 5 per SM) 144.1 against 140.9-141.3";
-/// Dynamic shared memory of the bf16/fp16 swap-AB GEMM1 `gemm1` (token tile `tile`, `slices`
-/// K slices per stage) with a ring of `ring` stages (0: the kernel's own): the stages and
-/// 1 KiB to align them. What its launcher asks for; the kernel takes its ring from it.
-pub fn swap_gemm1_smem_bytes(gemm1: KernelId, tile: usize, slices: usize, ring: usize) -> usize {
+/// Bytes of one stage of a swap-AB GEMM1 (bf16/fp16 or e4m3); 0 for any other kernel.
+pub fn swap_gemm1_stage_bytes(gemm1: KernelId) -> usize {
+    match gemm1 {
+        KernelId::SwapGemm1Act(_, tile, slices) => swap_stage_bytes(tile, 2, slices),
+        KernelId::SwapFp8Gemm1(_, tile) | KernelId::SwapFp8StaticGemm1(tile) => {
+            swap_fp8_stage_bytes(tile, 2, false)
+        }
+        _ => 0,
+    }
+}
+/// Dynamic shared memory of the swap-AB GEMM1 `gemm1` (bf16/fp16 or e4m3) with a ring of
+/// `ring` stages (0: the kernel's own): the stages and 1 KiB to align them. What its launcher
+/// asks for; the kernel takes its ring from it.
+pub fn swap_gemm1_smem_bytes(gemm1: KernelId, ring: usize) -> usize {
     if ring > 0 {
-        ring * swap_stage_bytes(tile, 2, slices) + 1024
+        ring * swap_gemm1_stage_bytes(gemm1) + 1024
     } else {
         gemm1.dynamic_smem_bytes().unwrap_or(0)
     }
 }
 /// Resident swap-AB GEMM1 CTAs per SM with a ring of `ring` stages (0: the kernel's own):
-/// as many as shared memory (dynamic and static) and registers allow.
-fn swap_gemm1_ctas_per_sm(gemm1: KernelId, tile: usize, slices: usize, ring: usize) -> usize {
-    let dynamic = swap_gemm1_smem_bytes(gemm1, tile, slices, ring);
+/// as many as shared memory (dynamic and static) and registers allow (the e4m3 GEMM1s use
+/// as many registers per token tile as the bf16 ones, ptxas -v: 64, 80, 127, 255).
+fn swap_gemm1_ctas_per_sm(gemm1: KernelId, tile: usize, ring: usize) -> usize {
+    let dynamic = swap_gemm1_smem_bytes(gemm1, ring);
     resident_ctas_per_sm(dynamic + SWAP_GEMM1_STATIC_SMEM_BYTES)
         .min(swap_gemm1_max_ctas_per_sm(tile))
 }
@@ -284,11 +295,12 @@ pub fn swap_stage_bytes(tile: usize, weight_boxes: usize, slices: usize) -> usiz
 /// `$SWAPMOE_SWAP_GEMM1_RING` = 0 | 2..: force `Plan::swap_gemm1_ring` (0: the kernel's own
 /// ring); for tuning.
 pub const SWAP_GEMM1_RING_ENV: &str = "SWAPMOE_SWAP_GEMM1_RING";
-/// Static shared memory of the bf16/fp16 swap-AB GEMM1 (its routing in shared memory; ptxas
-/// -v: 5.1-5.2 KiB), rounded up.
+/// Static shared memory of the swap-AB GEMM1s, bf16/fp16 and e4m3 (their routing in shared
+/// memory; ptxas -v: 5.1-5.5 KiB), rounded up.
 pub const SWAP_GEMM1_STATIC_SMEM_BYTES: usize = 6 * 1024;
-/// Resident bf16/fp16 swap-AB GEMM1 CTAs per SM its registers allow (ptxas -v, CUDA 13: 64,
-/// 80, 127 and 255 registers per thread at token tiles 8, 16, 32 and 64; 160 threads).
+/// Resident swap-AB GEMM1 CTAs per SM their registers allow (bf16/fp16 and e4m3; ptxas -v,
+/// CUDA 13: 64, 80, 127 and 255 registers per thread at token tiles 8, 16, 32 and 64; 160
+/// threads).
 pub fn swap_gemm1_max_ctas_per_sm(tile: usize) -> usize {
     match tile {
         8 => 6,
@@ -339,9 +351,11 @@ pub const SWAP_FP8_GEMM2_THREADS: usize = 256;
 /// column scales in GEMM2), as many as fit 102 KiB when that is at least 3, else 200 KiB;
 /// plus 1 KiB to align them.
 pub fn swap_fp8_smem_bytes(tile: usize, weight_boxes: usize, column_scales: bool) -> usize {
-    swap_stages_smem_bytes(
-        weight_boxes * SWAP_ROWS * 128 + tile * 128 + if column_scales { 1024 } else { 0 },
-    )
+    swap_stages_smem_bytes(swap_fp8_stage_bytes(tile, weight_boxes, column_scales))
+}
+/// Bytes of one stage of an FP8 swap-AB kernel (`Fp8Stages<NT, kBoxes, kColScale>::kStageBytes`).
+pub fn swap_fp8_stage_bytes(tile: usize, weight_boxes: usize, column_scales: bool) -> usize {
+    weight_boxes * SWAP_ROWS * 128 + tile * 128 + if column_scales { 1024 } else { 0 }
 }
 /// The swap-AB token tile for M tokens.
 pub fn swap_token_tile(m: usize) -> usize {
@@ -1024,9 +1038,9 @@ pub struct Plan {
     /// cuda_wgmma_swap: thread-block cluster sizes, (GEMM1's split of K, GEMM2's split of
     /// the active experts); (1, 1) for other backends.
     pub splits: (usize, usize),
-    /// cuda_wgmma_swap (bf16/fp16): stages of GEMM1's ring when fewer than the kernel's own
-    /// (`swap_gemm1_ring`: so that more CTAs share an SM and the grid fits one wave); 0: the
-    /// kernel's own ring. 0 for other backends.
+    /// cuda_wgmma_swap (bf16/fp16 and e4m3): stages of GEMM1's ring when fewer than the
+    /// kernel's own (`swap_gemm1_ring`: so that more CTAs share an SM and the grid fits one
+    /// wave); 0: the kernel's own ring. 0 for other backends.
     pub swap_gemm1_ring: usize,
     /// cuda_wgmma_swap: GEMM2 asks for more than half an SM's shared memory
     /// (`SWAP_GEMM2_ONE_PER_SM_SMEM_BYTES`), so that its CTAs spread one per SM.
@@ -2816,7 +2830,7 @@ impl<'a> Candidates<'a> {
     }
 
     /// cuda_wgmma_swap's GEMM1 ring (`Plan::swap_gemm1_ring`) for `ctas` expected CTAs of
-    /// `gemm1` (token tile `tile`, `slices` K slices per stage), and why:
+    /// `gemm1` (bf16/fp16 or e4m3, token tile `tile`), and why:
     /// `$SWAPMOE_SWAP_GEMM1_RING`, else 0 (the kernel's own ring, two CTAs per SM) unless the
     /// CTAs need more per SM than that to fit one wave, at most
     /// `SWAP_GEMM1_RING_MAX_CTAS_PER_SM` and what registers allow: then the most stages (at
@@ -2825,10 +2839,9 @@ impl<'a> Candidates<'a> {
         &self,
         gemm1: KernelId,
         tile: usize,
-        slices: usize,
         ctas: usize,
     ) -> (usize, Option<String>) {
-        let stage = swap_stage_bytes(tile, 2, slices);
+        let stage = swap_gemm1_stage_bytes(gemm1);
         let own_ring = (gemm1.dynamic_smem_bytes().unwrap_or(0) - 1024) / stage;
         if let Ok(v) = std::env::var(SWAP_GEMM1_RING_ENV) {
             let (n, why) = swap_gemm1_ring_override(&v, own_ring);
@@ -2848,7 +2861,7 @@ impl<'a> Candidates<'a> {
                 )
             };
         }
-        let own_per_sm = swap_gemm1_ctas_per_sm(gemm1, tile, slices, 0);
+        let own_per_sm = swap_gemm1_ctas_per_sm(gemm1, tile, 0);
         let want = ctas.div_ceil(self.sms.max(1));
         if want <= own_per_sm {
             return (0, None);
@@ -2997,19 +3010,21 @@ impl<'a> Candidates<'a> {
         let swap_gemm2_placement =
             (b == Backend::CudaWgmmaSwap).then(|| self.swap_gemm2_placement());
         let active_experts = self.expected_active_experts();
-        // the bf16/fp16 swap GEMM1's expected CTAs and its ring (asked here, while `self`
-        // still holds the reasons)
-        let mut swap_gemm1_grid =
-            (b == Backend::CudaWgmmaSwap && self.p.quant.is_none()).then(|| {
-                let tile = swap_token_tile(self.p.m);
-                let g1_split = swap_split_choice.as_ref().map_or(1, |((g1, _), _)| *g1);
-                let k1 = swap_slice_choice.as_ref().map_or(1, |((k1, _), _)| *k1);
-                let ctas = (self.p.n.div_ceil(SWAP_ROWS) as f64 * active_experts).ceil() as usize
-                    * g1_split;
-                let ring =
-                    self.swap_gemm1_ring(KernelId::SwapGemm1Act(d, tile, k1), tile, k1, ctas);
-                (ctas, ring)
-            });
+        // the swap GEMM1's kernel, expected CTAs and ring (asked here, while `self` still
+        // holds the reasons)
+        let mut swap_gemm1_grid = (b == Backend::CudaWgmmaSwap).then(|| {
+            let tile = swap_token_tile(self.p.m);
+            let g1_split = swap_split_choice.as_ref().map_or(1, |((g1, _), _)| *g1);
+            let k1 = swap_slice_choice.as_ref().map_or(1, |((k1, _), _)| *k1);
+            let gemm1 = match self.p.quant {
+                None => KernelId::SwapGemm1Act(d, tile, k1),
+                Some(q) if q.static_intermediate() => KernelId::SwapFp8StaticGemm1(tile),
+                Some(q) => KernelId::SwapFp8Gemm1(q.scheme, tile),
+            };
+            let ctas =
+                (self.p.n.div_ceil(SWAP_ROWS) as f64 * active_experts).ceil() as usize * g1_split;
+            (gemm1, ctas, self.swap_gemm1_ring(gemm1, tile, ctas))
+        });
         let mut reasons = self.reasons;
         let mut ctas = 0;
         let mut wgmma_persistent = (false, false);
@@ -3070,6 +3085,12 @@ impl<'a> Candidates<'a> {
                     self.p.m, s.0, s.1
                 ));
                 reasons.add(|| pdl_reason("GEMM1 starts under the quantization, GEMM2 streams its first weights while GEMM1 finishes"));
+                let (ring, ring_why) = swap_gemm1_grid
+                    .take()
+                    .map(|(_, _, r)| r)
+                    .unwrap_or_default();
+                swap_gemm1_ring = ring;
+                reasons.extend(ring_why);
                 let mut v = vec![];
                 fp8_front(&mut v);
                 if static_inter {
@@ -3191,11 +3212,14 @@ impl<'a> Candidates<'a> {
                     ));
                     reasons
                         .add(|| pdl_reason("GEMM2 streams its first weights while GEMM1 finishes"));
-                    let gemm1 = KernelId::SwapGemm1Act(d, tile, k1);
-                    let (gemm1_ctas, (ring, ring_why)) = swap_gemm1_grid.take().unwrap_or_default();
+                    let (gemm1, gemm1_ctas, (ring, ring_why)) = swap_gemm1_grid.take().unwrap_or((
+                        KernelId::SwapGemm1Act(d, tile, k1),
+                        0,
+                        (0, None),
+                    ));
                     swap_gemm1_ring = ring;
                     reasons.extend(ring_why);
-                    let per_sm = swap_gemm1_ctas_per_sm(gemm1, tile, k1, ring);
+                    let per_sm = swap_gemm1_ctas_per_sm(gemm1, tile, ring);
                     if pdl_ok && gemm1_ctas <= per_sm * self.sms {
                         first_kernel_pdl_off = Some(if reasons.wanted() {
                             format!("first kernel: GEMM1's ~{gemm1_ctas} CTAs fit one wave ({per_sm} per SM), so it is launched without PDL: launched early, its CTAs take the SMs the previous kernel frees first and stay unevenly placed (hypothesis); {SWAP_ONE_WAVE_FIRST_PDL_MEASURED}")
@@ -3928,7 +3952,34 @@ mod tests {
             assert_eq!(n, 0);
             assert!(why.contains("ignored (expected 0 or 2 to 6)"), "{why}");
         }
-        // FP8 swap plans and other backends carry 0
+        // The e4m3 GEMM1 (stages of 16 KiB + 128 bytes per token column) by the same rule:
+        // qwen3-30b-a3b fp8_tensor M = 1 two per SM (its own ring), M = 4 three (4 stages),
+        // mixtral-8x7b M = 1 (~448 CTAs) four (2 stages); the kernel in the plan is the one
+        // the ring was sized for
+        let fp8 = |m: i64, shape: (i64, i64, i64, i64)| {
+            let plan = forced(m, shape, Some(QuantScheme::Tensor), Backend::CudaWgmmaSwap);
+            assert!(plan
+                .kernels
+                .iter()
+                .any(|k| matches!(k, KernelId::SwapFp8StaticGemm1(_))));
+            (plan.swap_gemm1_ring, plan.reasons)
+        };
+        assert_eq!(fp8(1, (128, 8, 2048, 768)).0, 0);
+        let (ring, why) = fp8(4, (128, 8, 2048, 768));
+        assert_eq!(ring, 4, "{why:?}");
+        assert!(why
+            .iter()
+            .any(|r| r.starts_with("gemm1: a ring of 4 stages (its own: 6)")));
+        assert_eq!(fp8(1, (8, 2, 4096, 14336)).0, 2);
+        assert_eq!(
+            swap_gemm1_stage_bytes(KernelId::SwapFp8StaticGemm1(8)),
+            17 * 1024
+        );
+        assert_eq!(
+            swap_gemm1_smem_bytes(KernelId::SwapFp8Gemm1(QuantScheme::Block, 16), 3),
+            3 * (16 * 1024 + 2048) + 1024
+        );
+        // other backends carry 0
         assert_eq!(
             plan_with(
                 &problem(8, 128, 8, 2048, 768, DType::BF16),

@@ -1366,7 +1366,7 @@ fn swap_fp8(
             id,
             grid,
             SWAP_THREADS as u32,
-            swap_smem(id),
+            swap_gemm1_smem(id, plan),
             stream,
             plan.pdl,
             g1_split,
@@ -1428,16 +1428,11 @@ fn swap_smem(id: KernelId) -> u32 {
     id.dynamic_smem_bytes().unwrap_or(0) as u32
 }
 
-/// Dynamic shared memory of the swap-AB GEMM1: for the bf16/fp16 kernel its own or the plan's
-/// smaller ring (`Plan::swap_gemm1_ring`, `swap_gemm1_smem_bytes`; the kernel takes as many
+/// Dynamic shared memory of the swap-AB GEMM1 (bf16/fp16 or e4m3): its own ring or the plan's
+/// smaller one (`Plan::swap_gemm1_ring`, `swap_gemm1_smem_bytes`; the kernel takes as many
 /// stages as the dynamic shared memory holds).
 fn swap_gemm1_smem(id: KernelId, plan: &Plan) -> u32 {
-    match id {
-        KernelId::SwapGemm1Act(_, tile, slices) => {
-            swap_gemm1_smem_bytes(id, tile, slices, plan.swap_gemm1_ring) as u32
-        }
-        _ => swap_smem(id),
-    }
+    swap_gemm1_smem_bytes(id, plan.swap_gemm1_ring) as u32
 }
 
 /// Dynamic shared memory of a swap-AB GEMM2: its own, or, where the plan runs it one CTA
