@@ -471,7 +471,7 @@ def test_labels_and_candidates():
     assert T.swapmoe_candidates("fp32") == ["cuda_decode", "cuda_generic"]
     for quant in ("fp8_tensor", "fp8_channel", "fp8_block128"):  # cuda_mma has no FP8 kernels
         wgmma = ["cuda_wgmma:t64", "cuda_wgmma:t128"]
-        assert T.swapmoe_candidates("bf16", quant) == ["cuda_decode", "cuda_wgmma_swap"] + wgmma + ["cuda_generic"]
+        assert T.swapmoe_candidates("bf16", quant) == ["cuda_decode"] + swap + wgmma + ["cuda_generic"]
         assert T.swapmoe_candidates("fp32", quant) == ["cuda_decode", "cuda_generic"]
 
 
@@ -851,7 +851,8 @@ class FakeFp8Runner(FakeRunner):
                 "cuda_wgmma_swap": 100.0 + 50.0 * M, "cuda_wgmma:t64": 300.0 + 1.0 * M,
                 "cuda_wgmma:t128": 310.0 + 1.0 * M,
                 "vllm_triton": 60.0 + 2.0 * M}
-        return base[label], "graph"
+        # the swap-AB launch variants time as the swap kernels do (never the fastest)
+        return base[T.parse_label(label)[0]], "graph"
 
 
 @pytest.mark.parametrize("quant", FP8_QUANTS)
@@ -865,7 +866,11 @@ def test_fp8_sweep_writes_a_table_the_oracle_follows(quant, tmp_path, monkeypatc
     [s] = T.sweep(plans, runner)
     # cuda_wgmma's FP8 GEMMs take per-tensor and per-channel scales (the oracle refuses blocks)
     wgmma = {"cuda_wgmma:t64", "cuda_wgmma:t128"}
-    assert {lb for lb, _ in runner.timed} == {"cuda_decode", "cuda_wgmma_swap", "cuda_generic", "vllm_triton"} | wgmma
+    # the swap-AB launch variants at M <= 32 (1 and 8 here)
+    variants = {(f"cuda_wgmma_swap:{v}", M) for v in T.SWAP_LAUNCH_VARIANTS for M in (1, 8)}
+    assert variants <= set(runner.timed)
+    assert {lb for lb, _ in runner.timed} == ({"cuda_decode", "cuda_wgmma_swap", "cuda_generic", "vllm_triton"}
+                                              | wgmma | {lb for lb, _ in variants})
     key = {"fp8_tensor": "dtype=fp8_w8a8.json", "fp8_channel": "dtype=fp8_w8a8;per_channel=true.json",
            "fp8_block128": "dtype=fp8_w8a8;block_shape=[128;128].json"}[quant]
     assert s["path"].endswith("E=16;N=512;device_name=NVIDIA_H200;" + key)
@@ -933,7 +938,8 @@ def test_fp8_gpu_runner_builds_bench_inputs_and_checks_on_the_cpu(quant, monkeyp
     runner = T.GpuRunner(torch, torch.device("cpu"), "bf16", 2, 0, H200, (9, 0), T.make_vllm_fp8_impl(fe, qc),
                          lambda s: None, quant)
     wgmma = ["cuda_wgmma:t64", "cuda_wgmma:t128"]
-    assert runner.labels == ["cuda_decode", "cuda_wgmma_swap"] + wgmma + ["cuda_generic", "vllm_triton"]
+    variants = [f"cuda_wgmma_swap:{v}" for v in T.SWAP_LAUNCH_VARIANTS]
+    assert runner.labels == ["cuda_decode", "cuda_wgmma_swap"] + variants + wgmma + ["cuda_generic", "vllm_triton"]
     runner.start_shape(shape)
     try:
         assert runner.weights[0][0].dtype == torch.float8_e4m3fn

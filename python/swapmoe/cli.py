@@ -134,8 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
         "tune",
         help="measure every swapmoe candidate per shape and M on this GPU and write tuned tables",
         description=(
-            "For each shape and M, times every candidate the oracle can run (cuda_decode, cuda_wgmma_swap and, in "
-            "bf16/fp16 at M <= 32, its launch variants cuda_wgmma_swap:r<ring>p<pdl> (GEMM1 ring 2 or 3, GEMM2 by "
+            "For each shape and M, times every candidate the oracle can run (cuda_decode, cuda_wgmma_swap and, at "
+            "M <= 32, its launch variants cuda_wgmma_swap:r<ring>p<pdl> (GEMM1 ring 2 or 3, GEMM2 by "
             "PDL or after GEMM1), cuda_mma and cuda_wgmma with each token tile, cuda_generic; vLLM's Triton "
             "fused_experts as vllm_triton when vllm imports) as "
             "swapmoe bench does: a CUDA graph of --layers calls on distinct weight copies, "

@@ -1,5 +1,5 @@
 """``swapmoe tune``: measures every swapmoe candidate (backend x tensor-core token tile, and
-in bf16/fp16 at M <= 32 cuda_wgmma_swap's launch variants ``cuda_wgmma_swap:r<ring>p<pdl>``:
+at M <= 32 cuda_wgmma_swap's launch variants ``cuda_wgmma_swap:r<ring>p<pdl>`` (bf16/fp16 and FP8):
 GEMM1's ring of stages, GEMM2 by PDL or after GEMM1) for given shapes and token counts on the
 current GPU and writes tuned tables that the oracle reads (format: ``src/tables.rs``; names:
 ``swapmoe._core.table_file_name``).
@@ -61,8 +61,9 @@ ENV_TILE = "SWAPMOE_MMA_TOKEN_TILE"
 ENV_TABLES = "SWAPMOE_TABLES_DIR"
 ENV_SWAP_RING = "SWAPMOE_SWAP_GEMM1_RING"
 ENV_SWAP_GEMM2_PDL = "SWAPMOE_SWAP_GEMM2_PDL"
-#: cuda_wgmma_swap's bf16/fp16 launch variants timed besides its rules (label suffix
-#: ``r<GEMM1 ring>p<GEMM2 by PDL>``; ring 0 is the kernel's own): more GEMM1 CTAs per SM
+#: cuda_wgmma_swap's launch variants (bf16/fp16, and FP8 since its e4m3 GEMM1 takes a ring
+#: too) timed besides its rules (label suffix ``r<GEMM1 ring>p<GEMM2 by PDL>``; ring 0 is the
+#: kernel's own): more GEMM1 CTAs per SM
 #: stream faster alone but leave GEMM2 (started under GEMM1 by PDL) less room, so which pair
 #: wins depends on the shape (H200, benches/NOTES.md "Swap launch variants": qwen3-30b-a3b
 #: M = 8-16 1.6-1.8% faster with r2p0, deepseek-v3-tp8 M = 8, 32 0.7-1% with r3p1)
@@ -160,13 +161,14 @@ def parse_label(label: str) -> Tuple[str, Optional[int]]:
 def swapmoe_candidates(dtype: str, quant: str = "none") -> List[str]:
     """Every swapmoe candidate for a dtype: decode, the Hopper swap-AB decode kernels, each
     tensor-core tile and the Hopper wgmma GEMMs (bf16/fp16), generic; for an FP8 ``quant`` the
-    backends with FP8 kernels (decode; for bf16/fp16 the swap-AB e4m3 kernels and each tile
-    of the e4m3 wgmma GEMMs; generic).
+    backends with FP8 kernels (decode; for bf16/fp16 the swap-AB e4m3 kernels with their launch
+    variants and each tile of the e4m3 wgmma GEMMs; generic).
     Candidates the device cannot run are skipped with the oracle's reason."""
     if quant != "none":
         labels = ["cuda_decode"]
         if dtype in ("bf16", "fp16"):
             labels.append("cuda_wgmma_swap")
+            labels += [f"cuda_wgmma_swap:{v}" for v in SWAP_LAUNCH_VARIANTS]
             labels += [candidate_label("cuda_wgmma", t) for t in WGMMA_TILES]
         labels.append("cuda_generic")
         return labels
