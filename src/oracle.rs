@@ -220,8 +220,9 @@ fn swap_gemm1_ring_override(v: &str, own_ring: usize) -> (usize, String) {
 /// M = 8 at 5 per SM: 2% slower than 2.45 waves of its own ring).
 pub const SWAP_GEMM1_RING_MAX_CTAS_PER_SM: usize = 4;
 /// What the one-wave ring measured (H200, swapmoe bench, cuda_wgmma_swap forced, two rounds;
-/// benches/NOTES.md "Swap GEMM1 ring sized for one wave, measured").
-const SWAP_GEMM1_RING_MEASURED: &str = "measured at one wave, the small ring releasing each stage as soon as its wgmmas complete: deepseek-v3-tp8 M = 16 (2 stages, 4 per SM) 280.0-281.3 us against 292.6-293.2 with its own ring, qwen3-30b-a3b M = 4 (4 stages, 3 per SM) 84.1 against 85.5, qwen3-30b-a3b M = 8 (2 stages, 5 per SM) 144.1 against 140.9-141.3";
+/// benches/NOTES.md "Swap GEMM1 ring sized for one wave, measured" and "The e4m3 swap GEMM1's
+/// ring sized for one wave").
+const SWAP_GEMM1_RING_MEASURED: &str = "measured at one wave, the small ring releasing each stage as soon as its wgmmas complete: deepseek-v3-tp8 M = 16 (2 stages, 4 per SM) 280.0-281.3 us against 292.6-293.2 with its own ring, qwen3-30b-a3b M = 4 (4 stages, 3 per SM) 84.1 against 85.5, qwen3-30b-a3b M = 8 (2 stages, 5 per SM) 144.1 against 140.9-141.3; the e4m3 GEMM1: qwen3-30b-a3b fp8_tensor M = 4 (4 stages, 3 per SM) 51.2-51.3 against 53.5, mixtral-8x7b fp8_tensor M = 1 (2 stages, 4 per SM) 91.7 against 97.5-97.6";
 /// Bytes of one stage of a swap-AB GEMM1 (bf16/fp16 or e4m3); 0 for any other kernel.
 pub fn swap_gemm1_stage_bytes(gemm1: KernelId) -> usize {
     match gemm1 {
