@@ -233,6 +233,21 @@ pub fn swap_gemm1_stage_bytes(gemm1: KernelId) -> usize {
         _ => 0,
     }
 }
+/// The swap-AB GEMM1 for `quant` (None: bf16/fp16 `dtype` with `slices` K slices per stage;
+/// a static per-tensor intermediate scale: the kernel that writes e4m3 rows) at token tile
+/// `tile`.
+fn swap_gemm1_kernel(
+    dtype: DType,
+    quant: Option<Fp8Quant>,
+    tile: usize,
+    slices: usize,
+) -> KernelId {
+    match quant {
+        None => KernelId::SwapGemm1Act(dtype, tile, slices),
+        Some(q) if q.static_intermediate() => KernelId::SwapFp8StaticGemm1(tile),
+        Some(q) => KernelId::SwapFp8Gemm1(q.scheme, tile),
+    }
+}
 /// Dynamic shared memory of the swap-AB GEMM1 `gemm1` (bf16/fp16 or e4m3) with a ring of
 /// `ring` stages (0: the kernel's own): the stages and 1 KiB to align them. What its launcher
 /// asks for; the kernel takes its ring from it.
@@ -3017,11 +3032,7 @@ impl<'a> Candidates<'a> {
             let tile = swap_token_tile(self.p.m);
             let g1_split = swap_split_choice.as_ref().map_or(1, |((g1, _), _)| *g1);
             let k1 = swap_slice_choice.as_ref().map_or(1, |((k1, _), _)| *k1);
-            let gemm1 = match self.p.quant {
-                None => KernelId::SwapGemm1Act(d, tile, k1),
-                Some(q) if q.static_intermediate() => KernelId::SwapFp8StaticGemm1(tile),
-                Some(q) => KernelId::SwapFp8Gemm1(q.scheme, tile),
-            };
+            let gemm1 = swap_gemm1_kernel(d, self.p.quant, tile, k1);
             let ctas =
                 (self.p.n.div_ceil(SWAP_ROWS) as f64 * active_experts).ceil() as usize * g1_split;
             (gemm1, ctas, self.swap_gemm1_ring(gemm1, tile, ctas))
@@ -3086,21 +3097,22 @@ impl<'a> Candidates<'a> {
                     self.p.m, s.0, s.1
                 ));
                 reasons.add(|| pdl_reason("GEMM1 starts under the quantization, GEMM2 streams its first weights while GEMM1 finishes"));
-                let (ring, ring_why) = swap_gemm1_grid
-                    .take()
-                    .map(|(_, _, r)| r)
-                    .unwrap_or_default();
+                // GEMM1 is the kernel its ring was sized for
+                let (gemm1, _, (ring, ring_why)) = swap_gemm1_grid.take().unwrap_or((
+                    swap_gemm1_kernel(d, Some(q), tile, 1),
+                    0,
+                    (0, None),
+                ));
                 swap_gemm1_ring = ring;
                 reasons.extend(ring_why);
                 let mut v = vec![];
                 fp8_front(&mut v);
-                if static_inter {
-                    v.push(KernelId::SwapFp8StaticGemm1(tile));
-                    v.push(KernelId::SwapFp8StaticGemm2Sum(d, tile));
+                v.push(gemm1);
+                v.push(if static_inter {
+                    KernelId::SwapFp8StaticGemm2Sum(d, tile)
                 } else {
-                    v.push(KernelId::SwapFp8Gemm1(q.scheme, tile));
-                    v.push(KernelId::SwapFp8Gemm2Sum(d, q.scheme, tile));
-                }
+                    KernelId::SwapFp8Gemm2Sum(d, q.scheme, tile)
+                });
                 (v, SWAP_ROWS, tile, self.pdl_ok)
             }
             (Backend::CudaWgmma, Some(q)) => {
@@ -3214,7 +3226,7 @@ impl<'a> Candidates<'a> {
                     reasons
                         .add(|| pdl_reason("GEMM2 streams its first weights while GEMM1 finishes"));
                     let (gemm1, gemm1_ctas, (ring, ring_why)) = swap_gemm1_grid.take().unwrap_or((
-                        KernelId::SwapGemm1Act(d, tile, k1),
+                        swap_gemm1_kernel(d, None, tile, k1),
                         0,
                         (0, None),
                     ));
