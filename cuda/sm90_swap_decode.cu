@@ -245,9 +245,10 @@ __device__ __forceinline__ void init_barriers(uint64_t* full, uint64_t* empty, c
   }
 }
 
-// Stages in the ring of a kernel whose launcher may give it fewer than L::kCount (the
-// swap GEMM1: `Plan::swap_gemm1_ring`, so that more CTAs fit an SM): as many as the dynamic
-// shared memory holds past its 1 KiB of alignment, at most L::kCount (the barriers' count).
+// Stages in the ring of a kernel whose launcher may give it fewer than L::kCount (the swap
+// GEMM1s and the e4m3 GEMM2s: `Plan::swap_gemm1_ring`, `Plan::swap_gemm2_ring`, so that more
+// CTAs fit an SM): as many as the dynamic shared memory holds past its 1 KiB of alignment, at most
+// L::kCount (the barriers' count).
 template <typename L>
 __device__ __forceinline__ int ring_stages() {
   uint32_t bytes;
@@ -590,7 +591,7 @@ __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, 128;
 // factors `scales(it, stage, row, col)` gives for the stage (h: the thread's two rows per
 // box; c = 2 j + (q & 1): its NT / 4 token columns). Every thread releases each stage once
 // it has read it (the empty barriers count kConsumerThreads arrivals). The stages form a ring of
-// `ring` (at most L::kCount: the GEMM1 may be given fewer, `ring_stages`).
+// `ring` (at most L::kCount: the launcher may give fewer, `ring_stages`).
 template <typename L, int NT, int kBoxes, typename Scales>
 __device__ __forceinline__ void consume_fp8(int items, int ring, unsigned char* stages, uint64_t* full,
                                             uint64_t* empty, float (&acc)[kBoxes][NT / 2], Scales scales) {
@@ -990,10 +991,11 @@ __device__ __forceinline__ void fp8_gemm2(const TensorMap* w2_map, const float* 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const Fp8Gemm2Share w = fp8_gemm2_share(r, words, N);
   unsigned char* stages = aligned_stages(smem_raw);
+  const int ring = ring_stages<L>();  // `Plan::swap_gemm2_ring`: CTAs that fit beside GEMM1's
   float acc[1][NT / 2];
   if (threadIdx.x >= kConsumerThreads) {
     const int pt = threadIdx.x - kConsumerThreads, pw = pt >> 5;
-    const int pre = min(w.items, L::kCount);
+    const int pre = min(w.items, ring);
     if (pt == 0) {
       // The first stages' weights, before waiting for GEMM1.
       int e = w.first, kt = 0;
@@ -1015,8 +1017,8 @@ __device__ __forceinline__ void fp8_gemm2(const TensorMap* w2_map, const float* 
       cur.template source<SCHEME>(r, e, M, topk, weight_on_input, inter_amax, a2_static, groups_n, pw);
       cur.template fetch<SCHEME>(inter, inter_amax, groups_n, N, kt, lane);
     }
+    int st = 0, round = 0;  // stage it's slot in the ring, and how many times the ring wrapped
     for (int it = 0; it < w.items; ++it) {
-      const int st = it % L::kCount;
       unsigned char* s = stages + st * L::kStageBytes;
       int e_next = e, kt_next = kt + 1;
       if (kt_next == w.ktiles) {
@@ -1029,7 +1031,7 @@ __device__ __forceinline__ void fp8_gemm2(const TensorMap* w2_map, const float* 
           next.template source<SCHEME>(r, e_next, M, topk, weight_on_input, inter_amax, a2_static, groups_n, pw);
         next.template fetch<SCHEME>(inter, inter_amax, groups_n, N, kt_next, lane);
       }
-      if (it >= L::kCount) mbar_wait(&empty[st], ((it / L::kCount) - 1) & 1);
+      if (round > 0) mbar_wait(&empty[st], (round - 1) & 1);
       if (pt == 0 && it >= pre) {
         mbar_arrive_expect(&full[st], L::kWeightBytes);
         tma_load_3d(s + L::weight(0), w2_map, kt * kFp8BK, w.r0, e, &full[st]);
@@ -1040,6 +1042,10 @@ __device__ __forceinline__ void fp8_gemm2(const TensorMap* w2_map, const float* 
       cur = next;
       e = e_next;
       kt = kt_next;
+      if (++st == ring) {
+        st = 0;
+        ++round;
+      }
     }
   } else {
     pdl_wait();  // before this grid writes out
@@ -1061,7 +1067,7 @@ __device__ __forceinline__ void fp8_gemm2(const TensorMap* w2_map, const float* 
         e = next_active(r.bits, words, e);
       }
     };
-    consume_fp8<L, NT, 1>(w.items, L::kCount, stages, full, empty, acc, scales);
+    consume_fp8<L, NT, 1>(w.items, ring, stages, full, empty, acc, scales);
   }
   if (w.ranks > 1) cluster_sum<NT, 1>(acc, reinterpret_cast<float*>(stages), threadIdx.x < kConsumerThreads);
   if (w.rank != 0 || threadIdx.x >= kConsumerThreads) return;
@@ -1101,11 +1107,12 @@ __device__ __forceinline__ void fp8_gemm2_q8(const TensorMap* hq_map, const Tens
   const Fp8Gemm2Share w = fp8_gemm2_share(r, words, N);
   SWAPMOE_STAMP(stamps, 1);
   unsigned char* stages = aligned_stages(smem_raw);
+  const int ring = ring_stages<L>();  // `Plan::swap_gemm2_ring`: CTAs that fit beside GEMM1's
   float acc[1][NT / 2];
   if (warp == kProducerWarp) {
     if (lane == 0) {
       // The first stages' weights, before waiting for GEMM1.
-      const int pre = min(w.items, L::kCount);
+      const int pre = min(w.items, ring);
       int e = w.first, kt = 0;
       for (int it = 0; it < pre; ++it) {
         mbar_arrive_expect(&full[it], L::kStageBytes);
@@ -1118,12 +1125,11 @@ __device__ __forceinline__ void fp8_gemm2_q8(const TensorMap* hq_map, const Tens
       pdl_wait();  // GEMM1's rows are complete
       e = w.first;
       kt = 0;
-      int a = w.a0;
+      int a = w.a0, st = 0, round = 0;
       for (int it = 0; it < w.items; ++it) {
-        const int st = it % L::kCount;
         unsigned char* s = stages + st * L::kStageBytes;
         if (it >= pre) {
-          mbar_wait(&empty[st], ((it / L::kCount) - 1) & 1);
+          mbar_wait(&empty[st], (round - 1) & 1);
           mbar_arrive_expect(&full[st], L::kStageBytes);
           tma_load_3d(s + L::weight(0), w2_map, kt * kFp8BK, w.r0, e, &full[st]);
         }
@@ -1132,6 +1138,10 @@ __device__ __forceinline__ void fp8_gemm2_q8(const TensorMap* hq_map, const Tens
           kt = 0;
           ++a;
           e = next_active(r.bits, words, e);
+        }
+        if (++st == ring) {
+          st = 0;
+          ++round;
         }
       }
     }
@@ -1164,7 +1174,7 @@ __device__ __forceinline__ void fp8_gemm2_q8(const TensorMap* hq_map, const Tens
         e = next_active(r.bits, words, e);
       }
     };
-    consume_fp8<L, NT, 1>(w.items, L::kCount, stages, full, empty, acc, scales);
+    consume_fp8<L, NT, 1>(w.items, ring, stages, full, empty, acc, scales);
     SWAPMOE_STAMP(stamps, 4);
   }
   if (w.ranks > 1) cluster_sum<NT, 1>(acc, reinterpret_cast<float*>(stages), warp != kProducerWarp);

@@ -258,6 +258,132 @@ pub fn swap_gemm1_smem_bytes(gemm1: KernelId, ring: usize) -> usize {
         gemm1.dynamic_smem_bytes().unwrap_or(0)
     }
 }
+/// `$SWAPMOE_SWAP_GEMM2_RING` = 0 | 2..: force `Plan::swap_gemm2_ring` of the e4m3 swap-AB
+/// GEMM2s (0: the kernel's own ring); for tuning. Else `swap_gemm2_ring_rule`.
+pub const SWAP_GEMM2_RING_ENV: &str = "SWAPMOE_SWAP_GEMM2_RING";
+/// Static shared memory of the e4m3 swap-AB GEMM2s (their routing; ptxas -v: 5.2 KiB), rounded up.
+pub const SWAP_GEMM2_STATIC_SMEM_BYTES: usize = 6 * 1024;
+/// The fewest stages `swap_gemm2_ring_rule` gives the e4m3 GEMM2's ring.
+pub const SWAP_GEMM2_RING_MIN: usize = 3;
+/// The most k-stages per GEMM2 CTA, per stage of its ring, for which `swap_gemm2_ring_rule`
+/// shrinks the ring: 5 / 2 (beyond it, a ring that small streams too few bytes once GEMM1 is
+/// done: qwen3-30b-a3b M = 2, 24 stages per CTA, measured slower with rings of 7 to 3).
+pub const SWAP_GEMM2_RING_MAX_ITEMS_PER_STAGE: (usize, usize) = (5, 2);
+/// What the e4m3 GEMM2 ring measured (H200, swapmoe bench, fp8_tensor unless named, two
+/// rounds; benches/NOTES.md "The e4m3 swap GEMM2 ring").
+const SWAP_GEMM2_RING_MEASURED: &str = "qwen3-30b-a3b M = 1 (12 stages per CTA) 20.2 us with rings of 5 and 4 against 21.1-21.2 with its own 11 (128x128 blocks: 26.7 against 28.1), deepseek-v3-tp8 M = 1 (8 per CTA) 23.8-23.9 against 24.0; at qwen3-30b-a3b M = 2 (24 per CTA) rings of 5 and 4 cost +2.6 and +5.6 us";
+/// What a smaller e4m3 GEMM2 ring measured where its own ring holds all of a CTA's k-stages
+/// (H200, swapmoe bench, three rounds; benches/NOTES.md "The e4m3 swap GEMM2 ring").
+const SWAP_GEMM2_RING_OWN_HOLDS_ALL: &str = "deepseek-v3-tp8 M = 1, 8 k-stages per CTA, ring of 5: 24.0-24.1 us against 24.0-24.1 per tensor, 31.6 against 31.2-31.3 with 128x128 blocks";
+/// Bytes of one stage of an e4m3 swap-AB GEMM2, the ones whose ring the launcher may shrink;
+/// 0 for any other kernel (the bf16/fp16 GEMM2 keeps its own ring: a ring read at run time
+/// cost it 0.6-1.1 us at qwen3-30b-a3b M = 1-4, and smaller rings measured no faster).
+pub fn swap_gemm2_stage_bytes(gemm2: KernelId) -> usize {
+    match gemm2 {
+        KernelId::SwapFp8Gemm2Sum(_, _, tile) => swap_fp8_stage_bytes(tile, 1, true),
+        KernelId::SwapFp8StaticGemm2Sum(_, tile) => swap_fp8_stage_bytes(tile, 1, false),
+        _ => 0,
+    }
+}
+/// Dynamic shared memory of the swap-AB GEMM2 `gemm2` with a ring of `ring` stages (0: the
+/// kernel's own); the kernel takes its ring from it.
+pub fn swap_gemm2_smem_bytes(gemm2: KernelId, ring: usize) -> usize {
+    if ring > 0 {
+        ring * swap_gemm2_stage_bytes(gemm2) + 1024
+    } else {
+        gemm2.dynamic_smem_bytes().unwrap_or(0)
+    }
+}
+/// GEMM2 CTAs of `gemm2_smem` bytes of shared memory each (dynamic and static) that fit beside
+/// one wave of `gemm1_ctas` GEMM1 CTAs of `gemm1_smem` bytes each, spread over `sms` SMs in
+/// turn (the fullest SMs hold `gemm1_ctas / sms` rounded up, the others one fewer); each CTA
+/// also takes 1 KiB the SM reserves.
+pub fn swap_gemm2_slots(
+    sms: usize,
+    gemm1_ctas: usize,
+    gemm1_smem: usize,
+    gemm2_smem: usize,
+) -> usize {
+    let per_sm = gemm1_ctas.div_ceil(sms.max(1));
+    let fullest = gemm1_ctas + sms - sms * per_sm.max(1);
+    let fit = |g1: usize| {
+        SM_SHARED_MEMORY_BYTES.saturating_sub(g1 * (gemm1_smem + 1024)) / (gemm2_smem + 1024)
+    };
+    fullest * fit(per_sm) + (sms - fullest) * fit(per_sm.saturating_sub(1))
+}
+/// The e4m3 swap-AB GEMM2's ring (`Plan::swap_gemm2_ring`, 0: its own) and why, from the GEMM1
+/// beside it (`gemm1` with ring `gemm1_ring`, ~`gemm1_ctas` CTAs) and its own ~`gemm2_ctas`
+/// CTAs of `gemm2_items` k-stages each on `sms` SMs. GEMM2 is launched under GEMM1 and
+/// prefetches its first stages while GEMM1 runs, but only the CTAs that fit beside GEMM1's
+/// get to (the others start as GEMM1's leave, and their stages are what GEMM2 then waits
+/// for). So where GEMM1 runs in one wave and its own ring leaves some GEMM2 CTAs out, the
+/// largest ring (at least `SWAP_GEMM2_RING_MIN`) under which all of them fit, provided each
+/// CTA has more k-stages than its own ring holds (else the CTAs that fit already prefetch all
+/// their weights: no faster measured) and at most `SWAP_GEMM2_RING_MAX_ITEMS_PER_STAGE` per
+/// stage of that ring.
+/// Token tile 8 only (the register files hold two CTAs of each there; larger tiles are not
+/// measured).
+#[allow(clippy::too_many_arguments)]
+pub fn swap_gemm2_ring_rule(
+    gemm2: KernelId,
+    gemm1: KernelId,
+    gemm1_ring: usize,
+    gemm1_ctas: usize,
+    gemm2_ctas: usize,
+    gemm2_items: usize,
+    sms: usize,
+    wanted: bool,
+) -> (usize, Option<String>) {
+    let stage = swap_gemm2_stage_bytes(gemm2);
+    let own = gemm2
+        .dynamic_smem_bytes()
+        .unwrap_or(1024)
+        .saturating_sub(1024)
+        / stage.max(1);
+    let tile = match gemm1 {
+        KernelId::SwapFp8Gemm1(_, t) | KernelId::SwapFp8StaticGemm1(t) => t,
+        _ => 0,
+    };
+    if stage == 0 || tile != 8 {
+        return (
+            0,
+            wanted.then(|| {
+                format!("gemm2: its own ring of {own} stages (smaller rings only at token tile 8)")
+            }),
+        );
+    }
+    if gemm2_items <= own {
+        return (0, wanted.then(|| format!("gemm2: its own ring of {own} stages (it holds all {gemm2_items} k-stages of a CTA, so the CTAs beside GEMM1's prefetch all their weights; {SWAP_GEMM2_RING_OWN_HOLDS_ALL})")));
+    }
+    let gemm1_per_sm = gemm1_ctas.div_ceil(sms.max(1));
+    if gemm1_per_sm > swap_gemm1_ctas_per_sm(gemm1, tile, gemm1_ring) {
+        return (0, wanted.then(|| format!("gemm2: its own ring of {own} stages (GEMM1's ~{gemm1_ctas} CTAs take more than one wave: GEMM2 CTAs beside them would hold back the rest)")));
+    }
+    let gemm1_smem = swap_gemm1_smem_bytes(gemm1, gemm1_ring) + SWAP_GEMM1_STATIC_SMEM_BYTES;
+    let slots = |ring: usize| {
+        swap_gemm2_slots(
+            sms,
+            gemm1_ctas,
+            gemm1_smem,
+            swap_gemm2_smem_bytes(gemm2, ring) + SWAP_GEMM2_STATIC_SMEM_BYTES,
+        )
+    };
+    let own_slots = slots(own);
+    if own_slots >= gemm2_ctas {
+        return (0, wanted.then(|| format!("gemm2: its own ring of {own} stages (its ~{gemm2_ctas} CTAs fit beside GEMM1's)")));
+    }
+    let Some(ring) = (SWAP_GEMM2_RING_MIN..own)
+        .rev()
+        .find(|&r| slots(r) >= gemm2_ctas)
+    else {
+        return (0, wanted.then(|| format!("gemm2: its own ring of {own} stages (~{own_slots} of its ~{gemm2_ctas} CTAs fit beside GEMM1's, and no ring of {SWAP_GEMM2_RING_MIN} or more fits them all)")));
+    };
+    let (num, den) = SWAP_GEMM2_RING_MAX_ITEMS_PER_STAGE;
+    if gemm2_items * den > num * ring {
+        return (0, wanted.then(|| format!("gemm2: its own ring of {own} stages (~{own_slots} of its ~{gemm2_ctas} CTAs fit beside GEMM1's; a ring of {ring} would fit them all, but {gemm2_items} k-stages per CTA are more than {num}/{den} per stage of it; {SWAP_GEMM2_RING_MEASURED})")));
+    }
+    (ring, wanted.then(|| format!("gemm2: a ring of {ring} stages (its own: {own}) so that all its ~{gemm2_ctas} CTAs fit beside GEMM1's ~{gemm1_ctas} (~{own_slots} with its own) and prefetch under it ({gemm2_items} k-stages per CTA; {SWAP_GEMM2_RING_MEASURED})")))
+}
 /// Resident swap-AB GEMM1 CTAs per SM with a ring of `ring` stages (0: the kernel's own):
 /// as many as shared memory (dynamic and static) and registers allow (the e4m3 GEMM1s use
 /// as many registers per token tile as the bf16 ones, ptxas -v: 64, 80, 127, 255).
@@ -1058,6 +1184,9 @@ pub struct Plan {
     /// kernel's own (`swap_gemm1_ring`: so that more CTAs share an SM and the grid fits one
     /// wave); 0: the kernel's own ring. 0 for other backends.
     pub swap_gemm1_ring: usize,
+    /// cuda_wgmma_swap: stages of GEMM2's ring when fewer than the kernel's own
+    /// (`$SWAPMOE_SWAP_GEMM2_RING`: so that its CTAs fit beside GEMM1's); 0: its own.
+    pub swap_gemm2_ring: usize,
     /// cuda_wgmma_swap: GEMM2 asks for more than half an SM's shared memory
     /// (`SWAP_GEMM2_ONE_PER_SM_SMEM_BYTES`), so that its CTAs spread one per SM.
     pub swap_gemm2_one_per_sm: bool,
@@ -2911,6 +3040,35 @@ impl<'a> Candidates<'a> {
         )
     }
 
+    /// cuda_wgmma_swap's e4m3 GEMM2 ring (`Plan::swap_gemm2_ring`) and why:
+    /// `$SWAPMOE_SWAP_GEMM2_RING` (0 or 2 to the kernel's own), else `rule`.
+    fn swap_gemm2_ring(
+        gemm2: KernelId,
+        wanted: bool,
+        rule: impl FnOnce() -> (usize, Option<String>),
+    ) -> (usize, Option<String>) {
+        let Ok(v) = std::env::var(SWAP_GEMM2_RING_ENV) else {
+            return rule();
+        };
+        let stage = swap_gemm2_stage_bytes(gemm2).max(1);
+        let own = gemm2
+            .dynamic_smem_bytes()
+            .unwrap_or(1024)
+            .saturating_sub(1024)
+            / stage;
+        let (n, why) = match v.trim().parse::<usize>() {
+            Ok(n) if n == 0 || (2..=own).contains(&n) => (
+                n,
+                format!("gemm2: a ring of {n} stages (0: the kernel's own, {own}), forced by ${SWAP_GEMM2_RING_ENV}={v}"),
+            ),
+            _ => (
+                0,
+                format!("gemm2: ${SWAP_GEMM2_RING_ENV}={v:?} ignored (expected 0 or 2 to {own})"),
+            ),
+        };
+        (n, wanted.then_some(why))
+    }
+
     /// Whether cuda_wgmma_swap's GEMM2 runs one CTA per SM (`Plan::swap_gemm2_one_per_sm`)
     /// and why: `$SWAPMOE_SWAP_GEMM2_ONE_PER_SM`, else from N >= SWAP_GEMM2_ONE_PER_SM_MIN_N.
     fn swap_gemm2_placement(&self) -> (bool, String) {
@@ -3037,6 +3195,8 @@ impl<'a> Candidates<'a> {
                 (self.p.n.div_ceil(SWAP_ROWS) as f64 * active_experts).ceil() as usize * g1_split;
             (gemm1, ctas, self.swap_gemm1_ring(gemm1, tile, ctas))
         });
+        // GEMM1's kernel and CTAs, for the GEMM2 ring beside it
+        let swap_gemm1_shape = swap_gemm1_grid.as_ref().map(|(g, c, _)| (*g, *c));
         let mut reasons = self.reasons;
         let mut ctas = 0;
         let mut wgmma_persistent = (false, false);
@@ -3277,6 +3437,35 @@ impl<'a> Candidates<'a> {
         if let Some(why) = first_kernel_pdl_off {
             reasons.add(|| why);
         }
+        let swap_gemm2 = kernels
+            .iter()
+            .copied()
+            .find(|k| swap_gemm2_stage_bytes(*k) > 0);
+        let swap_gemm2_ring = match (swap_gemm2, swap_gemm1_shape) {
+            (Some(k), Some((gemm1, gemm1_ctas))) if !swap_gemm2_one_per_sm => {
+                let wanted = reasons.wanted();
+                let rule = || {
+                    let gemm2_ctas = self.p.k.div_ceil(SWAP_ROWS) * splits.1;
+                    let experts_per_cta =
+                        (active_experts.ceil() as usize).div_ceil(splits.1.max(1));
+                    let gemm2_items = experts_per_cta * self.p.n.div_ceil(128);
+                    swap_gemm2_ring_rule(
+                        k,
+                        gemm1,
+                        swap_gemm1_ring,
+                        gemm1_ctas,
+                        gemm2_ctas,
+                        gemm2_items,
+                        self.sms,
+                        wanted,
+                    )
+                };
+                let (n, why) = Self::swap_gemm2_ring(k, wanted, rule);
+                reasons.extend(why);
+                n
+            }
+            _ => 0,
+        };
         let swap_gemm2_pdl = if b == Backend::CudaWgmmaSwap && pdl {
             let (on, why) = Self::swap_gemm2_pdl(self.swap_launch, reasons.wanted());
             reasons.extend(why);
@@ -3308,6 +3497,7 @@ impl<'a> Candidates<'a> {
             swap_gemm2_one_per_sm,
             swap_gemm2_pdl,
             swap_gemm1_ring,
+            swap_gemm2_ring,
             one_wave_gemm1,
             align_ctas,
             reasons,
@@ -4003,6 +4193,122 @@ mod tests {
             .swap_gemm1_ring,
             0
         );
+    }
+
+    #[test]
+    fn swap_gemm2_ring_by_its_rule_and_override() {
+        let _knobs = ENV_KNOBS.write().unwrap_or_else(|e| e.into_inner());
+        std::env::remove_var(SWAP_GEMM2_RING_ENV);
+        std::env::remove_var(SWAP_GEMM1_RING_ENV);
+        let qwen3 = |m: i64, quant: Option<QuantScheme>| {
+            forced(m, (128, 8, 2048, 768), quant, Backend::CudaWgmmaSwap)
+        };
+        let deepseek = |m: i64, quant: Option<QuantScheme>| {
+            forced(m, (256, 8, 7168, 256), quant, Backend::CudaWgmmaSwap)
+        };
+        let mixtral = |m: i64| {
+            forced(
+                m,
+                (8, 2, 4096, 14336),
+                Some(QuantScheme::Tensor),
+                Backend::CudaWgmmaSwap,
+            )
+        };
+        // The rule (H200, 132 SMs): qwen3 M = 1's 128 GEMM2 CTAs fit beside GEMM1's 192
+        // (60 SMs with two, 72 with one) two to an SM from a ring of 5 down, 12 k-stages each
+        // (its own ring: 11 at 9 KiB, 10 at 10 KiB with the block scales). deepseek M = 1's
+        // would fit from 5 too, but its own ring holds all 8 k-stages of a CTA.
+        for quant in [Some(QuantScheme::Tensor), Some(QuantScheme::Block)] {
+            let p = qwen3(1, quant);
+            assert_eq!(
+                (p.splits, p.swap_gemm2_ring),
+                ((2, 4), 5),
+                "{quant:?} {:?}",
+                p.reasons
+            );
+            assert!(p
+                .reasons
+                .iter()
+                .any(|r| r.starts_with("gemm2: a ring of 5 stages")));
+            let p = deepseek(1, quant);
+            assert_eq!((p.splits, p.swap_gemm2_ring), ((4, 2), 0), "{quant:?}");
+            assert!(
+                p.reasons
+                    .iter()
+                    .any(|r| r.contains("it holds all 8 k-stages of a CTA")),
+                "{:?}",
+                p.reasons
+            );
+        }
+        // 24 and 16 k-stages per CTA at M = 2 (measured slower with small rings); Mixtral M = 1's
+        // GEMM1 takes 4 CTAs an SM and its GEMM2 112 k-stages per CTA
+        let p = qwen3(2, Some(QuantScheme::Tensor));
+        assert_eq!(p.swap_gemm2_ring, 0);
+        assert!(
+            p.reasons
+                .iter()
+                .any(|r| r.contains("24 k-stages per CTA are more than 5/2")),
+            "{:?}",
+            p.reasons
+        );
+        assert_eq!(deepseek(2, Some(QuantScheme::Tensor)).swap_gemm2_ring, 0);
+        assert_eq!(mixtral(1).swap_gemm2_ring, 0);
+        // token tiles past 8, and the bf16 GEMM2 (its ring is fixed), keep their own ring
+        assert_eq!(qwen3(16, Some(QuantScheme::Tensor)).swap_gemm2_ring, 0);
+        assert_eq!(qwen3(1, None).swap_gemm2_ring, 0);
+        // the override, either way
+        std::env::set_var(SWAP_GEMM2_RING_ENV, "4");
+        for quant in [Some(QuantScheme::Tensor), Some(QuantScheme::Block)] {
+            let p = qwen3(2, quant);
+            assert_eq!(p.swap_gemm2_ring, 4, "{quant:?}");
+            assert!(p
+                .reasons
+                .iter()
+                .any(|r| r.starts_with("gemm2: a ring of 4 stages")));
+        }
+        assert_eq!(qwen3(1, None).swap_gemm2_ring, 0, "bf16 keeps its ring");
+        std::env::set_var(SWAP_GEMM2_RING_ENV, "0");
+        assert_eq!(qwen3(1, Some(QuantScheme::Tensor)).swap_gemm2_ring, 0);
+        // the e4m3 static-scale GEMM2 at token tile 8: 11 stages of 9 KiB of its own
+        std::env::set_var(SWAP_GEMM2_RING_ENV, "12");
+        let p = qwen3(1, Some(QuantScheme::Tensor));
+        assert_eq!(p.swap_gemm2_ring, 0);
+        assert!(p
+            .reasons
+            .iter()
+            .any(|r| r.contains("ignored (expected 0 or 2 to 11)")));
+        // one CTA per SM keeps the kernel's own ring
+        std::env::set_var(SWAP_GEMM2_RING_ENV, "4");
+        std::env::set_var(SWAP_GEMM2_ONE_PER_SM_ENV, "1");
+        assert_eq!(qwen3(1, Some(QuantScheme::Tensor)).swap_gemm2_ring, 0);
+        std::env::remove_var(SWAP_GEMM2_ONE_PER_SM_ENV);
+        std::env::remove_var(SWAP_GEMM2_RING_ENV);
+        // the slots: 60 SMs with two GEMM1 CTAs of 110 KiB hold none of 53 KiB, 72 with one hold 2
+        assert_eq!(swap_gemm2_slots(132, 192, 109 * 1024, 52 * 1024), 144);
+        assert_eq!(swap_gemm2_slots(132, 192, 109 * 1024, 105 * 1024), 72);
+        assert_eq!(swap_gemm2_slots(132, 0, 109 * 1024, 105 * 1024), 264);
+        let q8 = KernelId::SwapFp8StaticGemm2Sum(DType::BF16, 8);
+        assert_eq!(swap_gemm2_stage_bytes(q8), 9 * 1024);
+        assert_eq!(swap_gemm2_smem_bytes(q8, 4), 4 * 9 * 1024 + 1024);
+        assert_eq!(
+            swap_gemm2_smem_bytes(q8, 0),
+            q8.dynamic_smem_bytes().unwrap()
+        );
+        // The smallest ring (2) still holds the K split's cluster sum, which reuses the stages
+        // as its scratch (`cluster_sum`: NT / 2 floats per consumer thread, 128 of them).
+        for tile in SWAP_TOKEN_TILES {
+            let scratch = tile / 2 * 128 * 4;
+            assert_eq!(
+                swap_gemm2_stage_bytes(KernelId::SwapGemm2Sum(DType::BF16, tile, 1)),
+                0
+            );
+            for k in [
+                KernelId::SwapFp8Gemm2Sum(DType::BF16, QuantScheme::Block, tile),
+                KernelId::SwapFp8StaticGemm2Sum(DType::BF16, tile),
+            ] {
+                assert!(2 * swap_gemm2_stage_bytes(k) >= scratch, "{k:?}");
+            }
+        }
     }
 
     #[test]

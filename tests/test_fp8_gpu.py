@@ -370,6 +370,26 @@ def test_swap_gemm1_ring(scheme, case, splits, ring, rng, monkeypatch):
 
 
 @needs_sm90
+@pytest.mark.parametrize("ring", ["2", "4"], ids=lambda r: f"ring{r}")
+@pytest.mark.parametrize("splits", [None, "1,1"], ids=lambda s: f"splits={s or 'oracle'}")
+@pytest.mark.parametrize("case", [SWAP_CASES[0], SWAP_CASES[3], SWAP_CASES[6]], ids=lambda c: c.id)
+@pytest.mark.parametrize("scheme", SWAP_SCHEMES, ids=_scheme_id)
+def test_swap_gemm2_ring(scheme, case, splits, ring, rng, monkeypatch):
+    """Both e4m3 GEMM2s with a ring of 2 or 4 stages ($SWAPMOE_SWAP_GEMM2_RING): the stage index
+    and phases of the producer (the TMA thread, or the quantizing warpgroup) wrap at the ring
+    over experts and k-stages (all experts in one CTA with "1,1"); the plan says the ring."""
+    if splits:
+        monkeypatch.setenv("SWAPMOE_SWAP_SPLITS", splits)
+    monkeypatch.setenv("SWAPMOE_SWAP_GEMM2_RING", ring)
+    run_fp8_case(case, scheme[0], "torch", "bfloat16", rng, device=DEV, static=scheme[1],
+                 backend="cuda_wgmma_swap")
+    plan = swapmoe.select_backend(case.M, case.E, case.topk, case.K, case.N, quant=QUANT_OF_SCHEME[scheme[0]],
+                                  activation_scales="static" if scheme[1] else "dynamic",
+                                  backend="cuda_wgmma_swap")
+    assert plan.tile["swap_gemm2_ring"] == int(ring), plan.reasons
+
+
+@needs_sm90
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("layout", ["aligned-rows", "odd-rows", "odd-start"])
 @pytest.mark.parametrize("M", [1, 9])

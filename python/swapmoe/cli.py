@@ -446,6 +446,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
             clusters += f" align_ctas={t['align_ctas']}"
         if t.get("swap_gemm1_ring", 0) > 0:
             clusters += f" gemm1_ring={t['swap_gemm1_ring']}"
+        if t.get("swap_gemm2_ring", 0) > 0:
+            clusters += f" gemm2_ring={t['swap_gemm2_ring']}"
         if plan.backend == "cuda_wgmma_swap" and t.get("pdl") and not t.get("swap_gemm2_pdl", True):
             clusters += " gemm2_after_gemm1"
         print(f"  rows_per_cta={t['rows_per_cta']} tokens_per_pass={t['tokens_per_pass']} "

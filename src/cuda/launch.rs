@@ -4,10 +4,11 @@
 use super::{check, device, stream_is_capturing, DeviceState};
 use crate::error::{Error, Result};
 use crate::oracle::{
-    swap_gemm1_smem_bytes, Backend, KernelId, Plan, RouterPlacement, BULK_SMEM_BYTES, BULK_THREADS,
-    REDUCE_THREADS, ROUTE_ALIGN_ROUTED_THREADS, ROUTE_ALIGN_THREADS, SWAP_FP8_GEMM2_THREADS,
-    SWAP_ROWS, SWAP_THREADS, WGMMA_GATHER_THREADS, WGMMA_GEMM1_COLUMNS, WGMMA_GEMM2_COLUMNS,
-    WGMMA_QUANT_INTER_THREADS, WGMMA_RASTER_GROUP, WGMMA_REDUCE_THREADS, WGMMA_THREADS,
+    swap_gemm1_smem_bytes, swap_gemm2_smem_bytes, Backend, KernelId, Plan, RouterPlacement,
+    BULK_SMEM_BYTES, BULK_THREADS, REDUCE_THREADS, ROUTE_ALIGN_ROUTED_THREADS, ROUTE_ALIGN_THREADS,
+    SWAP_FP8_GEMM2_THREADS, SWAP_ROWS, SWAP_THREADS, WGMMA_GATHER_THREADS, WGMMA_GEMM1_COLUMNS,
+    WGMMA_GEMM2_COLUMNS, WGMMA_QUANT_INTER_THREADS, WGMMA_RASTER_GROUP, WGMMA_REDUCE_THREADS,
+    WGMMA_THREADS,
 };
 
 /// Threads per CTA of the tensor-core kernels (`kThreads` in cuda/sm80_mma_moe.cu).
@@ -1423,11 +1424,6 @@ fn swap_fp8(
     )
 }
 
-/// Dynamic shared memory of a swap-AB kernel.
-fn swap_smem(id: KernelId) -> u32 {
-    id.dynamic_smem_bytes().unwrap_or(0) as u32
-}
-
 /// Dynamic shared memory of the swap-AB GEMM1 (bf16/fp16 or e4m3): its own ring or the plan's
 /// smaller one (`Plan::swap_gemm1_ring`, `swap_gemm1_smem_bytes`; the kernel takes as many
 /// stages as the dynamic shared memory holds).
@@ -1435,14 +1431,15 @@ fn swap_gemm1_smem(id: KernelId, plan: &Plan) -> u32 {
     swap_gemm1_smem_bytes(id, plan.swap_gemm1_ring) as u32
 }
 
-/// Dynamic shared memory of a swap-AB GEMM2: its own, or, where the plan runs it one CTA
-/// per SM, the most its attribute allows (`KernelId::max_dynamic_smem_bytes`: more than half
-/// an SM's); the ring stays the kernel's own.
+/// Dynamic shared memory of a swap-AB GEMM2: its own, the plan's smaller ring
+/// (`Plan::swap_gemm2_ring`, `swap_gemm2_smem_bytes`), or, where the plan runs it one CTA per
+/// SM, the most its attribute allows (`KernelId::max_dynamic_smem_bytes`: more than half an
+/// SM's; the ring stays the kernel's own).
 fn swap_gemm2_smem(id: KernelId, plan: &Plan) -> u32 {
     if plan.swap_gemm2_one_per_sm {
         id.max_dynamic_smem_bytes().unwrap_or(0) as u32
     } else {
-        swap_smem(id)
+        swap_gemm2_smem_bytes(id, plan.swap_gemm2_ring) as u32
     }
 }
 

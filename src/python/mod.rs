@@ -587,6 +587,7 @@ fn describe_plan<'py>(
     d.set_item("tokens_per_pass", plan.tokens_per_pass)?;
     d.set_item("splits", plan.splits)?;
     d.set_item("swap_gemm1_ring", plan.swap_gemm1_ring)?;
+    d.set_item("swap_gemm2_ring", plan.swap_gemm2_ring)?;
     d.set_item("swap_gemm2_one_per_sm", plan.swap_gemm2_one_per_sm)?;
     d.set_item("swap_gemm2_pdl", plan.swap_gemm2_pdl)?;
     d.set_item("align_ctas", plan.align_ctas)?;
@@ -738,6 +739,7 @@ fn select_backend<'py>(
     tile.set_item("first_kernel_pdl", plan.first_kernel_pdl)?;
     tile.set_item("splits", plan.splits)?;
     tile.set_item("swap_gemm1_ring", plan.swap_gemm1_ring)?;
+    tile.set_item("swap_gemm2_ring", plan.swap_gemm2_ring)?;
     tile.set_item("swap_gemm2_one_per_sm", plan.swap_gemm2_one_per_sm)?;
     tile.set_item("swap_gemm2_pdl", plan.swap_gemm2_pdl)?;
     tile.set_item("align_ctas", plan.align_ctas)?;
