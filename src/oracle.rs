@@ -2865,12 +2865,8 @@ impl<'a> Candidates<'a> {
             self.tile = Some(t);
         }
         if let Some(v) = swap {
-            if self.p.quant.is_some() {
-                return Err(format!(
-                    "its swap-AB launch ({}) is for the bf16/fp16 kernels, the call is FP8",
-                    v.suffix()
-                ));
-            }
+            // both the bf16/fp16 and the e4m3 swap-AB GEMM1s take their ring from their
+            // shared memory, and both GEMM2s launch with or without PDL
             self.swap_launch = Some(v);
         }
         Ok(b)
@@ -5468,6 +5464,60 @@ mod tests {
             p.reasons
                 .iter()
                 .any(|r| r.contains("dtype=fp8_w8a8,block_shape=[128,128]")),
+            "{:?}",
+            p.reasons
+        );
+    }
+
+    #[test]
+    fn fp8_table_swap_launch_sets_the_ring_and_gemm2_pdl() {
+        let _knobs = ENV_KNOBS.write().unwrap_or_else(|e| e.into_inner());
+        // an FP8 per-tensor table (static scales) whose M = 8 entry is a swap launch variant,
+        // and whose M = 2 entry names one only in times_us (vLLM's the fastest there)
+        let file = tables::file_name(128, 768, "NVIDIA H200", DType::BF16, Quant::Fp8Tensor);
+        let json = r#"{"metadata": {"E": 128, "N": 768, "activation_scales": "static"},
+            "2": {"backend": "vllm_triton", "times_us": {"vllm_triton": 30, "cuda_wgmma_swap:r3p0": 31, "cuda_wgmma_swap": 32}},
+            "8": {"backend": "cuda_wgmma_swap", "swap_gemm1_ring": 2, "swap_gemm2_pdl": true, "time_us": 81.4}}"#;
+        let t = Table::parse(json, &file, Path::new(&file), Origin::User).unwrap();
+        let mut set = TableSet::default();
+        set.insert(&file, Loaded::Ok(std::sync::Arc::new(t)));
+        let ask = |m: i64| {
+            plan_for_shape(
+                m,
+                128,
+                8,
+                2048,
+                768,
+                DType::BF16,
+                Some(QuantScheme::Tensor),
+                None,
+                &h200(),
+                &Request {
+                    tables: Some(&set),
+                    ..Request::default()
+                },
+            )
+            .unwrap()
+        };
+        let p = ask(8);
+        assert_eq!(
+            (p.backend, p.source, p.swap_gemm1_ring, p.swap_gemm2_pdl),
+            (Backend::CudaWgmmaSwap, Source::Table, 2, true),
+            "{:?}",
+            p.reasons
+        );
+        assert!(p.reasons.iter().any(
+            |r| r.contains("gemm1: a ring of 2 stages") && r.contains("as the table measured")
+        ));
+        assert!(
+            p.kernels.contains(&KernelId::SwapFp8StaticGemm1(8)),
+            "{:?}",
+            p.kernels
+        );
+        let p = ask(2);
+        assert_eq!(
+            (p.backend, p.source, p.swap_gemm1_ring, p.swap_gemm2_pdl),
+            (Backend::CudaWgmmaSwap, Source::Table, 3, false),
             "{:?}",
             p.reasons
         );

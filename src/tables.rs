@@ -24,7 +24,7 @@
 //!   builds degrade to the heuristics instead of failing).
 //! - `token_tile`: the tensor-core token tile (cuda_mma and cuda_wgmma; absent: the heuristic's tile).
 //! - `swap_gemm1_ring`, `swap_gemm2_pdl` (cuda_wgmma_swap, both or neither; absent: the
-//!   oracle's rules): how its bf16/fp16 kernels launch ([`SwapLaunch`]).
+//!   oracle's rules): how its kernels (bf16/fp16 and e4m3) launch ([`SwapLaunch`]).
 //! - `time_us`, `times_us` (optional): measured times; labels are `backend`,
 //!   `cuda_mma:t<tile>` or `cuda_wgmma_swap:r<ring>p<0|1>`. When an external backend is not allowed, the fastest swapmoe
 //!   label of `times_us` that can run the call is used.
@@ -153,7 +153,7 @@ impl ExternalBackend {
     }
 }
 
-/// How a table runs cuda_wgmma_swap's bf16/fp16 kernels, where it measured that faster than
+/// How a table runs cuda_wgmma_swap's kernels (bf16/fp16 and e4m3), where it measured that faster than
 /// the oracle's rules: GEMM1's ring of stages (`Plan::swap_gemm1_ring`, 0: the kernel's own)
 /// and whether GEMM2 starts under GEMM1 by PDL (`Plan::swap_gemm2_pdl`). Label suffix
 /// `:r<ring>p<0|1>` (`cuda_wgmma_swap:r2p0`); entry fields `swap_gemm1_ring`, `swap_gemm2_pdl`.
