@@ -8,7 +8,8 @@
 #   WHEELS="base new new:SWAPMOE_X=0" CASES="qwen3-30b-a3b:1,8 8,2,4096,2048:1" ARGS="--quant fp8_tensor" bash benches/ab.sh
 # (a case is a preset model or an explicit shape E,topk,K,N, then its token counts)
 # $TESTS (pytest arguments, shell-quoted: run with the last wheel, before the benches), $ROUNDS (default 2),
-# $BENCH_TIMEOUT (s per bench, default 120), $TEST_TIMEOUT (s, default 300).
+# $BENCH_TIMEOUT (s per bench, default 120), $TEST_TIMEOUT (s, default 300). A table entry the oracle sets
+# aside ("cannot run") or a knob it ignores shows in ab.txt: an entry did not measure what its name says.
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -31,7 +32,7 @@ for round in $(seq 1 ${ROUNDS:-2}); do
       what="--model $model"; [[ $model == *,* ]] && what="--shape $model"  # a case "E,topk,K,N:M,..."
       # assignments split at the commas that start the next NAME= (values may hold commas)
       env $(sed -E 's/,([A-Za-z_][A-Za-z0-9_]*=)/ \1/g' <<< "$vars") PYTHONPATH=/tmp/site_$w timeout ${BENCH_TIMEOUT:-120} python3 -m swapmoe bench $what --m $ms \
-        --no-check --no-baselines --no-progress ${ARGS:-} 2>&1 | grep -E '^ *[0-9]+ |rror' | tee -a "$OUT/ab.txt"
+        --no-check --no-baselines --no-progress ${ARGS:-} 2>&1 | grep -E '^ *[0-9]+ |rror|cannot run|ignored' | tee -a "$OUT/ab.txt"
     done
   done
 done

@@ -242,6 +242,26 @@ def test_user_table_replaces_the_shipped_one(tmp_path, monkeypatch):
     assert plan(1, MIXTRAL).table.startswith(swapmoe.TABLES_DIR)
 
 
+@pytest.mark.parametrize("quant", [None, "fp8_tensor", "fp8_channel", "fp8_block128"])
+def test_every_swap_launch_tune_writes_is_planned_from_a_table(tmp_path, monkeypatch, quant):
+    """An entry `swapmoe tune` makes from a winning launch variant (bf16 and every FP8 scheme)
+    is planned with that ring and GEMM2 launch, not set aside (FP8 entries were, until the
+    e4m3 GEMM1 ring's guard was lifted; NOTES "The e4m3 swap GEMM2 ring")."""
+    meta = {"E": 128, "N": 768, "K": 2048, "topk": 8}
+    if quant:
+        meta["activation_scales"] = "static" if quant == "fp8_tensor" else "dynamic"
+    for v in T.SWAP_LAUNCH_VARIANTS:
+        ring, pdl = T.swap_launch(f"cuda_wgmma_swap:{v}")
+        folder = tmp_path / v
+        entry = T.make_entry({f"cuda_wgmma_swap:{v}": 50.0, "cuda_wgmma_swap": 60.0, "cuda_wgmma:t64": 70.0})
+        write(folder, _core.table_file_name(128, 768, H200, quant=quant), {"metadata": meta, "8": entry})
+        monkeypatch.setenv("SWAPMOE_TABLES_DIR", str(folder))
+        p = plan(8, QWEN3, quant=quant, device_capability=(9, 0))
+        assert (p.backend, p.source) == ("cuda_wgmma_swap", "table"), (v, p.reasons)
+        assert (p.tile["swap_gemm1_ring"], p.tile["swap_gemm2_pdl"]) == (ring, pdl), (v, p.reasons)
+        assert any("as the table measured" in r for r in p.reasons), p.reasons
+
+
 def test_user_table_for_a_new_shape_with_nearest_m(tmp_path, monkeypatch):
     write(tmp_path, _core.table_file_name(64, 512, H200), {
         "metadata": {"E": 64, "N": 512, "K": 1024, "topk": 4},
@@ -389,6 +409,17 @@ def test_explain_shows_the_swap_gemm1_ring(capsys):
     out = capsys.readouterr().out
     assert "gemm1_ring=2 gemm2_after_gemm1" in out
     assert "gemm2: starts after GEMM1 has finished (no PDL), as the table measured" in out
+
+
+def test_explain_shows_the_swap_gemm2_ring(capsys):
+    # qwen3-30b-a3b fp8_tensor M=1: the e4m3 GEMM2 on a ring of 5 so that its 128 CTAs fit
+    # beside GEMM1's; M=2: its own ring (24 k-stages per CTA), with the reason
+    assert cli.main(["explain", "--model", "qwen3-30b-a3b", "--quant", "fp8_tensor", "--device-name", H200,
+                     "--m", "1,2"]) == 0
+    out = capsys.readouterr().out
+    m1, m2 = out.split("\nM=2: ")
+    assert "gemm2_ring=5" in m1 and "gemm2: a ring of 5 stages (its own: 11)" in m1
+    assert "gemm2_ring=" not in m2 and "24 k-stages per CTA are more than 5/2 per stage" in m2
 
 
 def test_explain_external_backends(tmp_path, monkeypatch, capsys):
