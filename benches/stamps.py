@@ -33,7 +33,10 @@ from swapmoe import _core
 
 SHAPES = {"qwen3": (128, 8, 2048, 768), "deepseek": (256, 8, 7168, 256), "mixtral": (8, 2, 4096, 14336)}
 WORDS = 16
-FIELDS = ("kernel", "bx", "by", "rank", "sm", "expert", "items", "t0", "t1", "t2", "t3", "t4", "t5")
+# words 13-14: the ring's other first-round stages already full when the first landed, and
+# when the last first-round stage did (0 where the CTA has fewer items than its ring)
+FIELDS = ("kernel", "bx", "by", "rank", "sm", "expert", "items", "t0", "t1", "t2", "t3", "t4", "t5",
+          "ready_at_first", "ring_full")
 
 
 class Stamps:
@@ -72,6 +75,11 @@ def instances(recs, kernel):
     return [rs[i : i + grid] for i in range(0, len(rs), grid)]
 
 
+def _us_or_nan(us, ts):
+    """The median of `ts` in µs from the layer's start, NaN where no CTA reached the point."""
+    return us(statistics.median(ts)) if ts else float("nan")
+
+
 def summarize(recs, fp8=False):
     g1s, g2s = instances(recs, 3 if fp8 else 1), instances(recs, 4 if fp8 else 2)
     # the bf16 GEMM1 waits, then routes; the FP8 GEMM1 routes, then waits
@@ -91,6 +99,8 @@ def summarize(recs, fp8=False):
             "g1_routed_med": us(statistics.median(r[routed1] for r in g1)),
             "g1_first_full_min": us(min(r["t3"] for r in work1)),
             "g1_first_full_med": us(statistics.median(r["t3"] for r in work1)),
+            "g1_ready_at_first_med": statistics.median(r["ready_at_first"] for r in work1),
+            "g1_ring_full_med": _us_or_nan(us, [r["ring_full"] for r in work1 if r["ring_full"]]),
             "g1_consumed_min": us(min(r["t4"] for r in work1)),
             "g1_consumed_med": us(statistics.median(r["t4"] for r in work1)),
             "g1_exit_max": us(max(r["t5"] for r in g1)),
@@ -101,6 +111,8 @@ def summarize(recs, fp8=False):
             "g2_wait_done_min": us(min(r["t2"] for r in g2 if r["t2"])),
             "g2_wait_done_max": us(max(r["t2"] for r in g2 if r["t2"])),
             "g2_first_full_med": us(statistics.median(r["t3"] for r in work2)),
+            "g2_ready_at_first_med": statistics.median(r["ready_at_first"] for r in work2),
+            "g2_ring_full_med": _us_or_nan(us, [r["ring_full"] for r in work2 if r["ring_full"]]),
             "g2_consumed_med": us(statistics.median(r["t4"] for r in work2)),
             "g2_consumed_max": us(max(r["t4"] for r in work2)),
             "g2_exit_max": us(max(r["t5"] for r in g2)),
@@ -180,7 +192,7 @@ def main():
     body = [row for rows in results for row in rows[1:-1]]
     print(f"{'event (µs from the layer first GEMM1 entry)':44s} {'median':>8s} {'min':>8s} {'max':>8s}")
     for k in keys:
-        vals = [row[k] for row in body if k in row]
+        vals = [row[k] for row in body if k in row and row[k] == row[k]]  # NaN: no CTA got there
         if vals:
             print(f"{k:44s} {statistics.median(vals):8.2f} {min(vals):8.2f} {max(vals):8.2f}")
     case.update(us_per_layer=us, summaries=results, raw_fields=FIELDS, raw=[[r[f] for f in FIELDS] for r in raw])

@@ -82,7 +82,8 @@ struct Routing {
 // `_core._module_global`. Release builds compile none of it. Record: kernel (1 = GEMM1,
 // 2 = GEMM2, 3 = FP8 GEMM1, 4 = FP8 static-scale GEMM2), blockIdx.x, blockIdx.y, cluster
 // rank, SM, expert (GEMM1) or first active index (GEMM2), items, then t0..t5 in ns (see
-// benches/stamps.py for the points; t3 is the first full stage).
+// benches/stamps.py for the points; t3 is the first full stage), then the ring's other stages
+// already full at t3 and when its last first-round stage was (SWAPMOE_STAMP_FULL).
 #if defined(SWAPMOE_STAMPS) && defined(SWAPMOE_SM90A)
 }  // namespace
 constexpr unsigned kStampRecords = 1u << 16, kStampWords = 16;
@@ -95,6 +96,11 @@ struct Stamps {
   unsigned long long t[6];
 };
 __shared__ unsigned long long stamp_first_full;  // thread 0's first full-barrier return
+// When the first stage landed, how many of the ring's other first-round stages had landed
+// too (in issue order they would not have); and when thread 0's wait for the ring's last
+// first-round stage returned (0: the CTA has fewer items than its ring).
+__shared__ unsigned stamp_ready_at_first;
+__shared__ unsigned long long stamp_ring_full;
 __device__ __forceinline__ void stamp_record(const Stamps& st, int kernel, int expert, int items) {
   const unsigned i = atomicAdd(&swapmoe_stamp_count, 1u);
   if (i >= kStampRecords) return;
@@ -108,14 +114,25 @@ __device__ __forceinline__ void stamp_record(const Stamps& st, int kernel, int e
   r[6] = items;
   for (int k = 0; k < 6; ++k) r[7 + k] = st.t[k];
   r[10] = items > 0 ? stamp_first_full : 0ull;
+  r[13] = items > 0 ? stamp_ready_at_first : 0ull;
+  r[14] = items > 0 ? stamp_ring_full : 0ull;
 }
 #define SWAPMOE_STAMP(st, i)                            \
   do {                                                  \
     if (threadIdx.x == 0) (st).t[i] = globaltimer_ns(); \
   } while (0)
-#define SWAPMOE_STAMP_FIRST_FULL(it)                                        \
-  do {                                                                      \
-    if ((it) == 0 && threadIdx.x == 0) stamp_first_full = globaltimer_ns(); \
+#define SWAPMOE_STAMP_FULL(it, full, ring)                                \
+  do {                                                                    \
+    if (threadIdx.x == 0) {                                               \
+      if ((it) == 0) {                                                    \
+        stamp_first_full = globaltimer_ns();                              \
+        unsigned ready = 0;                                               \
+        for (int s_ = 1; s_ < (ring); ++s_) ready += mbar_test(&(full)[s_], 0); \
+        stamp_ready_at_first = ready;                                     \
+        stamp_ring_full = 0ull;                                           \
+      }                                                                   \
+      if ((it) == (ring) - 1) stamp_ring_full = globaltimer_ns();         \
+    }                                                                     \
   } while (0)
 #define SWAPMOE_STAMP_RECORD(st, kernel, expert, items)            \
   do {                                                             \
@@ -126,8 +143,8 @@ __device__ __forceinline__ void stamp_record(const Stamps& st, int kernel, int e
 #define SWAPMOE_STAMP(st, i) \
   do {                       \
   } while (0)
-#define SWAPMOE_STAMP_FIRST_FULL(it) \
-  do {                               \
+#define SWAPMOE_STAMP_FULL(it, full, ring) \
+  do {                                     \
   } while (0)
 #define SWAPMOE_STAMP_RECORD(st, kernel, expert, items) \
   do {                                                  \
@@ -276,7 +293,7 @@ __device__ __forceinline__ void consume(int items, int ring, unsigned char* stag
   int st = 0, phase = 0;  // stage it's buffer and its phase
   for (int it = 0; it < items; ++it) {
     mbar_wait(&full[st], phase);
-    SWAPMOE_STAMP_FIRST_FULL(it);
+    SWAPMOE_STAMP_FULL(it, full, ring);
     const uint32_t base = smem_u32(stages + st * L::kStageBytes);
 #pragma unroll
     for (int b = 0; b < kBoxes; ++b) fence_accumulators(acc[b]);
@@ -604,7 +621,7 @@ __device__ __forceinline__ void consume_fp8(int items, int ring, unsigned char* 
   for (int it = 0; it < items; ++it) {
     unsigned char* stage = stages + st * kStageBytes;
     mbar_wait(&full[st], phase);
-    SWAPMOE_STAMP_FIRST_FULL(it);
+    SWAPMOE_STAMP_FULL(it, full, ring);
     const uint32_t base = smem_u32(stage);
     float tmp[kBoxes][NT / 2];
     wgmma_fence();
