@@ -201,17 +201,18 @@ pub const SM_SHARED_MEMORY_BYTES: usize = 228 * 1024;
 pub fn resident_ctas_per_sm(smem: usize) -> usize {
     (SM_SHARED_MEMORY_BYTES / (smem + 1024)).max(1)
 }
-/// `$SWAPMOE_SWAP_GEMM1_RING` = `v` for a kernel whose own ring has `own_ring` stages: the
-/// ring (0 or 2..=own_ring; anything else is ignored: 0) and the reason.
-fn swap_gemm1_ring_override(v: &str, own_ring: usize) -> (usize, String) {
+/// A ring override `$env` = `v` for the swap-AB `gemm` ("gemm1" or "gemm2") whose own ring
+/// has `own_ring` stages: the ring (0 or 2..=own_ring; anything else is ignored: 0) and the
+/// reason.
+fn swap_ring_override(gemm: &str, env: &str, v: &str, own_ring: usize) -> (usize, String) {
     match v.trim().parse::<usize>() {
         Ok(n) if n == 0 || (2..=own_ring).contains(&n) => (
             n,
-            format!("gemm1: a ring of {n} stages (0: the kernel's own, {own_ring}), forced by ${SWAP_GEMM1_RING_ENV}={v}"),
+            format!("{gemm}: a ring of {n} stages (0: the kernel's own, {own_ring}), forced by ${env}={v}"),
         ),
         _ => (
             0,
-            format!("gemm1: ${SWAP_GEMM1_RING_ENV}={v:?} ignored (expected 0 or 2 to {own_ring})"),
+            format!("{gemm}: ${env}={v:?} ignored (expected 0 or 2 to {own_ring})"),
         ),
     }
 }
@@ -285,6 +286,14 @@ pub fn swap_gemm2_stage_bytes(gemm2: KernelId) -> usize {
         _ => 0,
     }
 }
+/// Stages of the e4m3 swap-AB GEMM2 `gemm2`'s own ring (what its own shared memory holds).
+fn swap_gemm2_own_ring(gemm2: KernelId) -> usize {
+    gemm2
+        .dynamic_smem_bytes()
+        .unwrap_or(1024)
+        .saturating_sub(1024)
+        / swap_gemm2_stage_bytes(gemm2).max(1)
+}
 /// Dynamic shared memory of the swap-AB GEMM2 `gemm2` with a ring of `ring` stages (0: the
 /// kernel's own); the kernel takes its ring from it.
 pub fn swap_gemm2_smem_bytes(gemm2: KernelId, ring: usize) -> usize {
@@ -335,11 +344,7 @@ pub fn swap_gemm2_ring_rule(
     wanted: bool,
 ) -> (usize, Option<String>) {
     let stage = swap_gemm2_stage_bytes(gemm2);
-    let own = gemm2
-        .dynamic_smem_bytes()
-        .unwrap_or(1024)
-        .saturating_sub(1024)
-        / stage.max(1);
+    let own = swap_gemm2_own_ring(gemm2);
     let tile = match gemm1 {
         KernelId::SwapFp8Gemm1(_, t) | KernelId::SwapFp8StaticGemm1(t) => t,
         _ => 0,
@@ -2985,7 +2990,7 @@ impl<'a> Candidates<'a> {
         let stage = swap_gemm1_stage_bytes(gemm1);
         let own_ring = (gemm1.dynamic_smem_bytes().unwrap_or(0) - 1024) / stage;
         if let Ok(v) = std::env::var(SWAP_GEMM1_RING_ENV) {
-            let (n, why) = swap_gemm1_ring_override(&v, own_ring);
+            let (n, why) = swap_ring_override("gemm1", SWAP_GEMM1_RING_ENV, &v, own_ring);
             return (n, Some(why));
         }
         if let Some(v) = self.swap_launch {
@@ -3046,22 +3051,8 @@ impl<'a> Candidates<'a> {
         let Ok(v) = std::env::var(SWAP_GEMM2_RING_ENV) else {
             return rule();
         };
-        let stage = swap_gemm2_stage_bytes(gemm2).max(1);
-        let own = gemm2
-            .dynamic_smem_bytes()
-            .unwrap_or(1024)
-            .saturating_sub(1024)
-            / stage;
-        let (n, why) = match v.trim().parse::<usize>() {
-            Ok(n) if n == 0 || (2..=own).contains(&n) => (
-                n,
-                format!("gemm2: a ring of {n} stages (0: the kernel's own, {own}), forced by ${SWAP_GEMM2_RING_ENV}={v}"),
-            ),
-            _ => (
-                0,
-                format!("gemm2: ${SWAP_GEMM2_RING_ENV}={v:?} ignored (expected 0 or 2 to {own})"),
-            ),
-        };
+        let (n, why) =
+            swap_ring_override("gemm2", SWAP_GEMM2_RING_ENV, &v, swap_gemm2_own_ring(gemm2));
         (n, wanted.then_some(why))
     }
 
@@ -4144,10 +4135,16 @@ mod tests {
         assert_eq!(swap(64, 128, 2048, 768).swap_gemm1_ring, 0);
         // the override (parsed apart from the environment: other tests plan swap-AB calls
         // in parallel), and values outside the kernel's ring
-        assert_eq!(swap_gemm1_ring_override("3", 6).0, 3);
-        assert_eq!(swap_gemm1_ring_override(" 0", 6).0, 0);
+        assert_eq!(
+            swap_ring_override("gemm1", SWAP_GEMM1_RING_ENV, "3", 6).0,
+            3
+        );
+        assert_eq!(
+            swap_ring_override("gemm1", SWAP_GEMM1_RING_ENV, " 0", 6).0,
+            0
+        );
         for bad in ["1", "7", "x", ""] {
-            let (n, why) = swap_gemm1_ring_override(bad, 6);
+            let (n, why) = swap_ring_override("gemm1", SWAP_GEMM1_RING_ENV, bad, 6);
             assert_eq!(n, 0);
             assert!(why.contains("ignored (expected 0 or 2 to 6)"), "{why}");
         }
