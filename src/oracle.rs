@@ -249,15 +249,29 @@ fn swap_gemm1_kernel(
         Some(q) => KernelId::SwapFp8Gemm1(q.scheme, tile),
     }
 }
-/// Dynamic shared memory of the swap-AB GEMM1 `gemm1` (bf16/fp16 or e4m3) with a ring of
-/// `ring` stages (0: the kernel's own): the stages and 1 KiB to align them. What its launcher
-/// asks for; the kernel takes its ring from it.
-pub fn swap_gemm1_smem_bytes(gemm1: KernelId, ring: usize) -> usize {
+/// Dynamic shared memory of a swap-AB kernel with stages of `stage` bytes and a ring of
+/// `ring` of them (0: the kernel's own): the stages and 1 KiB to align them. What its
+/// launcher asks for; the kernel takes its ring from it.
+fn swap_ring_smem_bytes(kernel: KernelId, stage: usize, ring: usize) -> usize {
     if ring > 0 {
-        ring * swap_gemm1_stage_bytes(gemm1) + 1024
+        ring * stage + 1024
     } else {
-        gemm1.dynamic_smem_bytes().unwrap_or(0)
+        kernel.dynamic_smem_bytes().unwrap_or(0)
     }
+}
+/// Stages of a swap-AB kernel's own ring (stages of `stage` bytes): what its own shared
+/// memory holds past the 1 KiB of alignment.
+fn swap_own_ring(kernel: KernelId, stage: usize) -> usize {
+    kernel
+        .dynamic_smem_bytes()
+        .unwrap_or(1024)
+        .saturating_sub(1024)
+        / stage.max(1)
+}
+/// Dynamic shared memory of the swap-AB GEMM1 `gemm1` (bf16/fp16 or e4m3) with a ring of
+/// `ring` stages (0: the kernel's own).
+pub fn swap_gemm1_smem_bytes(gemm1: KernelId, ring: usize) -> usize {
+    swap_ring_smem_bytes(gemm1, swap_gemm1_stage_bytes(gemm1), ring)
 }
 /// `$SWAPMOE_SWAP_GEMM2_RING` = 0 | 2..: force `Plan::swap_gemm2_ring` of the e4m3 swap-AB
 /// GEMM2s (0: the kernel's own ring); for tuning. Else `swap_gemm2_ring_rule`.
@@ -272,7 +286,7 @@ pub const SWAP_GEMM2_RING_MIN: usize = 3;
 pub const SWAP_GEMM2_RING_MAX_ITEMS_PER_STAGE: (usize, usize) = (5, 2);
 /// What the e4m3 GEMM2 ring measured (H200, swapmoe bench, fp8_tensor unless named, two
 /// rounds; benches/NOTES.md "The e4m3 swap GEMM2 ring").
-const SWAP_GEMM2_RING_MEASURED: &str = "qwen3-30b-a3b M = 1 (12 stages per CTA) 20.2 us with rings of 5 and 4 against 21.1-21.2 with its own 11 (128x128 blocks: 26.7 against 28.1), deepseek-v3-tp8 M = 1 (8 per CTA) 23.8-23.9 against 24.0; at qwen3-30b-a3b M = 2 (24 per CTA) rings of 5 and 4 cost +2.6 and +5.6 us";
+const SWAP_GEMM2_RING_MEASURED: &str = "qwen3-30b-a3b M = 1 (12 stages per CTA) 20.2 us with rings of 5 and 4 against 21.1-21.2 with its own 11 (128x128 blocks: 26.7 against 28.1); at qwen3-30b-a3b M = 2 (24 per CTA) rings of 5 and 4 cost +2.6 and +5.6 us";
 /// What a smaller e4m3 GEMM2 ring measured where its own ring holds all of a CTA's k-stages
 /// (H200, swapmoe bench, three rounds; benches/NOTES.md "The e4m3 swap GEMM2 ring").
 const SWAP_GEMM2_RING_OWN_HOLDS_ALL: &str = "deepseek-v3-tp8 M = 1, 8 k-stages per CTA, ring of 5: 24.0-24.1 us against 24.0-24.1 per tensor, 31.6 against 31.2-31.3 with 128x128 blocks";
@@ -286,22 +300,10 @@ pub fn swap_gemm2_stage_bytes(gemm2: KernelId) -> usize {
         _ => 0,
     }
 }
-/// Stages of the e4m3 swap-AB GEMM2 `gemm2`'s own ring (what its own shared memory holds).
-fn swap_gemm2_own_ring(gemm2: KernelId) -> usize {
-    gemm2
-        .dynamic_smem_bytes()
-        .unwrap_or(1024)
-        .saturating_sub(1024)
-        / swap_gemm2_stage_bytes(gemm2).max(1)
-}
-/// Dynamic shared memory of the swap-AB GEMM2 `gemm2` with a ring of `ring` stages (0: the
-/// kernel's own); the kernel takes its ring from it.
+/// Dynamic shared memory of the e4m3 swap-AB GEMM2 `gemm2` with a ring of `ring` stages
+/// (0: the kernel's own).
 pub fn swap_gemm2_smem_bytes(gemm2: KernelId, ring: usize) -> usize {
-    if ring > 0 {
-        ring * swap_gemm2_stage_bytes(gemm2) + 1024
-    } else {
-        gemm2.dynamic_smem_bytes().unwrap_or(0)
-    }
+    swap_ring_smem_bytes(gemm2, swap_gemm2_stage_bytes(gemm2), ring)
 }
 /// GEMM2 CTAs of `gemm2_smem` bytes of shared memory each (dynamic and static) that fit beside
 /// one wave of `gemm1_ctas` GEMM1 CTAs of `gemm1_smem` bytes each, spread over `sms` SMs in
@@ -313,7 +315,8 @@ pub fn swap_gemm2_slots(
     gemm1_smem: usize,
     gemm2_smem: usize,
 ) -> usize {
-    let per_sm = gemm1_ctas.div_ceil(sms.max(1));
+    let sms = sms.max(1);
+    let per_sm = gemm1_ctas.div_ceil(sms);
     let fullest = gemm1_ctas + sms - sms * per_sm.max(1);
     let fit = |g1: usize| {
         SM_SHARED_MEMORY_BYTES.saturating_sub(g1 * (gemm1_smem + 1024)) / (gemm2_smem + 1024)
@@ -344,7 +347,7 @@ pub fn swap_gemm2_ring_rule(
     wanted: bool,
 ) -> (usize, Option<String>) {
     let stage = swap_gemm2_stage_bytes(gemm2);
-    let own = swap_gemm2_own_ring(gemm2);
+    let own = swap_own_ring(gemm2, stage);
     let tile = match gemm1 {
         KernelId::SwapFp8Gemm1(_, t) | KernelId::SwapFp8StaticGemm1(t) => t,
         _ => 0,
@@ -1189,8 +1192,9 @@ pub struct Plan {
     /// kernel's own (`swap_gemm1_ring`: so that more CTAs share an SM and the grid fits one
     /// wave); 0: the kernel's own ring. 0 for other backends.
     pub swap_gemm1_ring: usize,
-    /// cuda_wgmma_swap: stages of GEMM2's ring when fewer than the kernel's own
-    /// (`$SWAPMOE_SWAP_GEMM2_RING`: so that its CTAs fit beside GEMM1's); 0: its own.
+    /// cuda_wgmma_swap (e4m3): stages of GEMM2's ring when fewer than the kernel's own
+    /// (`swap_gemm2_ring_rule` or `$SWAPMOE_SWAP_GEMM2_RING`: so that its CTAs fit beside
+    /// GEMM1's); 0: its own. 0 for other backends and the bf16/fp16 GEMM2.
     pub swap_gemm2_ring: usize,
     /// cuda_wgmma_swap: GEMM2 asks for more than half an SM's shared memory
     /// (`SWAP_GEMM2_ONE_PER_SM_SMEM_BYTES`), so that its CTAs spread one per SM.
@@ -2988,7 +2992,7 @@ impl<'a> Candidates<'a> {
         ctas: usize,
     ) -> (usize, Option<String>) {
         let stage = swap_gemm1_stage_bytes(gemm1);
-        let own_ring = (gemm1.dynamic_smem_bytes().unwrap_or(0) - 1024) / stage;
+        let own_ring = swap_own_ring(gemm1, stage);
         if let Ok(v) = std::env::var(SWAP_GEMM1_RING_ENV) {
             let (n, why) = swap_ring_override("gemm1", SWAP_GEMM1_RING_ENV, &v, own_ring);
             return (n, Some(why));
@@ -3051,8 +3055,12 @@ impl<'a> Candidates<'a> {
         let Ok(v) = std::env::var(SWAP_GEMM2_RING_ENV) else {
             return rule();
         };
-        let (n, why) =
-            swap_ring_override("gemm2", SWAP_GEMM2_RING_ENV, &v, swap_gemm2_own_ring(gemm2));
+        let (n, why) = swap_ring_override(
+            "gemm2",
+            SWAP_GEMM2_RING_ENV,
+            &v,
+            swap_own_ring(gemm2, swap_gemm2_stage_bytes(gemm2)),
+        );
         (n, wanted.then_some(why))
     }
 
@@ -5478,24 +5486,7 @@ mod tests {
         let t = Table::parse(json, &file, Path::new(&file), Origin::User).unwrap();
         let mut set = TableSet::default();
         set.insert(&file, Loaded::Ok(std::sync::Arc::new(t)));
-        let ask = |m: i64| {
-            plan_for_shape(
-                m,
-                128,
-                8,
-                2048,
-                768,
-                DType::BF16,
-                Some(QuantScheme::Tensor),
-                None,
-                &h200(),
-                &Request {
-                    tables: Some(&set),
-                    ..Request::default()
-                },
-            )
-            .unwrap()
-        };
+        let ask = |m: i64| qwen3_fp8(m, QuantScheme::Tensor, &set, &[]);
         let p = ask(8);
         assert_eq!(
             (p.backend, p.source, p.swap_gemm1_ring, p.swap_gemm2_pdl),
