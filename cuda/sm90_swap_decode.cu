@@ -290,9 +290,10 @@ __device__ __forceinline__ void consume(int items, int ring, unsigned char* stag
 #pragma unroll
     for (int i = 0; i < NT / 2; ++i) acc[b][i] = 0.f;
   const bool release_at_once = ring < L::kCount;
-  int st = 0, phase = 0;  // stage it's buffer and its phase
+  RingCursor stage;
   for (int it = 0; it < items; ++it) {
-    mbar_wait(&full[st], phase);
+    const int st = stage.slot;
+    mbar_wait(&full[st], stage.phase());
     SWAPMOE_STAMP_FULL(it, full, ring);
     const uint32_t base = smem_u32(stages + st * L::kStageBytes);
 #pragma unroll
@@ -320,10 +321,7 @@ __device__ __forceinline__ void consume(int items, int ring, unsigned char* stag
       for (int b = 0; b < kBoxes; ++b) fence_accumulators(acc[b]);
       if (it > 0 && lane == 0) mbar_arrive(&empty[st == 0 ? ring - 1 : st - 1]);
     }
-    if (++st == ring) {
-      st = 0;
-      phase ^= 1;
-    }
+    stage.advance(ring);
   }
   wgmma_wait<0>();
 #pragma unroll
@@ -393,9 +391,10 @@ __device__ __forceinline__ void gemm1_act(const TensorMap* x_map, const TensorMa
   float acc[2][NT / 2];
   if (warp == kProducerWarp) {
     if (lane == 0) {
-      int st = 0, phase = 0;  // stage it's buffer and the phase of its previous use
+      RingCursor stage;
       for (int it = 0; it < items; ++it) {
-        if (it >= ring) mbar_wait(&empty[st], phase);
+        const int st = stage.slot;
+        if (it >= ring) mbar_wait(&empty[st], stage.previous_phase());
         unsigned char* s = stages + st * L::kStageBytes;
         mbar_arrive_expect(&full[st], L::kStageBytes);
 #pragma unroll
@@ -405,10 +404,7 @@ __device__ __forceinline__ void gemm1_act(const TensorMap* x_map, const TensorMa
           tma_load_3d(s + L::weight(1, j), w1_map, k0, N + j0, e, &full[st]);
           tma_load_2d(s + L::tokens(j), x_map, k0, 0, &full[st]);
         }
-        if (++st == ring) {
-          st = 0;
-          if (it >= ring) phase ^= 1;
-        }
+        stage.advance(ring);
       }
     }
   } else {
@@ -617,10 +613,11 @@ __device__ __forceinline__ void consume_fp8(int items, int ring, unsigned char* 
   for (int b = 0; b < kBoxes; ++b)
 #pragma unroll
     for (int i = 0; i < NT / 2; ++i) acc[b][i] = 0.f;
-  int st = 0, phase = 0;  // stage it's slot in the ring and its phase (no division by a runtime ring)
+  RingCursor ring_at;
   for (int it = 0; it < items; ++it) {
+    const int st = ring_at.slot;
     unsigned char* stage = stages + st * kStageBytes;
-    mbar_wait(&full[st], phase);
+    mbar_wait(&full[st], ring_at.phase());
     SWAPMOE_STAMP_FULL(it, full, ring);
     const uint32_t base = smem_u32(stage);
     float tmp[kBoxes][NT / 2];
@@ -645,10 +642,7 @@ __device__ __forceinline__ void consume_fp8(int items, int ring, unsigned char* 
       }
     }
     mbar_arrive(&empty[st]);
-    if (++st == ring) {
-      st = 0;
-      phase ^= 1;
-    }
+    ring_at.advance(ring);
   }
 }
 #endif
@@ -723,17 +717,15 @@ __device__ __forceinline__ void fp8_gemm1(const TensorMap* xq_map, const TensorM
     pdl_wait();
     pdl_launch_dependents();  // after the wait: GEMM2 reads topk_ids before its own
     if (lane == 0) {
-      int st = 0, round = 0;  // stage it's slot in the ring, and how many times the ring wrapped
+      RingCursor stage;
       for (int it = 0; it < items; ++it) {
+        const int st = stage.slot;
         if (it >= pre) {
-          mbar_wait(&empty[st], (round - 1) & 1);
+          mbar_wait(&empty[st], stage.previous_phase());
           issue_weights(it, st);
         }
         tma_load_2d(stages + st * L::kStageBytes + L::tokens(), xq_map, (kt0 + it) * kFp8BK, 0, &full[st]);
-        if (++st == ring) {
-          st = 0;
-          ++round;
-        }
+        stage.advance(ring);
       }
     }
   } else {
@@ -1034,8 +1026,9 @@ __device__ __forceinline__ void fp8_gemm2(const TensorMap* w2_map, const float* 
       cur.template source<SCHEME>(r, e, M, topk, weight_on_input, inter_amax, a2_static, groups_n, pw);
       cur.template fetch<SCHEME>(inter, inter_amax, groups_n, N, kt, lane);
     }
-    int st = 0, round = 0;  // stage it's slot in the ring, and how many times the ring wrapped
+    RingCursor stage;
     for (int it = 0; it < w.items; ++it) {
+      const int st = stage.slot;
       unsigned char* s = stages + st * L::kStageBytes;
       int e_next = e, kt_next = kt + 1;
       if (kt_next == w.ktiles) {
@@ -1048,7 +1041,7 @@ __device__ __forceinline__ void fp8_gemm2(const TensorMap* w2_map, const float* 
           next.template source<SCHEME>(r, e_next, M, topk, weight_on_input, inter_amax, a2_static, groups_n, pw);
         next.template fetch<SCHEME>(inter, inter_amax, groups_n, N, kt_next, lane);
       }
-      if (round > 0) mbar_wait(&empty[st], (round - 1) & 1);
+      if (stage.round > 0) mbar_wait(&empty[st], stage.previous_phase());
       if (pt == 0 && it >= pre) {
         mbar_arrive_expect(&full[st], L::kWeightBytes);
         tma_load_3d(s + L::weight(0), w2_map, kt * kFp8BK, w.r0, e, &full[st]);
@@ -1059,10 +1052,7 @@ __device__ __forceinline__ void fp8_gemm2(const TensorMap* w2_map, const float* 
       cur = next;
       e = e_next;
       kt = kt_next;
-      if (++st == ring) {
-        st = 0;
-        ++round;
-      }
+      stage.advance(ring);
     }
   } else {
     pdl_wait();  // before this grid writes out
@@ -1142,11 +1132,13 @@ __device__ __forceinline__ void fp8_gemm2_q8(const TensorMap* hq_map, const Tens
       pdl_wait();  // GEMM1's rows are complete
       e = w.first;
       kt = 0;
-      int a = w.a0, st = 0, round = 0;
+      int a = w.a0;
+      RingCursor stage;
       for (int it = 0; it < w.items; ++it) {
+        const int st = stage.slot;
         unsigned char* s = stages + st * L::kStageBytes;
         if (it >= pre) {
-          mbar_wait(&empty[st], (round - 1) & 1);
+          mbar_wait(&empty[st], stage.previous_phase());
           mbar_arrive_expect(&full[st], L::kStageBytes);
           tma_load_3d(s + L::weight(0), w2_map, kt * kFp8BK, w.r0, e, &full[st]);
         }
@@ -1156,10 +1148,7 @@ __device__ __forceinline__ void fp8_gemm2_q8(const TensorMap* hq_map, const Tens
           ++a;
           e = next_active(r.bits, words, e);
         }
-        if (++st == ring) {
-          st = 0;
-          ++round;
-        }
+        stage.advance(ring);
       }
     }
   } else {

@@ -72,6 +72,22 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   while (!mbar_test(bar, parity)) {
   }
 }
+// A position in a ring of mbarrier-guarded stages whose size is known only at run time:
+// the stage's slot and how many times the ring has wrapped. A stage's `full` barrier completes
+// once per round, so its consumer waits with `phase()`; its `empty` barrier was last released
+// in the round before, so its producer waits with `previous_phase()` (from round 1 on). A
+// counter and a compare per step, no division by the runtime ring size.
+struct RingCursor {
+  int slot = 0, round = 0;
+  __device__ __forceinline__ void advance(int ring) {
+    if (++slot == ring) {
+      slot = 0;
+      ++round;
+    }
+  }
+  __device__ __forceinline__ uint32_t phase() const { return round & 1; }
+  __device__ __forceinline__ uint32_t previous_phase() const { return (round - 1) & 1; }
+};
 // One bulk copy global -> shared; completion is counted in bytes on `bar`.
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
   asm volatile(
