@@ -176,12 +176,15 @@ PY
       # reruns, graphs: ~70) take ~2.6 s each alone but stall when many processes share the GPU
       # (none of them finished in ~490 s under 16 workers, 2026-12-03), so they run alone after
       # the rest, which runs over $PYTEST_WORKERS processes (pytest-xdist is on the device image;
-      # the wgmma/prefill selection's other 275 tests took 50 s over 16)
+      # the wgmma/prefill selection's other 275 tests took 50 s over 16). The FP8 file's ~750
+      # non-serial tests no longer finish in one call either (749 in 375 s, 2026-12-04): give
+      # $PYTEST_K ("wgmma", then "not wgmma") to run it as two calls.
       if [ "$step" = pytest-fp8 ]; then files=tests/test_fp8_gpu.py; else files=$(ls tests/test_*gpu*.py | grep -v test_fp8_gpu.py); fi
-      timeout ${TEST_TIMEOUT:-300} python3 -m pytest -m "gpu and not serial" -q -p no:cacheprovider -n ${PYTEST_WORKERS:-16} -rfE $files > "$OUT/$step.txt" 2>&1
+      kargs=(); [ -n "${PYTEST_K:-}" ] && kargs=(-k "$PYTEST_K")
+      timeout ${TEST_TIMEOUT:-300} python3 -m pytest -m "gpu and not serial" "${kargs[@]}" -q -p no:cacheprovider -n ${PYTEST_WORKERS:-16} -rfE $files > "$OUT/$step.txt" 2>&1
       echo "$step: exit $? ; $(tail -1 "$OUT/$step.txt")"
       grep -E "^(FAILED|ERROR)" "$OUT/$step.txt" | head -30
-      timeout ${SERIAL_TIMEOUT:-240} python3 -m pytest -m "gpu and serial" -q -p no:cacheprovider -rfE $files > "$OUT/${step}_serial.txt" 2>&1
+      timeout ${SERIAL_TIMEOUT:-240} python3 -m pytest -m "gpu and serial" "${kargs[@]}" -q -p no:cacheprovider -rfE $files > "$OUT/${step}_serial.txt" 2>&1
       echo "$step (serial): exit $? ; $(tail -1 "$OUT/${step}_serial.txt")"
       grep -E "^(FAILED|ERROR)" "$OUT/${step}_serial.txt" | head -30 ;;
     *) echo "unknown step $step" ;;
