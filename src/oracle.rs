@@ -3046,22 +3046,31 @@ impl<'a> Candidates<'a> {
     }
 
     /// cuda_wgmma_swap's e4m3 GEMM2 ring (`Plan::swap_gemm2_ring`) and why:
-    /// `$SWAPMOE_SWAP_GEMM2_RING` (0 or 2 to the kernel's own), else `rule`.
+    /// `$SWAPMOE_SWAP_GEMM2_RING` (0 or 2 to the kernel's own), else the table's
+    /// (`SwapLaunch::gemm2_ring`, where it fits the kernel), else `rule`.
     fn swap_gemm2_ring(
         gemm2: KernelId,
+        table: Option<usize>,
         wanted: bool,
         rule: impl FnOnce() -> (usize, Option<String>),
     ) -> (usize, Option<String>) {
-        let Ok(v) = std::env::var(SWAP_GEMM2_RING_ENV) else {
-            return rule();
-        };
-        let (n, why) = swap_ring_override(
-            "gemm2",
-            SWAP_GEMM2_RING_ENV,
-            &v,
-            swap_own_ring(gemm2, swap_gemm2_stage_bytes(gemm2)),
-        );
-        (n, wanted.then_some(why))
+        let own = swap_own_ring(gemm2, swap_gemm2_stage_bytes(gemm2));
+        if let Ok(v) = std::env::var(SWAP_GEMM2_RING_ENV) {
+            let (n, why) = swap_ring_override("gemm2", SWAP_GEMM2_RING_ENV, &v, own);
+            return (n, wanted.then_some(why));
+        }
+        match table {
+            Some(ring) if ring == 0 || (2..=own).contains(&ring) => (
+                ring,
+                wanted.then(|| format!("gemm2: a ring of {ring} stages (0: the kernel's own, {own}), as the table measured")),
+            ),
+            Some(ring) => {
+                let (n, why) = rule();
+                let why = why.map(|w| format!("{w}; the table's GEMM2 ring of {ring} stages does not fit this kernel (0 or 2 to {own})"));
+                (n, why)
+            }
+            None => rule(),
+        }
     }
 
     /// Whether cuda_wgmma_swap's GEMM2 runs one CTA per SM (`Plan::swap_gemm2_one_per_sm`)
@@ -3455,11 +3464,29 @@ impl<'a> Candidates<'a> {
                         wanted,
                     )
                 };
-                let (n, why) = Self::swap_gemm2_ring(k, wanted, rule);
+                let table = self.swap_launch.and_then(|v| v.gemm2_ring);
+                let (n, why) = Self::swap_gemm2_ring(k, table, wanted, rule);
                 reasons.extend(why);
                 n
             }
-            _ => 0,
+            _ => {
+                const WHY: &str =
+                    "only an e4m3 GEMM2 placed two to an SM beside GEMM1 takes its ring at launch";
+                if let Some(ring) = self.swap_launch.and_then(|v| v.gemm2_ring) {
+                    reasons.add(|| {
+                        format!(
+                            "gemm2: the table's GEMM2 ring of {ring} stages is not used ({WHY})"
+                        )
+                    });
+                }
+                if b == Backend::CudaWgmmaSwap {
+                    if let Ok(v) = std::env::var(SWAP_GEMM2_RING_ENV) {
+                        reasons
+                            .add(|| format!("gemm2: ${SWAP_GEMM2_RING_ENV}={v} not used ({WHY})"));
+                    }
+                }
+                0
+            }
         };
         let swap_gemm2_pdl = if b == Backend::CudaWgmmaSwap && pdl {
             let (on, why) = Self::swap_gemm2_pdl(self.swap_launch, reasons.wanted());
@@ -5509,6 +5536,81 @@ mod tests {
             "{:?}",
             p.reasons
         );
+    }
+
+    #[test]
+    fn table_gemm2_ring_sets_the_e4m3_gemm2_ring_unless_overridden() {
+        let _knobs = ENV_KNOBS.write().unwrap_or_else(|e| e.into_inner());
+        std::env::remove_var(SWAP_GEMM2_RING_ENV);
+        // FP8 per tensor (static): M = 2 an entry with a GEMM2 ring of 7; M = 4 vLLM's the
+        // fastest, the GEMM2-ring label the fastest swapmoe one; M = 8 a ring this kernel has not
+        let file = tables::file_name(128, 768, "NVIDIA H200", DType::BF16, Quant::Fp8Tensor);
+        let json = r#"{"metadata": {"E": 128, "N": 768, "activation_scales": "static"},
+            "2": {"backend": "cuda_wgmma_swap", "swap_gemm1_ring": 0, "swap_gemm2_pdl": true, "swap_gemm2_ring": 7},
+            "4": {"backend": "vllm_triton", "times_us": {"vllm_triton": 40, "cuda_wgmma_swap:r0p1g5": 41, "cuda_wgmma_swap": 42}},
+            "8": {"backend": "cuda_wgmma_swap", "swap_gemm1_ring": 0, "swap_gemm2_pdl": true, "swap_gemm2_ring": 99}}"#;
+        let t = Table::parse(json, &file, Path::new(&file), Origin::User).unwrap();
+        let mut set = TableSet::default();
+        set.insert(&file, Loaded::Ok(std::sync::Arc::new(t)));
+        let fp8 = |m: i64| qwen3_fp8(m, QuantScheme::Tensor, &set, &[]);
+        let p = fp8(2);
+        assert_eq!(
+            (
+                p.backend,
+                p.source,
+                p.swap_gemm1_ring,
+                p.swap_gemm2_pdl,
+                p.swap_gemm2_ring
+            ),
+            (Backend::CudaWgmmaSwap, Source::Table, 0, true, 7),
+            "{:?}",
+            p.reasons
+        );
+        assert!(has(
+            &p,
+            &["gemm2: a ring of 7 stages", "as the table measured"]
+        ));
+        let p = fp8(4);
+        assert_eq!(
+            (p.source, p.swap_gemm2_ring),
+            (Source::Table, 5),
+            "{:?}",
+            p.reasons
+        );
+        // a ring the kernel has not: the rule's, and the reason says why
+        let p = fp8(8);
+        let rule = qwen3_fp8(8, QuantScheme::Tensor, &TableSet::default(), &[]);
+        assert_eq!(p.swap_gemm2_ring, rule.swap_gemm2_ring, "{:?}", p.reasons);
+        assert!(has(
+            &p,
+            &["the table's GEMM2 ring of 99 stages does not fit this kernel"]
+        ));
+        // the knob beats the table
+        std::env::set_var(SWAP_GEMM2_RING_ENV, "0");
+        let p = fp8(2);
+        std::env::remove_var(SWAP_GEMM2_RING_ENV);
+        assert_eq!(p.swap_gemm2_ring, 0, "{:?}", p.reasons);
+        assert!(has(&p, &["forced by $SWAPMOE_SWAP_GEMM2_RING=0"]));
+        // the bf16 GEMM2's ring is fixed at compile time: the table's is not used, and says so
+        let set = tables_with(
+            128,
+            768,
+            "NVIDIA H200",
+            r#"{"2": {"backend": "cuda_wgmma_swap", "swap_gemm1_ring": 0, "swap_gemm2_pdl": true, "swap_gemm2_ring": 7}}"#,
+        );
+        let b = ask(
+            &problem(2, 128, 8, 2048, 768, DType::BF16),
+            &h200(),
+            &set,
+            Request::default(),
+        );
+        assert_eq!(
+            (b.backend, b.source, b.swap_gemm2_ring),
+            (Backend::CudaWgmmaSwap, Source::Table, 0),
+            "{:?}",
+            b.reasons
+        );
+        assert!(has(&b, &["the table's GEMM2 ring of 7 stages is not used"]));
     }
 
     #[test]

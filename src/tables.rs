@@ -24,9 +24,11 @@
 //!   builds degrade to the heuristics instead of failing).
 //! - `token_tile`: the tensor-core token tile (cuda_mma and cuda_wgmma; absent: the heuristic's tile).
 //! - `swap_gemm1_ring`, `swap_gemm2_pdl` (cuda_wgmma_swap, both or neither; absent: the
-//!   oracle's rules): how its kernels (bf16/fp16 and e4m3) launch ([`SwapLaunch`]).
+//!   oracle's rules): how its kernels (bf16/fp16 and e4m3) launch ([`SwapLaunch`]);
+//!   `swap_gemm2_ring` (optional, with those two): the e4m3 GEMM2's ring (0: its own; absent:
+//!   the oracle's rule).
 //! - `time_us`, `times_us` (optional): measured times; labels are `backend`,
-//!   `cuda_mma:t<tile>` or `cuda_wgmma_swap:r<ring>p<0|1>`. When an external backend is not allowed, the fastest swapmoe
+//!   `cuda_mma:t<tile>` or `cuda_wgmma_swap:r<ring>p<0|1>[g<ring>]`. When an external backend is not allowed, the fastest swapmoe
 //!   label of `times_us` that can run the call is used.
 //! - Anything else (`source`, notes) is ignored.
 //!
@@ -155,19 +157,34 @@ impl ExternalBackend {
 
 /// How a table runs cuda_wgmma_swap's kernels (bf16/fp16 and e4m3), where it measured that faster than
 /// the oracle's rules: GEMM1's ring of stages (`Plan::swap_gemm1_ring`, 0: the kernel's own)
-/// and whether GEMM2 starts under GEMM1 by PDL (`Plan::swap_gemm2_pdl`). Label suffix
-/// `:r<ring>p<0|1>` (`cuda_wgmma_swap:r2p0`); entry fields `swap_gemm1_ring`, `swap_gemm2_pdl`.
+/// and whether GEMM2 starts under GEMM1 by PDL (`Plan::swap_gemm2_pdl`), and optionally the
+/// e4m3 GEMM2's ring (`Plan::swap_gemm2_ring`). Label suffix `:r<ring>p<0|1>[g<ring>]`
+/// (`cuda_wgmma_swap:r2p0`, `cuda_wgmma_swap:r0p1g7`); entry fields `swap_gemm1_ring`,
+/// `swap_gemm2_pdl`, `swap_gemm2_ring`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SwapLaunch {
     pub gemm1_ring: usize,
     pub gemm2_pdl: bool,
+    /// The e4m3 GEMM2's ring: 0 its own, else 2 or more stages; None: the oracle's rule
+    /// (`swap_gemm2_ring_rule`). The bf16/fp16 GEMM2's ring is fixed at compile time.
+    pub gemm2_ring: Option<usize>,
+}
+
+/// A swap-AB ring length as a table or label gives it: 0 (the kernel's own) or at least 2.
+fn swap_ring_value(r: usize) -> Option<usize> {
+    (r == 0 || r >= 2).then_some(r)
 }
 
 impl SwapLaunch {
-    /// `r2p0` -> ring 2, GEMM2 without PDL.
+    /// `r2p0` -> ring 2, GEMM2 without PDL; `r0p1g7` -> GEMM1's own ring, GEMM2 by PDL with a
+    /// ring of 7.
     pub fn parse(s: &str) -> Option<SwapLaunch> {
-        let (ring, pdl) = s.strip_prefix('r')?.split_once('p')?;
-        let gemm1_ring = ring.parse().ok().filter(|r| *r == 0 || *r >= 2)?;
+        let (ring, rest) = s.strip_prefix('r')?.split_once('p')?;
+        let gemm1_ring = swap_ring_value(ring.parse().ok()?)?;
+        let (pdl, gemm2_ring) = match rest.split_once('g') {
+            Some((pdl, g)) => (pdl, Some(swap_ring_value(g.parse().ok()?)?)),
+            None => (rest, None),
+        };
         let gemm2_pdl = match pdl {
             "0" => false,
             "1" => true,
@@ -176,10 +193,12 @@ impl SwapLaunch {
         Some(SwapLaunch {
             gemm1_ring,
             gemm2_pdl,
+            gemm2_ring,
         })
     }
     pub fn suffix(&self) -> String {
-        format!("r{}p{}", self.gemm1_ring, u8::from(self.gemm2_pdl))
+        let g = self.gemm2_ring.map(|r| format!("g{r}")).unwrap_or_default();
+        format!("r{}p{}{g}", self.gemm1_ring, u8::from(self.gemm2_pdl))
     }
 }
 
@@ -275,17 +294,26 @@ impl fmt::Display for Choice {
                 backend,
                 swap: Some(v),
                 ..
-            } => write!(
-                f,
-                "{} (GEMM1 ring {}, GEMM2 {})",
-                backend.name(),
-                if v.gemm1_ring == 0 {
-                    "its own".to_string()
-                } else {
-                    v.gemm1_ring.to_string()
-                },
-                if v.gemm2_pdl { "by PDL" } else { "after GEMM1" }
-            ),
+            } => {
+                let ring = |r: usize| {
+                    if r == 0 {
+                        "its own".to_string()
+                    } else {
+                        r.to_string()
+                    }
+                };
+                write!(
+                    f,
+                    "{} (GEMM1 ring {}, GEMM2 {}",
+                    backend.name(),
+                    ring(v.gemm1_ring),
+                    if v.gemm2_pdl { "by PDL" } else { "after GEMM1" }
+                )?;
+                if let Some(r) = v.gemm2_ring {
+                    write!(f, ", GEMM2 ring {}", ring(r))?;
+                }
+                f.write_str(")")
+            }
             _ => f.write_str(&self.label()),
         }
     }
@@ -521,7 +549,19 @@ impl Table {
             let tile = optional(e, "token_tile", uint).map_err(at)?;
             let ring = optional(e, "swap_gemm1_ring", uint).map_err(at)?;
             let pdl = optional(e, "swap_gemm2_pdl", boolean).map_err(at)?;
+            let gemm2_ring = optional(e, "swap_gemm2_ring", uint).map_err(at)?;
             let mut choice = Choice::new(backend, tile);
+            if gemm2_ring.is_some() && (ring.is_none() || pdl.is_none()) {
+                return Err(at(
+                    "swap_gemm2_ring goes with swap_gemm1_ring and swap_gemm2_pdl".into(),
+                ));
+            }
+            if gemm2_ring == Some(1) {
+                return Err(at(
+                    "swap_gemm2_ring: expected 0 (the kernel's own ring) or at least 2, got 1"
+                        .into(),
+                ));
+            }
             if ring.is_some() || pdl.is_some() {
                 let (Some(gemm1_ring), Some(gemm2_pdl)) = (ring, pdl) else {
                     return Err(at(
@@ -543,6 +583,7 @@ impl Table {
                         *swap = Some(SwapLaunch {
                             gemm1_ring,
                             gemm2_pdl,
+                            gemm2_ring,
                         })
                     }
                     _ => {
@@ -895,7 +936,8 @@ mod tests {
                 token_tile: None,
                 swap: Some(SwapLaunch {
                     gemm1_ring: 2,
-                    gemm2_pdl: false
+                    gemm2_pdl: false,
+                    gemm2_ring: None
                 })
             }
         );
@@ -908,6 +950,24 @@ mod tests {
             Choice::from_label("cuda_wgmma_swap:r0p1").label(),
             "cuda_wgmma_swap:r0p1"
         );
+        // with the e4m3 GEMM2's ring
+        let g = Choice::from_label("cuda_wgmma_swap:r0p1g7");
+        assert_eq!(g.label(), "cuda_wgmma_swap:r0p1g7");
+        assert_eq!(
+            g.to_string(),
+            "cuda_wgmma_swap (GEMM1 ring its own, GEMM2 by PDL, GEMM2 ring 7)"
+        );
+        assert_eq!(
+            Choice::from_label("cuda_wgmma_swap:r3p1g0").to_string(),
+            "cuda_wgmma_swap (GEMM1 ring 3, GEMM2 by PDL, GEMM2 ring its own)"
+        );
+        for bad in ["r0p1g1", "r0p1g", "r0pg7", "r0p2g7", "r0p1g7x"] {
+            assert_eq!(
+                Choice::from_label(&format!("cuda_wgmma_swap:{bad}")),
+                Choice::Unknown(format!("cuda_wgmma_swap:{bad}")),
+                "{bad}"
+            );
+        }
         for bad in [
             "cuda_wgmma_swap:r1p0",
             "cuda_wgmma_swap:r2p2",
@@ -1011,6 +1071,14 @@ mod tests {
             (
                 r#"{"8": {"backend": "cuda_mma", "swap_gemm1_ring": 2, "swap_gemm2_pdl": true}}"#,
                 "only for cuda_wgmma_swap",
+            ),
+            (
+                r#"{"8": {"backend": "cuda_wgmma_swap", "swap_gemm2_ring": 7}}"#,
+                "swap_gemm2_ring goes with swap_gemm1_ring and swap_gemm2_pdl",
+            ),
+            (
+                r#"{"8": {"backend": "cuda_wgmma_swap", "swap_gemm1_ring": 0, "swap_gemm2_pdl": true, "swap_gemm2_ring": 1}}"#,
+                "swap_gemm2_ring: expected 0 (the kernel's own ring) or at least 2, got 1",
             ),
             (r#"{"metadata": {"E": 16}}"#, "file name says E=8"),
             (r#"{"metadata": 3}"#, "metadata"),

@@ -370,14 +370,17 @@ def test_swap_gemm1_ring(scheme, case, splits, ring, rng, monkeypatch):
 
 
 @needs_sm90
-@pytest.mark.parametrize("ring", ["2", "4"], ids=lambda r: f"ring{r}")
 @pytest.mark.parametrize("splits", [None, "1,1"], ids=lambda s: f"splits={s or 'oracle'}")
-@pytest.mark.parametrize("case", [SWAP_CASES[0], SWAP_CASES[3], SWAP_CASES[6]], ids=lambda c: c.id)
+@pytest.mark.parametrize("case,ring", [
+    pytest.param(c, r, id=f"{c.id}-ring{r}")
+    for c, rings in ((SWAP_CASES[0], ("2", "4", "7")), (SWAP_CASES[3], ("2", "4")), (SWAP_CASES[6], ("2", "4")))
+    for r in rings])
 @pytest.mark.parametrize("scheme", SWAP_SCHEMES, ids=_scheme_id)
 def test_swap_gemm2_ring(scheme, case, splits, ring, rng, monkeypatch):
-    """Both e4m3 GEMM2s with a ring of 2 or 4 stages ($SWAPMOE_SWAP_GEMM2_RING): the stage index
-    and phases of the producer (the TMA thread, or the quantizing warpgroup) wrap at the ring
-    over experts and k-stages (all experts in one CTA with "1,1"); the plan says the ring."""
+    """Both e4m3 GEMM2s with a ring of 2, 4 or 7 stages ($SWAPMOE_SWAP_GEMM2_RING; 7, the tune
+    candidate `r0p1g7`, at token tile 8, whose own ring is longer): the stage index and phases
+    of the producer (the TMA thread, or the quantizing warpgroup) wrap at the ring over experts
+    and k-stages (all experts in one CTA with "1,1"); the plan says the ring."""
     if splits:
         monkeypatch.setenv("SWAPMOE_SWAP_SPLITS", splits)
     monkeypatch.setenv("SWAPMOE_SWAP_GEMM2_RING", ring)

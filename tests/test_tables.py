@@ -272,6 +272,17 @@ def test_every_swap_launch_tune_writes_is_planned_from_a_table(tmp_path, monkeyp
         assert (p.backend, p.source) == ("cuda_wgmma_swap", "table"), (v, p.reasons)
         assert (p.tile["swap_gemm1_ring"], p.tile["swap_gemm2_pdl"]) == (ring, pdl), (v, p.reasons)
         assert any("as the table measured" in r for r in p.reasons), p.reasons
+    # FP8: the e4m3 GEMM2's ring too, at M = 2 (the rule keeps its own ring there)
+    for v in T.SWAP_GEMM2_RING_VARIANTS if quant else ():
+        ring2 = T.swap_gemm2_ring(f"cuda_wgmma_swap:{v}")
+        folder = tmp_path / v
+        entry = T.make_entry({f"cuda_wgmma_swap:{v}": 30.0, "cuda_wgmma_swap": 32.0})
+        path = write(folder, _core.table_file_name(128, 768, H200, quant=quant), {"metadata": meta, "2": entry})
+        assert _core.read_table(str(path))["entries"][2]["swap_gemm2_ring"] == ring2
+        monkeypatch.setenv("SWAPMOE_TABLES_DIR", str(folder))
+        p = plan(2, QWEN3, quant=quant, device_capability=(9, 0))
+        assert (p.source, p.tile["swap_gemm2_ring"]) == ("table", ring2), (v, p.reasons)
+        assert any(f"gemm2: a ring of {ring2} stages" in r and "as the table measured" in r for r in p.reasons)
 
 
 def test_user_table_for_a_new_shape_with_nearest_m(tmp_path, monkeypatch):
@@ -512,9 +523,20 @@ def test_labels_and_candidates():
     assert T.entry_label({"backend": "cuda_wgmma_swap", "swap_gemm1_ring": 2, "swap_gemm2_pdl": False}) == "cuda_wgmma_swap:r2p0"
     assert T.entry_label({"backend": "cuda_mma", "token_tile": 16}) == "cuda_mma:t16"
     assert T.swapmoe_candidates("fp32") == ["cuda_decode", "cuda_generic"]
+    # the e4m3 GEMM2's ring (FP8 only): r<ring>p<pdl>g<ring>
+    assert T.swap_launch("cuda_wgmma_swap:r0p1g7") == (0, True) and T.swap_gemm2_ring("cuda_wgmma_swap:r0p1g7") == 7
+    assert T.swap_gemm2_ring("cuda_wgmma_swap:r3p1g0") == 0 and T.swap_gemm2_ring("cuda_wgmma_swap:r3p1") is None
+    for bad in ("cuda_wgmma_swap:r0p1g1", "cuda_wgmma_swap:r0p1g", "cuda_wgmma_swap:r0p1gx", "cuda_wgmma_swap:r0pg7"):
+        assert T.swap_launch(bad) is None and T.swap_gemm2_ring(bad) is None, bad
+    entry = T.set_choice({"backend": "cuda_decode", "token_tile": 16}, "cuda_wgmma_swap:r0p1g7")
+    assert entry == {"backend": "cuda_wgmma_swap", "swap_gemm1_ring": 0, "swap_gemm2_pdl": True, "swap_gemm2_ring": 7}
+    assert T.entry_label(entry) == "cuda_wgmma_swap:r0p1g7"
+    assert "swap_gemm2_ring" not in T.set_choice(entry, "cuda_wgmma_swap:r2p0")
+    g2 = [f"cuda_wgmma_swap:{v}" for v in T.SWAP_GEMM2_RING_VARIANTS]
+    assert g2 == ["cuda_wgmma_swap:r0p1g5", "cuda_wgmma_swap:r0p1g7"]
     for quant in ("fp8_tensor", "fp8_channel", "fp8_block128"):  # cuda_mma has no FP8 kernels
         wgmma = ["cuda_wgmma:t64", "cuda_wgmma:t128"]
-        assert T.swapmoe_candidates("bf16", quant) == ["cuda_decode"] + swap + wgmma + ["cuda_generic"]
+        assert T.swapmoe_candidates("bf16", quant) == ["cuda_decode"] + swap + g2 + wgmma + ["cuda_generic"]
         assert T.swapmoe_candidates("fp32", quant) == ["cuda_decode", "cuda_generic"]
 
 
@@ -535,6 +557,16 @@ def test_ineligible_candidates_ask_the_oracle():
     assert "M <= 32" in T.ineligible("cuda_wgmma_swap:r2p0", 64, shape, "bf16", H200, (9, 0))
     assert "SWAPMOE_BACKEND" not in os.environ and "SWAPMOE_MMA_TOKEN_TILE" not in os.environ
     assert "SWAPMOE_SWAP_GEMM1_RING" not in os.environ and "SWAPMOE_SWAP_GEMM2_PDL" not in os.environ
+    # a GEMM2 ring only where the plan runs it: the e4m3 GEMM2 two to an SM (not the bf16 one,
+    # whose ring is fixed, nor Mixtral's one per SM, nor a ring past the kernel's own)
+    assert T.ineligible("cuda_wgmma_swap:r0p1g7", 1, shape, "bf16", H200, (9, 0), "fp8_tensor") is None
+    assert "not what the plan runs" in T.ineligible("cuda_wgmma_swap:r0p1g7", 1, shape, "bf16", H200, (9, 0))
+    mixtral = T.B.preset_shape("mixtral-8x7b")
+    assert "not what the plan runs" in T.ineligible("cuda_wgmma_swap:r0p1g7", 1, mixtral, "bf16", H200, (9, 0),
+                                                    "fp8_tensor")
+    assert "not what the plan runs" in T.ineligible("cuda_wgmma_swap:r0p1g40", 1, shape, "bf16", H200, (9, 0),
+                                                    "fp8_tensor")
+    assert "SWAPMOE_SWAP_GEMM2_RING" not in os.environ
 
 
 def test_forced_swap_launch_sets_and_restores_its_knobs(monkeypatch):
@@ -547,6 +579,14 @@ def test_forced_swap_launch_sets_and_restores_its_knobs(monkeypatch):
     with T.forced("cuda_wgmma_swap"):  # the rules: neither knob
         assert "SWAPMOE_SWAP_GEMM1_RING" not in os.environ and "SWAPMOE_SWAP_GEMM2_PDL" not in os.environ
     assert os.environ["SWAPMOE_SWAP_GEMM1_RING"] == "3" and "SWAPMOE_SWAP_GEMM2_PDL" not in os.environ
+    monkeypatch.setenv("SWAPMOE_SWAP_GEMM2_RING", "4")
+    with T.forced("cuda_wgmma_swap:r0p1g7"):
+        assert os.environ["SWAPMOE_SWAP_GEMM2_RING"] == "7"
+        p = plan(1, QWEN3, quant="fp8_tensor")
+        assert (p.source, p.tile["swap_gemm1_ring"], p.tile["swap_gemm2_ring"]) == ("override", 0, 7), p.reasons
+    with T.forced("cuda_wgmma_swap:r2p0"):  # no GEMM2 ring: the rule's
+        assert "SWAPMOE_SWAP_GEMM2_RING" not in os.environ
+    assert os.environ["SWAPMOE_SWAP_GEMM2_RING"] == "4"
 
 
 def test_forced_restores_the_environment(monkeypatch):
@@ -909,8 +949,9 @@ def test_fp8_sweep_writes_a_table_the_oracle_follows(quant, tmp_path, monkeypatc
     [s] = T.sweep(plans, runner)
     # cuda_wgmma's FP8 GEMMs take per-tensor and per-channel scales (the oracle refuses blocks)
     wgmma = {"cuda_wgmma:t64", "cuda_wgmma:t128"}
-    # the swap-AB launch variants at M <= 32 (1 and 8 here)
-    variants = {(f"cuda_wgmma_swap:{v}", M) for v in T.SWAP_LAUNCH_VARIANTS for M in (1, 8)}
+    # the swap-AB launch variants at M <= 32 (1 and 8 here), with the e4m3 GEMM2's rings
+    variants = {(f"cuda_wgmma_swap:{v}", M) for v in T.SWAP_LAUNCH_VARIANTS + T.SWAP_GEMM2_RING_VARIANTS
+                for M in (1, 8)}
     assert variants <= set(runner.timed)
     assert {lb for lb, _ in runner.timed} == ({"cuda_decode", "cuda_wgmma_swap", "cuda_generic", "vllm_triton"}
                                               | wgmma | {lb for lb, _ in variants})
@@ -981,7 +1022,7 @@ def test_fp8_gpu_runner_builds_bench_inputs_and_checks_on_the_cpu(quant, monkeyp
     runner = T.GpuRunner(torch, torch.device("cpu"), "bf16", 2, 0, H200, (9, 0), T.make_vllm_fp8_impl(fe, qc),
                          lambda s: None, quant)
     wgmma = ["cuda_wgmma:t64", "cuda_wgmma:t128"]
-    variants = [f"cuda_wgmma_swap:{v}" for v in T.SWAP_LAUNCH_VARIANTS]
+    variants = [f"cuda_wgmma_swap:{v}" for v in T.SWAP_LAUNCH_VARIANTS + T.SWAP_GEMM2_RING_VARIANTS]
     assert runner.labels == ["cuda_decode", "cuda_wgmma_swap"] + variants + wgmma + ["cuda_generic", "vllm_triton"]
     runner.start_shape(shape)
     try:

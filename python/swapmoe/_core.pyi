@@ -111,7 +111,8 @@ def table_file_name(
 def read_table(path: str) -> dict[str, Any]:
     """A table file parsed as the oracle parses it: {"file", "metadata", "entries": {M:
     {"backend", "token_tile", "time_us", "times_us"}}} (a cuda_wgmma_swap entry with a measured
-    launch also has "swap_gemm1_ring" and "swap_gemm2_pdl"); ArgumentError when malformed."""
+    launch also has "swap_gemm1_ring" and "swap_gemm2_pdl", and "swap_gemm2_ring" where the
+    table names the e4m3 GEMM2's ring); ArgumentError when malformed."""
 
 def tables_info() -> dict[str, Any]:
     """The tables the oracle sees: shipped_dir, user_dir, dir_errors, files."""

@@ -1,6 +1,7 @@
 """``swapmoe tune``: measures every swapmoe candidate (backend x tensor-core token tile, and
 at M <= 32 cuda_wgmma_swap's launch variants ``cuda_wgmma_swap:r<ring>p<pdl>`` (bf16/fp16 and FP8):
-GEMM1's ring of stages, GEMM2 by PDL or after GEMM1) for given shapes and token counts on the
+GEMM1's ring of stages, GEMM2 by PDL or after GEMM1; for FP8 also ``r0p1g<ring>``, the e4m3
+GEMM2's ring) for given shapes and token counts on the
 current GPU and writes tuned tables that the oracle reads (format: ``src/tables.rs``; names:
 ``swapmoe._core.table_file_name``).
 
@@ -8,7 +9,8 @@ Timing is ``swapmoe bench``'s (``bench.gpu_time_us``): a CUDA graph of ``layers`
 distinct weight copies, replayed under ``triton.testing.do_bench`` (L2 flushed, median),
 divided by ``layers``; uniform routing ``topk(softmax(randn(M, E)))``. A candidate is forced
 with ``$SWAPMOE_BACKEND`` and ``$SWAPMOE_MMA_TOKEN_TILE`` (a launch variant also with
-``$SWAPMOE_SWAP_GEMM1_RING`` and ``$SWAPMOE_SWAP_GEMM2_PDL``) (source "override"); one that the
+``$SWAPMOE_SWAP_GEMM1_RING``, ``$SWAPMOE_SWAP_GEMM2_PDL`` and ``$SWAPMOE_SWAP_GEMM2_RING``)
+(source "override"); one that the
 oracle says cannot run a point is skipped with its reason. When vLLM imports, its Triton
 ``fused_experts`` is timed on the same inputs and stored as ``vllm_triton``, a candidate
 only for callers inside vLLM.
@@ -61,6 +63,7 @@ ENV_TILE = "SWAPMOE_MMA_TOKEN_TILE"
 ENV_TABLES = "SWAPMOE_TABLES_DIR"
 ENV_SWAP_RING = "SWAPMOE_SWAP_GEMM1_RING"
 ENV_SWAP_GEMM2_PDL = "SWAPMOE_SWAP_GEMM2_PDL"
+ENV_SWAP_GEMM2_RING = "SWAPMOE_SWAP_GEMM2_RING"
 #: cuda_wgmma_swap's launch variants (bf16/fp16, and FP8 since its e4m3 GEMM1 takes a ring
 #: too) timed besides its rules (label suffix ``r<GEMM1 ring>p<GEMM2 by PDL>``; ring 0 is the
 #: kernel's own): more GEMM1 CTAs per SM
@@ -68,6 +71,13 @@ ENV_SWAP_GEMM2_PDL = "SWAPMOE_SWAP_GEMM2_PDL"
 #: wins depends on the shape (H200, benches/NOTES.md "Swap launch variants": qwen3-30b-a3b
 #: M = 8-16 1.6-1.8% faster with r2p0, deepseek-v3-tp8 M = 8, 32 0.7-1% with r3p1)
 SWAP_LAUNCH_VARIANTS: Tuple[str, ...] = ("r2p0", "r2p1", "r3p0", "r3p1")
+#: FP8 only (the e4m3 GEMM2s take their ring at launch; the bf16/fp16 one's is fixed): GEMM1
+#: as its own ring, GEMM2 by PDL with a ring of 5 or 7 (suffix ``g<ring>``). Where GEMM2's CTAs
+#: prefetch beside GEMM1, a smaller ring lets more of them start there and leaves GEMM1 more
+#: bandwidth (deepseek-v3-tp8 fp8_tensor M = 1 / 2: ring 7 23.3 / 37.3 µs against 24.0 / 38.2
+#: with its own 11) but costs where a CTA has many k-stages (qwen3-30b-a3b M = 2: +1.0 µs;
+#: benches/NOTES.md "Ring cursor, FP8 launch-variant tables, ..."), so tables pick it per shape
+SWAP_GEMM2_RING_VARIANTS: Tuple[str, ...] = ("r0p1g5", "r0p1g7")
 #: largest M the variants are timed at (token tiles 8-32; at 64 one CTA fits an SM)
 SWAP_LAUNCH_MAX_M = 32
 
@@ -109,29 +119,48 @@ def candidate_label(backend: str, tile: Optional[int] = None) -> str:
     return f"{backend}:t{tile}" if tile else backend
 
 
-def swap_launch(label: str) -> Optional[Tuple[int, bool]]:
-    """``"cuda_wgmma_swap:r2p0"`` -> (2, False): GEMM1's ring and whether GEMM2 starts by
-    PDL; None for every other label."""
+def _swap_launch_parts(label: str) -> Optional[Tuple[int, bool, Optional[int]]]:
+    """``"cuda_wgmma_swap:r0p1g7"`` -> (0, True, 7); the GEMM2 ring None without ``g``; None
+    for a label that is not a swap launch (the grammar of ``SwapLaunch::parse``)."""
     backend, sep, v = label.partition(":")
     if backend != "cuda_wgmma_swap" or not sep or not v.startswith("r") or "p" not in v:
         return None
-    ring, _, pdl = v[1:].partition("p")
+    ring, _, rest = v[1:].partition("p")
+    pdl, g, ring2 = rest.partition("g")
     if not ring.isdigit() or int(ring) == 1 or pdl not in ("0", "1"):
         return None
-    return int(ring), pdl == "1"
+    if g and (not ring2.isdigit() or int(ring2) == 1):
+        return None
+    return int(ring), pdl == "1", (int(ring2) if g else None)
+
+
+def swap_launch(label: str) -> Optional[Tuple[int, bool]]:
+    """``"cuda_wgmma_swap:r2p0"`` -> (2, False): GEMM1's ring and whether GEMM2 starts by
+    PDL (also for a label with a GEMM2 ring, :func:`swap_gemm2_ring`); None for every other
+    label."""
+    parts = _swap_launch_parts(label)
+    return None if parts is None else (parts[0], parts[1])
+
+
+def swap_gemm2_ring(label: str) -> Optional[int]:
+    """``"cuda_wgmma_swap:r0p1g7"`` -> 7: the e4m3 GEMM2's ring a launch label names (0: its
+    own); None where it names none (the oracle's rule) or is not a swap launch."""
+    parts = _swap_launch_parts(label)
+    return None if parts is None else parts[2]
 
 
 def entry_label(entry: dict) -> str:
     """The label of an entry's own choice (backend, token tile, swap launch)."""
     if entry.get("swap_gemm1_ring") is not None:
-        return f"{entry['backend']}:r{entry['swap_gemm1_ring']}p{int(bool(entry.get('swap_gemm2_pdl')))}"
+        g = f"g{entry['swap_gemm2_ring']}" if entry.get("swap_gemm2_ring") is not None else ""
+        return f"{entry['backend']}:r{entry['swap_gemm1_ring']}p{int(bool(entry.get('swap_gemm2_pdl')))}{g}"
     return candidate_label(entry["backend"], entry.get("token_tile"))
 
 
 def set_choice(entry: dict, label: str) -> dict:
     """Makes ``label`` the entry's own choice: its ``backend``, and ``token_tile`` or
-    ``swap_gemm1_ring`` / ``swap_gemm2_pdl`` where the label has them (removed where it has
-    not). Returns the entry."""
+    ``swap_gemm1_ring`` / ``swap_gemm2_pdl`` (/ ``swap_gemm2_ring``) where the label has them
+    (removed where it has not). Returns the entry."""
     backend, tile = parse_label(label)
     entry["backend"] = backend
     if tile:
@@ -144,6 +173,11 @@ def set_choice(entry: dict, label: str) -> dict:
     else:
         entry.pop("swap_gemm1_ring", None)
         entry.pop("swap_gemm2_pdl", None)
+    ring2 = swap_gemm2_ring(label)
+    if ring2 is not None:
+        entry["swap_gemm2_ring"] = ring2
+    else:
+        entry.pop("swap_gemm2_ring", None)
     return entry
 
 
@@ -168,7 +202,7 @@ def swapmoe_candidates(dtype: str, quant: str = "none") -> List[str]:
         labels = ["cuda_decode"]
         if dtype in ("bf16", "fp16"):
             labels.append("cuda_wgmma_swap")
-            labels += [f"cuda_wgmma_swap:{v}" for v in SWAP_LAUNCH_VARIANTS]
+            labels += [f"cuda_wgmma_swap:{v}" for v in SWAP_LAUNCH_VARIANTS + SWAP_GEMM2_RING_VARIANTS]
             labels += [candidate_label("cuda_wgmma", t) for t in WGMMA_TILES]
         labels.append("cuda_generic")
         return labels
@@ -370,7 +404,9 @@ def forced(label: str) -> Iterator[None]:
     """Forces the candidate ``label`` for the swapmoe calls inside (env vars, restored)."""
     backend, tile = parse_label(label)
     launch = swap_launch(label)
-    saved = {k: os.environ.get(k) for k in (ENV_BACKEND, ENV_TILE, ENV_SWAP_RING, ENV_SWAP_GEMM2_PDL)}
+    ring2 = swap_gemm2_ring(label)
+    saved = {k: os.environ.get(k) for k in (ENV_BACKEND, ENV_TILE, ENV_SWAP_RING, ENV_SWAP_GEMM2_PDL,
+                                            ENV_SWAP_GEMM2_RING)}
     os.environ[ENV_BACKEND] = backend
     if tile:
         os.environ[ENV_TILE] = str(tile)
@@ -382,6 +418,10 @@ def forced(label: str) -> Iterator[None]:
     else:
         os.environ.pop(ENV_SWAP_RING, None)
         os.environ.pop(ENV_SWAP_GEMM2_PDL, None)
+    if ring2 is not None:
+        os.environ[ENV_SWAP_GEMM2_RING] = str(ring2)
+    else:
+        os.environ.pop(ENV_SWAP_GEMM2_RING, None)
     try:
         yield
     finally:
@@ -403,11 +443,18 @@ def ineligible(label: str, M: int, shape: B.MoeShape, dtype: str, device_name: s
 
     with forced(label):
         try:
-            _core.select_backend(M, shape.E, shape.topk, shape.K, shape.N, dtype=dtype,
-                                 quant=None if quant == "none" else quant,
-                                 device_capability=capability, device_name=device_name)
+            plan = _core.select_backend(M, shape.E, shape.topk, shape.K, shape.N, dtype=dtype,
+                                        quant=None if quant == "none" else quant,
+                                        device_capability=capability, device_name=device_name)
         except Error as e:
             return str(e)
+    ring2 = swap_gemm2_ring(label)
+    if ring2 is not None and plan["tile"].get("swap_gemm2_ring") != ring2:
+        # the plan does not run the ring the label names (the bf16/fp16 GEMM2, a GEMM2 one per
+        # SM, a ring past the kernel's own): timing it would record the label for another plan
+        why = [r for r in plan["reasons"] if "SWAPMOE_SWAP_GEMM2_RING" in r]
+        return (f"its GEMM2 ring of {ring2} is not what the plan runs "
+                f"({plan['tile'].get('swap_gemm2_ring')}): " + "; ".join(why))
     return None
 
 

@@ -810,6 +810,9 @@ fn read_table<'py>(py: Python<'py>, path: &str) -> PyResult<Bound<'py, PyDict>> 
                 if let Some(v) = swap {
                     x.set_item("swap_gemm1_ring", v.gemm1_ring)?;
                     x.set_item("swap_gemm2_pdl", v.gemm2_pdl)?;
+                    if let Some(r) = v.gemm2_ring {
+                        x.set_item("swap_gemm2_ring", r)?;
+                    }
                 }
             }
             other => {
