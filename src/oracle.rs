@@ -5501,18 +5501,28 @@ mod tests {
         );
     }
 
+    /// A user table for qwen3-30b-a3b FP8 per tensor (static scales) with the given M entries
+    /// (the JSON members after the metadata).
+    fn qwen3_fp8_tensor_table(entries: &str) -> TableSet {
+        let file = tables::file_name(128, 768, "NVIDIA H200", DType::BF16, Quant::Fp8Tensor);
+        let json = format!(
+            r#"{{"metadata": {{"E": 128, "N": 768, "activation_scales": "static"}}, {entries}}}"#
+        );
+        let t = Table::parse(&json, &file, Path::new(&file), Origin::User).unwrap();
+        let mut set = TableSet::default();
+        set.insert(&file, Loaded::Ok(std::sync::Arc::new(t)));
+        set
+    }
+
     #[test]
     fn fp8_table_swap_launch_sets_the_ring_and_gemm2_pdl() {
         let _knobs = ENV_KNOBS.write().unwrap_or_else(|e| e.into_inner());
         // an FP8 per-tensor table (static scales) whose M = 8 entry is a swap launch variant,
         // and whose M = 2 entry names one only in times_us (vLLM's the fastest there)
-        let file = tables::file_name(128, 768, "NVIDIA H200", DType::BF16, Quant::Fp8Tensor);
-        let json = r#"{"metadata": {"E": 128, "N": 768, "activation_scales": "static"},
-            "2": {"backend": "vllm_triton", "times_us": {"vllm_triton": 30, "cuda_wgmma_swap:r3p0": 31, "cuda_wgmma_swap": 32}},
-            "8": {"backend": "cuda_wgmma_swap", "swap_gemm1_ring": 2, "swap_gemm2_pdl": true, "time_us": 81.4}}"#;
-        let t = Table::parse(json, &file, Path::new(&file), Origin::User).unwrap();
-        let mut set = TableSet::default();
-        set.insert(&file, Loaded::Ok(std::sync::Arc::new(t)));
+        let set = qwen3_fp8_tensor_table(
+            r#""2": {"backend": "vllm_triton", "times_us": {"vllm_triton": 30, "cuda_wgmma_swap:r3p0": 31, "cuda_wgmma_swap": 32}},
+            "8": {"backend": "cuda_wgmma_swap", "swap_gemm1_ring": 2, "swap_gemm2_pdl": true, "time_us": 81.4}"#,
+        );
         let ask = |m: i64| qwen3_fp8(m, QuantScheme::Tensor, &set, &[]);
         let p = ask(8);
         assert_eq!(
@@ -5544,14 +5554,11 @@ mod tests {
         std::env::remove_var(SWAP_GEMM2_RING_ENV);
         // FP8 per tensor (static): M = 2 an entry with a GEMM2 ring of 7; M = 4 vLLM's the
         // fastest, the GEMM2-ring label the fastest swapmoe one; M = 8 a ring this kernel has not
-        let file = tables::file_name(128, 768, "NVIDIA H200", DType::BF16, Quant::Fp8Tensor);
-        let json = r#"{"metadata": {"E": 128, "N": 768, "activation_scales": "static"},
-            "2": {"backend": "cuda_wgmma_swap", "swap_gemm1_ring": 0, "swap_gemm2_pdl": true, "swap_gemm2_ring": 7},
+        let set = qwen3_fp8_tensor_table(
+            r#""2": {"backend": "cuda_wgmma_swap", "swap_gemm1_ring": 0, "swap_gemm2_pdl": true, "swap_gemm2_ring": 7},
             "4": {"backend": "vllm_triton", "times_us": {"vllm_triton": 40, "cuda_wgmma_swap:r0p1g5": 41, "cuda_wgmma_swap": 42}},
-            "8": {"backend": "cuda_wgmma_swap", "swap_gemm1_ring": 0, "swap_gemm2_pdl": true, "swap_gemm2_ring": 99}}"#;
-        let t = Table::parse(json, &file, Path::new(&file), Origin::User).unwrap();
-        let mut set = TableSet::default();
-        set.insert(&file, Loaded::Ok(std::sync::Arc::new(t)));
+            "8": {"backend": "cuda_wgmma_swap", "swap_gemm1_ring": 0, "swap_gemm2_pdl": true, "swap_gemm2_ring": 99}"#,
+        );
         let fp8 = |m: i64| qwen3_fp8(m, QuantScheme::Tensor, &set, &[]);
         let p = fp8(2);
         assert_eq!(
