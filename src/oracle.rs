@@ -201,12 +201,17 @@ pub const SM_SHARED_MEMORY_BYTES: usize = 228 * 1024;
 pub fn resident_ctas_per_sm(smem: usize) -> usize {
     (SM_SHARED_MEMORY_BYTES / (smem + 1024)).max(1)
 }
+/// Whether a swap-AB kernel whose own ring has `own_ring` stages can run a ring of `ring`
+/// (an override's or a table's): 0 (its own) or 2 to `own_ring`.
+fn swap_ring_fits(ring: usize, own_ring: usize) -> bool {
+    ring == 0 || (2..=own_ring).contains(&ring)
+}
 /// A ring override `$env` = `v` for the swap-AB `gemm` ("gemm1" or "gemm2") whose own ring
 /// has `own_ring` stages: the ring (0 or 2..=own_ring; anything else is ignored: 0) and the
 /// reason.
 fn swap_ring_override(gemm: &str, env: &str, v: &str, own_ring: usize) -> (usize, String) {
     match v.trim().parse::<usize>() {
-        Ok(n) if n == 0 || (2..=own_ring).contains(&n) => (
+        Ok(n) if swap_ring_fits(n, own_ring) => (
             n,
             format!("{gemm}: a ring of {n} stages (0: the kernel's own, {own_ring}), forced by ${env}={v}"),
         ),
@@ -2999,7 +3004,7 @@ impl<'a> Candidates<'a> {
         }
         if let Some(v) = self.swap_launch {
             let ring = v.gemm1_ring;
-            return if ring == 0 || (2..=own_ring).contains(&ring) {
+            return if swap_ring_fits(ring, own_ring) {
                 (
                     ring,
                     Some(self.why(|| format!("gemm1: a ring of {ring} stages (0: the kernel's own, {own_ring}), as the table measured"))),
@@ -3060,7 +3065,7 @@ impl<'a> Candidates<'a> {
             return (n, wanted.then_some(why));
         }
         match table {
-            Some(ring) if ring == 0 || (2..=own).contains(&ring) => (
+            Some(ring) if swap_ring_fits(ring, own) => (
                 ring,
                 wanted.then(|| format!("gemm2: a ring of {ring} stages (0: the kernel's own, {own}), as the table measured")),
             ),

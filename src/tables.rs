@@ -556,11 +556,13 @@ impl Table {
                     "swap_gemm2_ring goes with swap_gemm1_ring and swap_gemm2_pdl".into(),
                 ));
             }
-            if gemm2_ring == Some(1) {
-                return Err(at(
-                    "swap_gemm2_ring: expected 0 (the kernel's own ring) or at least 2, got 1"
-                        .into(),
-                ));
+            // a ring is 0 (the kernel's own) or at least 2 stages
+            for (name, r) in [("swap_gemm1_ring", ring), ("swap_gemm2_ring", gemm2_ring)] {
+                if let Some(r) = r.filter(|r| swap_ring_value(*r).is_none()) {
+                    return Err(at(format!(
+                        "{name}: expected 0 (the kernel's own ring) or at least 2, got {r}"
+                    )));
+                }
             }
             if ring.is_some() || pdl.is_some() {
                 let (Some(gemm1_ring), Some(gemm2_pdl)) = (ring, pdl) else {
@@ -568,12 +570,6 @@ impl Table {
                         "swap_gemm1_ring and swap_gemm2_pdl go together (both or neither)".into(),
                     ));
                 };
-                if gemm1_ring == 1 {
-                    return Err(at(
-                        "swap_gemm1_ring: expected 0 (the kernel's own ring) or at least 2, got 1"
-                            .into(),
-                    ));
-                }
                 match &mut choice {
                     Choice::Swapmoe {
                         backend: Backend::CudaWgmmaSwap,

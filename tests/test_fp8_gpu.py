@@ -358,15 +358,22 @@ def test_swap_gemm1_ring(scheme, case, splits, ring, rng, monkeypatch):
     """The e4m3 GEMM1 with a ring of 2-4 stages ($SWAPMOE_SWAP_GEMM1_RING; more CTAs per SM):
     the stage index and the barriers' phases wrap at the ring, whatever the number of k-stages
     per CTA (K = 256 and 336 split 1-4 ways); the plan says the ring."""
+    _check_swap_ring("gemm1", ring, scheme, case, splits, rng, monkeypatch)
+
+
+def _check_swap_ring(gemm, ring, scheme, case, splits, rng, monkeypatch):
+    """Runs ``case`` on cuda_wgmma_swap with ``gemm``'s ring forced ($SWAPMOE_SWAP_<GEMM>_RING,
+    SWAP_SPLITS ``splits`` or the oracle's) against the float64 reference, then checks that the
+    plan runs that ring."""
     if splits:
         monkeypatch.setenv("SWAPMOE_SWAP_SPLITS", splits)
-    monkeypatch.setenv("SWAPMOE_SWAP_GEMM1_RING", ring)
+    monkeypatch.setenv(f"SWAPMOE_SWAP_{gemm.upper()}_RING", ring)
     run_fp8_case(case, scheme[0], "torch", "bfloat16", rng, device=DEV, static=scheme[1],
                  backend="cuda_wgmma_swap")
     plan = swapmoe.select_backend(case.M, case.E, case.topk, case.K, case.N, quant=QUANT_OF_SCHEME[scheme[0]],
                                   activation_scales="static" if scheme[1] else "dynamic",
                                   backend="cuda_wgmma_swap")
-    assert plan.tile["swap_gemm1_ring"] == int(ring), plan.reasons
+    assert plan.tile[f"swap_{gemm}_ring"] == int(ring), plan.reasons
 
 
 @needs_sm90
@@ -381,15 +388,7 @@ def test_swap_gemm2_ring(scheme, case, splits, ring, rng, monkeypatch):
     candidate `r0p1g7`, at token tile 8, whose own ring is longer): the stage index and phases
     of the producer (the TMA thread, or the quantizing warpgroup) wrap at the ring over experts
     and k-stages (all experts in one CTA with "1,1"); the plan says the ring."""
-    if splits:
-        monkeypatch.setenv("SWAPMOE_SWAP_SPLITS", splits)
-    monkeypatch.setenv("SWAPMOE_SWAP_GEMM2_RING", ring)
-    run_fp8_case(case, scheme[0], "torch", "bfloat16", rng, device=DEV, static=scheme[1],
-                 backend="cuda_wgmma_swap")
-    plan = swapmoe.select_backend(case.M, case.E, case.topk, case.K, case.N, quant=QUANT_OF_SCHEME[scheme[0]],
-                                  activation_scales="static" if scheme[1] else "dynamic",
-                                  backend="cuda_wgmma_swap")
-    assert plan.tile["swap_gemm2_ring"] == int(ring), plan.reasons
+    _check_swap_ring("gemm2", ring, scheme, case, splits, rng, monkeypatch)
 
 
 @needs_sm90
