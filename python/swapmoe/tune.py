@@ -75,8 +75,9 @@ SWAP_LAUNCH_VARIANTS: Tuple[str, ...] = ("r2p0", "r2p1", "r3p0", "r3p1")
 #: as its own ring, GEMM2 by PDL with a ring of 5 or 7 (suffix ``g<ring>``). Where GEMM2's CTAs
 #: prefetch beside GEMM1, a smaller ring lets more of them start there and leaves GEMM1 more
 #: bandwidth (deepseek-v3-tp8 fp8_tensor M = 1 / 2: ring 7 23.3 / 37.3 µs against 24.0 / 38.2
-#: with its own 11) but costs where a CTA has many k-stages (qwen3-30b-a3b M = 2: +1.0 µs;
-#: benches/NOTES.md "Ring cursor, FP8 launch-variant tables, ..."), so tables pick it per shape
+#: with its own 11) but costs where a CTA has many k-stages (qwen3-30b-a3b M = 2: +1.0 µs)
+#: (H200, benches/NOTES.md "The e4m3 swap GEMM2 ring"; the stamps of "Ring cursor, FP8
+#: launch-variant tables, ..." show the gain is GEMM1's), so tables pick it per shape
 SWAP_GEMM2_RING_VARIANTS: Tuple[str, ...] = ("r0p1g5", "r0p1g7")
 #: largest M the variants are timed at (token tiles 8-32; at 64 one CTA fits an SM)
 SWAP_LAUNCH_MAX_M = 32
