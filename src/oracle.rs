@@ -519,8 +519,78 @@ pub fn swap_token_tile(m: usize) -> usize {
         .find(|&t| m <= t)
         .unwrap_or(SWAP_MAX_TOKENS)
 }
-/// Why an FP8 call no table measured goes to vLLM's Triton where the caller can run it.
-const FP8_TRITON_VS_SWAPMOE: &str = "vLLM's Triton is the faster at 38 of the 66 points of the shipped H200 FP8 tables that timed both (per-tensor and 128x128 blocks, vLLM's times from the anchor: benches/merge_anchor.py)";
+/// Inside vLLM (the caller can run vLLM's Triton), a call that no table measured against
+/// vLLM's Triton (no table, no entry near its M, or an entry without a `vllm_triton` time)
+/// runs swapmoe's heuristic pick only up to these token counts, on sm_90: there the pick
+/// measured faster than vLLM's Triton at every shipped H200 shape (the tables' times, vLLM's
+/// from the anchor; `tests/test_tables.py` derives both bounds from the shipped tables again).
+/// bf16 at M = 1: qwen3-30b-a3b 1.05x, deepseek-v3-tp8 1.29x, Mixtral 1.03x; at M = 2
+/// qwen3-30b-a3b 0.91x, and from M = 4 vLLM's Triton is the faster at most shapes.
+pub const UNTABLED_SWAPMOE_16BIT_MAX_TOKENS: usize = 1;
+/// The same for FP8 per tensor with static activation scales: 1.12-1.51x at M = 1, 1.04-1.18x
+/// at M = 2; at M = 4 Mixtral 0.78x. The other FP8 kinds have no such range: per channel has
+/// no vLLM times, 128x128 blocks lost at Mixtral M = 1 (0.88x), and dynamic per-tensor scales
+/// run kernels no shipped table measured.
+pub const UNTABLED_SWAPMOE_FP8_TENSOR_STATIC_MAX_TOKENS: usize = 2;
+
+/// The token counts up to which an unmeasured call inside vLLM runs swapmoe rather than vLLM's
+/// Triton, and the kind of call that range was measured for; 0 where no range was measured
+/// (another architecture than the H200's, fp32, the FP8 kinds without one).
+fn untabled_swapmoe_range(p: &MoeProblem, caps: Option<&DeviceCaps>) -> (usize, &'static str) {
+    if caps.map(|c| c.capability.0) != Some(9) {
+        return (
+            0,
+            "a device of another architecture than the H200's (sm_90)",
+        );
+    }
+    match p.quant {
+        None if matches!(p.dtype, DType::BF16 | DType::F16) => {
+            (UNTABLED_SWAPMOE_16BIT_MAX_TOKENS, "16-bit activations")
+        }
+        None => (0, "fp32 activations"),
+        Some(q) if q.scheme == QuantScheme::Tensor && q.a1_scale != 0 && q.a2_scale != 0 => (
+            UNTABLED_SWAPMOE_FP8_TENSOR_STATIC_MAX_TOKENS,
+            "FP8 per tensor with static activation scales",
+        ),
+        Some(q) if q.scheme == QuantScheme::Tensor => {
+            (0, "FP8 per tensor with dynamic activation scales")
+        }
+        Some(q) if q.scheme == QuantScheme::Channel => (0, "FP8 per channel"),
+        Some(_) => (0, "FP8 128x128 blocks"),
+    }
+}
+
+/// For a caller that can run vLLM's Triton, whether a call no table measured against it goes
+/// there (`untabled_swapmoe_range`); `what` says why the call is unmeasured and `pick` is
+/// swapmoe's choice, which runs otherwise and is the fallback either way.
+fn unmeasured_call_external(
+    c: &mut Candidates,
+    caps: Option<&DeviceCaps>,
+    pick: Backend,
+    what: &str,
+) -> Option<ExternalBackend> {
+    let (max, kind) = untabled_swapmoe_range(c.p, caps);
+    let m = c.p.m;
+    if m <= max {
+        c.reasons.add(|| format!(
+            "vllm_triton: not chosen although the caller can run it; {what}, but for {kind} on sm_90 up to M = {max} swapmoe's heuristic pick measured faster than vLLM's Triton at every shipped H200 shape, so {} runs it",
+            pick.name()
+        ));
+        return None;
+    }
+    c.reasons.add(|| {
+        let measured = if max == 0 {
+            format!("for {kind} no range was measured where swapmoe beats it")
+        } else {
+            format!("for {kind} swapmoe's heuristic pick measured faster only up to M = {max} (at every shipped H200 shape)")
+        };
+        format!(
+            "vllm_triton: {what} and the caller can run vLLM's Triton; {measured}, so vLLM's Triton runs it, {} if it cannot (swapmoe tune measures both for this shape)",
+            pick.name()
+        )
+    });
+    Some(ExternalBackend::VllmTriton)
+}
 /// Smallest compute capability the FP8 path runs on (Ada, Hopper and later).
 pub const FP8_MIN_CAPABILITY: (i32, i32) = (8, 9);
 /// Threads of the routing-alignment CTA (`kThreads` in cuda/route_align.cu).
@@ -1516,12 +1586,9 @@ pub fn decide(p: &MoeProblem, caps: Option<&DeviceCaps>, req: &Request) -> Resul
             }
             None => {
                 let b = heuristic(&mut c);
-                if p.quant.is_some() && req.external.contains(&ExternalBackend::VllmTriton) {
-                    c.reasons.add(|| format!(
-                        "vllm_triton: no tuned entry for this FP8 call and the caller can run vLLM's Triton; {FP8_TRITON_VS_SWAPMOE}, so vLLM's Triton runs it, {} if it cannot",
-                        b.name()
-                    ));
-                    external = Some(ExternalBackend::VllmTriton);
+                if req.external.contains(&ExternalBackend::VllmTriton) {
+                    external =
+                        unmeasured_call_external(&mut c, caps, b, "no tuned entry for this call");
                 }
                 b
             }
@@ -2175,22 +2242,26 @@ fn from_table(
                     .times_us
                     .iter()
                     .any(|(timed, _)| *timed == Choice::External(vllm));
-                if p.quant.is_some() && req.external.contains(&vllm) && !vllm_timed {
-                    // an FP8 entry that never timed vLLM's Triton cannot say swapmoe is faster
-                    c.reasons.add(|| format!(
-                        "vllm_triton: {} has no vllm_triton time at M={} (tuned without vLLM) and the caller can run vLLM's Triton, so it runs this FP8 call as it runs untabled ones; the entry's {choice} is swapmoe's fallback",
+                if req.external.contains(&vllm) && !vllm_timed {
+                    // an entry that never timed vLLM's Triton cannot say swapmoe is faster:
+                    // the call is decided as an untabled one, with the entry's pick
+                    let what = format!(
+                        "{} has no vllm_triton time at M={} (tuned without vLLM)",
                         t.file, entry.m
-                    ));
-                    note(
-                        "unmeasured",
-                        false,
-                        format!(
-                            "tuned table {} has no vllm_triton time at M={}: inside vLLM its FP8 calls stay on vLLM's Triton",
-                            t.path.display(),
-                            entry.m
-                        ),
                     );
-                    Some((b, Some(vllm)))
+                    let x = unmeasured_call_external(c, Some(caps), b, &what);
+                    if x.is_some() {
+                        note(
+                            "unmeasured",
+                            false,
+                            format!(
+                                "tuned table {} has no vllm_triton time at M={}: inside vLLM such calls stay on vLLM's Triton",
+                                t.path.display(),
+                                entry.m
+                            ),
+                        );
+                    }
+                    Some((b, x))
                 } else {
                     Some((b, None))
                 }
@@ -5260,9 +5331,15 @@ mod tests {
                 ..Request::default()
             },
         );
-        assert_eq!((t.source, t.external), (Source::Heuristic, None));
+        // ... and no measured range of swapmoe's at M = 1024: vLLM's Triton, the heuristics'
+        // pick as the fallback
+        assert_eq!(
+            (t.source, t.external),
+            (Source::Heuristic, Some(ExternalBackend::VllmTriton))
+        );
         assert!(has(&t, &["flashinfer_cutlass is a candidate only"]));
         assert!(has(&t, &["no swapmoe time"]));
+        assert!(has(&t, &["only up to M = 1", "vLLM's Triton runs it"]));
     }
 
     #[test]
@@ -5405,35 +5482,122 @@ mod tests {
     }
 
     #[test]
-    fn untabled_fp8_goes_to_vllm_triton_only_when_the_caller_can_run_it() {
+    fn untabled_calls_go_to_vllm_triton_outside_swapmoes_measured_range() {
         let set = TableSet::default();
+        let vllm = [ExternalBackend::VllmTriton];
         let ask = |external: &[ExternalBackend]| qwen3_fp8(64, QuantScheme::Tensor, &set, external);
-        let inside = ask(&[ExternalBackend::VllmTriton]);
+        let inside = ask(&vllm);
         assert_eq!(inside.external, Some(ExternalBackend::VllmTriton));
         // the fallback without vLLM: per-tensor FP8 at M = 64, the e4m3 wgmma GEMMs
         assert_eq!(inside.backend, Backend::CudaWgmma);
-        assert!(inside.reasons.iter().any(|r| r.starts_with("vllm_triton:")));
+        assert!(has(
+            &inside,
+            &["vllm_triton: no tuned entry", "only up to M = 2"]
+        ));
         let alone = ask(&[]);
         assert_eq!(alone.external, None);
         assert_eq!(alone.backend, Backend::CudaWgmma);
-        let bf16 = plan_for_shape(
-            64,
-            128,
-            8,
-            2048,
-            768,
-            DType::BF16,
-            None,
-            None,
-            &h200(),
-            &Request {
+        let hopper_other = DeviceCaps {
+            name: "NVIDIA H100 80GB HBM3".into(),
+            ..h200()
+        };
+        let ampere = DeviceCaps {
+            name: "NVIDIA A100-SXM4-80GB".into(),
+            capability: (8, 0),
+            sm_count: 108,
+        };
+        use ActivationScales::{Dynamic, Static};
+        // (M, dtype, scheme, activation scales, device) -> whether vLLM's Triton runs it
+        type Case<'a> = (
+            i64,
+            DType,
+            Option<QuantScheme>,
+            Option<ActivationScales>,
+            &'a DeviceCaps,
+            bool,
+        );
+        let cases: &[Case] = &[
+            (1, DType::BF16, None, None, &hopper_other, false),
+            (1, DType::F16, None, None, &hopper_other, false),
+            (2, DType::BF16, None, None, &hopper_other, true),
+            (64, DType::BF16, None, None, &hopper_other, true),
+            (1, DType::F32, None, None, &hopper_other, true),
+            (1, DType::BF16, None, None, &ampere, true),
+            (
+                2,
+                DType::BF16,
+                Some(QuantScheme::Tensor),
+                Some(Static),
+                &hopper_other,
+                false,
+            ),
+            (
+                4,
+                DType::BF16,
+                Some(QuantScheme::Tensor),
+                Some(Static),
+                &hopper_other,
+                true,
+            ),
+            (
+                1,
+                DType::BF16,
+                Some(QuantScheme::Tensor),
+                Some(Dynamic),
+                &hopper_other,
+                true,
+            ),
+            (
+                1,
+                DType::BF16,
+                Some(QuantScheme::Channel),
+                None,
+                &hopper_other,
+                true,
+            ),
+            (
+                1,
+                DType::BF16,
+                Some(QuantScheme::Block),
+                None,
+                &hopper_other,
+                true,
+            ),
+        ];
+        for &(m, dtype, quant, scales, caps, to_vllm) in cases {
+            let req = Request {
                 tables: Some(&set),
-                external: &[ExternalBackend::VllmTriton],
+                external: &vllm,
                 ..Request::default()
-            },
-        )
-        .unwrap();
-        assert_eq!(bf16.external, None); // unquantized: only a table sends it to vLLM
+            };
+            let p = plan_for_shape(m, 128, 8, 2048, 768, dtype, quant, scales, caps, &req).unwrap();
+            let case = format!("M={m} {dtype:?} {quant:?} {scales:?} {}", caps.name);
+            assert_eq!(p.external.is_some(), to_vllm, "{case}: {:?}", p.reasons);
+            assert_eq!(p.source, Source::Heuristic, "{case}");
+            assert!(
+                has(&p, &["vllm_triton:", "no tuned entry"]),
+                "{case}: {:?}",
+                p.reasons
+            );
+            // outside vLLM the heuristics' pick runs, the same backend as the fallback
+            let alone = plan_for_shape(
+                m,
+                128,
+                8,
+                2048,
+                768,
+                dtype,
+                quant,
+                scales,
+                caps,
+                &Request {
+                    tables: Some(&set),
+                    ..Request::default()
+                },
+            )
+            .unwrap();
+            assert_eq!((alone.external, alone.backend), (None, p.backend), "{case}");
+        }
     }
 
     #[test]
@@ -5462,7 +5626,7 @@ mod tests {
         );
         assert!(has(
             &p,
-            &["no vllm_triton time at M=8", "swapmoe's fallback"]
+            &["no vllm_triton time at M=8", "cuda_wgmma_swap if it cannot"]
         ));
         // outside vLLM the table decides alone
         let p = ask(8, &[]);

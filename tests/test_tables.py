@@ -197,21 +197,87 @@ def test_shipped_fp8_channel_tables_keep_vllm_calls_on_vllm_triton():
         assert any("no vllm_triton time at M=" in r for r in p.reasons), p.reasons
 
 
-def test_untabled_fp8_reason_counts_the_shipped_tables():
-    """The reason the oracle gives for sending untabled FP8 calls to vLLM's Triton counts the
-    points of the shipped FP8 tables where vLLM's Triton is the faster; it must stay true."""
-    won = timed = 0
-    for name in SHIPPED:
-        if "fp8_w8a8" not in name:
-            continue
-        for e in T.table_entries(shipped_table(name)).values():
-            if "vllm_triton" in e["times_us"]:
-                timed += 1
-                won += e["backend"] == "vllm_triton"
-    p = swapmoe.select_backend(64, 64, 4, 1024, 512, device_name=H200, quant="fp8_tensor",
-                               external_backends=["vllm_triton"])  # no table for this shape
-    assert p.backend == "vllm_triton" and p.source == "heuristic", p.reasons
-    assert any(f"faster at {won} of the {timed} points" in r for r in p.reasons), (won, timed, p.reasons)
+def _heuristic_label(p):
+    """The tune label of a plan's swapmoe backend (its fallback when vLLM's Triton was picked)."""
+    backend = p.fallback or p.backend
+    tiled = backend in ("cuda_mma", "cuda_wgmma")
+    return T.candidate_label(backend, p.tile["tokens_per_pass"] if tiled else None)
+
+
+# The kinds of call for which the oracle has a measured range where swapmoe runs unmeasured
+# calls inside vLLM, and the shipped tables that measured each.
+UNTABLED_KINDS = {
+    "16-bit": ({"quant": None}, "dtype=bf16.json"),
+    "fp8_tensor static": ({"quant": "fp8_tensor", "activation_scales": "static"}, "dtype=fp8_w8a8.json"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(UNTABLED_KINDS))
+def test_untabled_range_inside_vllm_is_where_swapmoe_won_at_every_shipped_shape(kind, monkeypatch):
+    """Inside vLLM a call no table measured runs swapmoe only up to the M where, at every
+    shipped H200 shape of its kind, the heuristics' pick (tables off) measured faster than
+    vLLM's Triton in the table's own times; past it vLLM's Triton. Derived here from the
+    tables, so the oracle's bounds (`UNTABLED_SWAPMOE_*_MAX_TOKENS`) must follow them."""
+    kw, suffix = UNTABLED_KINDS[kind]
+    monkeypatch.setenv("SWAPMOE_TABLES", "off")
+    won = {}  # M -> swapmoe's heuristic pick faster than vLLM's Triton at every shape so far
+    for name in sorted(n for n in SHIPPED if n.endswith(suffix)):
+        table = shipped_table(name)
+        meta = table["metadata"]
+        shape = (meta["E"], meta["topk"], meta["K"], meta["N"])
+        for m, entry in T.table_entries(table).items():
+            times = entry.get("times_us", {})
+            if "vllm_triton" not in times:
+                continue
+            label = _heuristic_label(plan(m, shape, **kw))
+            assert label in times, (name, m, label, sorted(times))
+            won[m] = won.get(m, True) and times[label] < times["vllm_triton"]
+    ms = sorted(won)
+    assert len(ms) >= 8, ms
+    bound = 0
+    for m in ms:
+        if not won[m]:
+            break
+        bound = m
+    assert bound >= 1, won  # swapmoe's kernels win somewhere, or the range would be empty
+    for m in ms:
+        for name in sorted(n for n in SHIPPED if n.endswith(suffix)):
+            meta = shipped_table(name)["metadata"]
+            shape = (meta["E"], meta["topk"], meta["K"], meta["N"])
+            p = plan(m, shape, external_backends=["vllm_triton"], **kw)
+            assert p.source == "heuristic", p.reasons
+            assert (p.backend == "vllm_triton") == (m > bound), (kind, name, m, bound, p.reasons)
+            assert p.fallback is None or p.fallback == _heuristic_label(p).partition(":")[0]
+    # the same bound for a shape and a device no table measured
+    E, topk, K, N = 64, 4, 1024, 512
+    monkeypatch.delenv("SWAPMOE_TABLES")
+    for m, to_vllm in ((bound, False), (bound + 1, True)):
+        p = swapmoe.select_backend(m, E, topk, K, N, device_name="NVIDIA H100 80GB HBM3",
+                                   device_capability=(9, 0), external_backends=["vllm_triton"], **kw)
+        assert (p.backend == "vllm_triton") == to_vllm, (m, p.reasons)
+        assert any(r.startswith("vllm_triton:") for r in p.reasons), p.reasons
+
+
+def test_untabled_calls_outside_the_measured_kinds_go_to_vllm_triton():
+    """FP8 per channel, 128x128 blocks and dynamic per-tensor scales, fp32, and devices other
+    than sm_90 have no measured range: inside vLLM an untabled call of theirs stays on vLLM's
+    Triton at every M; outside vLLM the heuristics' pick runs."""
+    dims = (64, 4, 1024, 512)
+    cases = [
+        {"quant": "fp8_channel"},
+        {"quant": "fp8_block128"},
+        {"quant": "fp8_tensor", "activation_scales": "dynamic"},
+        {"dtype": "fp32"},
+        {"device_capability": (8, 0), "device_name": "NVIDIA A100-SXM4-80GB"},
+    ]
+    for kw in cases:
+        kw = {"device_name": H200, **kw}
+        E, topk, K, N = dims
+        p = swapmoe.select_backend(1, E, topk, K, N, external_backends=["vllm_triton"], **kw)
+        assert (p.backend, p.source) == ("vllm_triton", "heuristic"), (kw, p.reasons)
+        assert any("no range was measured" in r for r in p.reasons), (kw, p.reasons)
+        alone = swapmoe.select_backend(1, E, topk, K, N, **kw)
+        assert alone.backend == p.fallback != "vllm_triton", (kw, alone.backend, p.fallback)
 
 
 def test_shipped_table_tiles_and_gaps():

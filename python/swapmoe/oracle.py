@@ -23,7 +23,9 @@ class Plan:
     - ``backend``: ``cuda_decode``, ``cuda_wgmma_swap``, ``cuda_mma``, ``cuda_wgmma``,
       ``cuda_generic``, ``cuda_bulk_decode`` (or ``cpu`` for CPU
       tensors), or an external backend (``vllm_triton``, ``flashinfer_cutlass``) when a
-      table picked it and the caller allowed it
+      table picked it and the caller allowed it, or (``vllm_triton``) when no table measured
+      the call against it and the call is outside swapmoe's measured range (README, "Tuned
+      tables")
     - ``swap_ab``: whether the weights fill the MMA's wide side and the tokens the narrow one
     - ``tile``: kernels, rows per CTA, tokens per pass (token tile), load widths, PDL,
       ``splits`` (cuda_wgmma_swap's cluster sizes: GEMM1's K split, GEMM2's expert split); for an
@@ -77,8 +79,10 @@ def select_backend(
     ``"fp8_tensor"`` (static activation scales assumed), ``"fp8_channel"`` or
     ``"fp8_block128"`` plan FP8 W8A8 weights; FP8 on a device below sm_89 raises
     :class:`ArgumentError`. ``external_backends`` names backends outside swapmoe the caller
-    can run (``"vllm_triton"``, ``"flashinfer_cutlass"``): tuned tables may pick them.
-    ``activation_scales``: ``"static"`` (``a1_scale`` and ``a2_scale`` given) or
+    can run (``"vllm_triton"``, ``"flashinfer_cutlass"``): tuned tables may pick them, and a
+    call no table measured against vLLM's Triton goes to ``vllm_triton`` outside the range
+    where swapmoe's heuristic pick measured faster at every shipped H200 shape (sm_90:
+    bf16/fp16 M = 1, FP8 per tensor with static scales M <= 2). ``activation_scales``: ``"static"`` (``a1_scale`` and ``a2_scale`` given) or
     ``"dynamic"`` (computed by the op); None is the scheme's usual kind, static for
     ``"fp8_tensor"`` and dynamic for the others, which take no other. An FP8 table says which
     kind it was measured with and stands only for calls of that kind."""

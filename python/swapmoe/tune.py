@@ -22,10 +22,11 @@ the candidates swapmoe's FP8 backends (cuda_decode, cuda_wgmma_swap, cuda_wgmma 
 and 128), cuda_generic: cuda_mma has no FP8 kernels) and, when vLLM imports, vLLM's Triton ``fused_experts`` with the same weights and
 scales (``fp8_w8a8_moe_quant_config``). The tables are the FP8 ones the oracle reads
 (``dtype=fp8_w8a8[,per_channel=true|,block_shape=[128,128]]``); their metadata has ``quant``.
-An FP8 entry with no ``vllm_triton`` time cannot say swapmoe is faster than vLLM's Triton:
-inside vLLM the oracle keeps such calls on vLLM's Triton (as untabled ones), with the entry's
-pick as swapmoe's fallback; outside vLLM the entry's pick runs. The run says so when vLLM is
-not timed.
+An entry (bf16 or FP8) with no ``vllm_triton`` time cannot say swapmoe is faster than vLLM's
+Triton: inside vLLM the oracle decides such calls as untabled ones (vLLM's Triton outside the
+range where swapmoe's heuristic pick measured faster at every shipped H200 shape), with the
+entry's pick as swapmoe's choice; outside vLLM the entry's pick runs. The run says so when
+vLLM is not timed.
 
 The table file is rewritten after every M point, so an interrupted run keeps what it
 measured; running again skips the M points already in the file (``--force`` re-measures).
@@ -868,11 +869,10 @@ def run_tune(
         no_vllm = "--no-vllm"
     if no_vllm:
         say(f"{no_vllm}: no {VLLM_LABEL} times in the tables (swapmoe candidates only)")
-        if quant != "none":
-            say(f"note: without {VLLM_LABEL} times these FP8 tables choose among swapmoe's kernels only; inside "
-                f"vLLM their calls stay on vLLM's Triton (as untabled FP8 calls), with the tables' picks as "
-                f"swapmoe's fallback. Add {VLLM_LABEL} times (a run with vLLM, or benches/merge_anchor.py) to "
-                "route between the two by measurement")
+        say(f"note: without {VLLM_LABEL} times these tables choose among swapmoe's kernels only; inside "
+            f"vLLM their calls are decided as untabled ones (vLLM's Triton outside swapmoe's measured range), "
+            f"with the tables' picks as swapmoe's choice. Add {VLLM_LABEL} times (a run with vLLM, or "
+            "benches/merge_anchor.py) to route between the two by measurement")
     runner = GpuRunner(torch, dev, dtype, layers, seed, device_name, capability, vllm_fn, say, quant)
     plans = prepare(
         shapes, out, ms, force,
