@@ -522,10 +522,11 @@ pub fn swap_token_tile(m: usize) -> usize {
 /// Inside vLLM (the caller can run vLLM's Triton), a call that no table measured against
 /// vLLM's Triton (no table, no entry near its M, or an entry without a `vllm_triton` time)
 /// runs swapmoe's heuristic pick only up to these token counts, on sm_90: there the pick
-/// measured faster than vLLM's Triton at every shipped H200 shape (the tables' times, vLLM's
-/// from the anchor; `tests/test_tables.py` derives both bounds from the shipped tables again).
-/// bf16 at M = 1: qwen3-30b-a3b 1.05x, deepseek-v3-tp8 1.29x, Mixtral 1.03x; at M = 2
-/// qwen3-30b-a3b 0.91x, and from M = 4 vLLM's Triton is the faster at most shapes.
+/// measured faster than vLLM's Triton, by more than 1%, at every shipped H200 shape (the
+/// tables' times, vLLM's from the anchor; `tests/test_tables.py` derives both bounds from the
+/// shipped tables again). bf16 at M = 1: qwen3-30b-a3b 1.07x, deepseek-v3-tp8 1.37x, Mixtral
+/// 1.03x; at M = 2 qwen3-30b-a3b 1.00x (47.8 against 47.8 µs), and from M = 4 vLLM's Triton is
+/// the faster at most shapes.
 pub const UNTABLED_SWAPMOE_16BIT_MAX_TOKENS: usize = 1;
 /// The same for FP8 per tensor with static activation scales: 1.12-1.51x at M = 1, 1.04-1.18x
 /// at M = 2; at M = 4 Mixtral 0.78x. The other FP8 kinds have no such range: per channel has
@@ -1941,7 +1942,14 @@ fn heuristic(c: &mut Candidates) -> Backend {
     let swap_wins = if fp8 {
         p.m <= fp8_max
     } else if decode_range {
-        p.n >= SWAP_WIDE_MIN_N
+        // Within cuda_decode's range (M*topk <= DECODE_HEURISTIC_MAX_SLOTS) the 16-bit swap-AB kernels
+        // run too, where they can: since "swap v1" (when they lost there) their rings, PDL and GEMM2
+        // placement made them the faster at every such point of the shipped H200 tables (swap-AB with
+        // its rules against cuda_decode, µs: qwen3-30b-a3b M = 1 / 2 / 4 29.2 / 47.8 / 84.2 against
+        // 29.8 / 52.5 / 92.8; deepseek-v3-tp8 31.7 / 52.8 / 92.1 against 33.6 / 60.0 / 104.4;
+        // mixtral-8x7b M = 1 173.6 against 185.5). cuda_decode stays where they cannot run (sm_80,
+        // unaligned tensors, fp32).
+        true
     } else {
         p.m <= SWAP_HEURISTIC_MAX_TOKENS
             || (p.n >= SWAP_WIDE_MIN_N && p.m <= SWAP_WIDE_HEURISTIC_MAX_TOKENS)
@@ -1970,8 +1978,9 @@ fn heuristic(c: &mut Candidates) -> Backend {
         )),
         Ok(()) if swap_wins && c.slots_per_expert() < WGMMA_HEURISTIC_MIN_SLOTS_PER_EXPERT => {
             c.reasons.add(|| format!(
-                "cuda_wgmma_swap: M = {}, N = {}: the swap-AB wgmma kernels measured fastest here on the H200 (wide experts up to M = {SWAP_WIDE_HEURISTIC_MAX_TOKENS}, others from the end of cuda_decode's range up to M = {SWAP_HEURISTIC_MAX_TOKENS})",
-                p.m, p.n
+                "cuda_wgmma_swap: M = {}, N = {}: the swap-AB wgmma kernels measured fastest here on the H200 (wide experts up to M = {SWAP_WIDE_HEURISTIC_MAX_TOKENS}, others up to M = {SWAP_HEURISTIC_MAX_TOKENS}{})",
+                p.m, p.n,
+                if decode_range { ", and 2-13% faster than cuda_decode in its range" } else { "" }
             ));
             return Backend::CudaWgmmaSwap;
         }
@@ -4050,8 +4059,8 @@ mod tests {
         assert_eq!(swap_smem_bytes(8, 2, 1), 6 * 17 * 1024 + 1024);
         assert_eq!(swap_smem_bytes(64, 2, 4), 2 * 96 * 1024 + 1024);
         assert_eq!(swap_smem_bytes(8, 1, 1), 11 * 9 * 1024 + 1024);
-        // the heuristic's range on Hopper (no tables): wide experts up to M = 32, others past
-        // cuda_decode's range up to M = 16
+        // the heuristic's range on Hopper (no tables): wide experts up to M = 32, others up to
+        // M = 16, cuda_decode's range included
         let pick = |m, e, topk, k, n| plan(&problem(m, e, topk, k, n, DType::BF16), Some(&h200()));
         for m in [1, 4, 32] {
             assert_eq!(
@@ -4061,7 +4070,8 @@ mod tests {
             );
         }
         assert_eq!(pick(64, 8, 2, 4096, 14336).backend, Backend::CudaWgmma);
-        assert_eq!(pick(1, 128, 8, 2048, 768).backend, Backend::CudaDecode);
+        assert_eq!(pick(1, 128, 8, 2048, 768).backend, Backend::CudaWgmmaSwap);
+        assert_eq!(pick(2, 256, 8, 7168, 256).backend, Backend::CudaWgmmaSwap);
         let q8 = pick(8, 128, 8, 2048, 768);
         assert_eq!(q8.backend, Backend::CudaWgmmaSwap);
         assert!(q8
@@ -4473,15 +4483,23 @@ mod tests {
     }
 
     #[test]
-    fn decode_for_few_slots_with_pdl_on_hopper() {
+    fn few_slots_run_swap_ab_on_hopper_and_decode_elsewhere() {
+        // cuda_decode's range (M*topk <= 32): on Hopper the swap-AB kernels, which measured
+        // faster there; forced, the decode kernels run with PDL
         let p = problem(4, 128, 8, 2048, 768, DType::BF16);
         let plan = plan(&p, Some(&h200()));
+        assert_eq!(plan.backend, Backend::CudaWgmmaSwap);
+        assert!(has(&plan, &["faster than cuda_decode in its range"]));
+        let decode = plan_with(&p, Some(&h200()), Some(Backend::CudaDecode)).unwrap();
+        assert_eq!(decode.backend, Backend::CudaDecode);
+        assert!(decode.pdl);
+        // where the swap-AB kernels cannot run (fp32), the heuristics' decode kernels, with
+        // the bulk-copy kernels named as not picked
+        let f32p = problem(4, 128, 8, 2048, 768, DType::F32);
+        let plan = super::plan(&f32p, Some(&h200()));
         assert_eq!(plan.backend, Backend::CudaDecode);
         assert!(plan.pdl);
-        assert!(plan
-            .reasons
-            .iter()
-            .any(|r| r.starts_with("cuda_bulk_decode: not picked")));
+        assert!(has(&plan, &["cuda_wgmma_swap: rejected"]));
         // Forced (or from a table), the bulk-copy kernels run on a persistent grid.
         let bulk = plan_with(&p, Some(&h200()), Some(Backend::CudaBulkDecode)).unwrap();
         assert_eq!(bulk.ctas, 132);
@@ -4824,7 +4842,7 @@ mod tests {
             &Request::default(),
         )
         .unwrap();
-        assert_eq!(p.backend, Backend::CudaDecode);
+        assert_eq!(p.backend, Backend::CudaWgmmaSwap);
         assert!(p.pdl);
         let p = plan_for_shape(
             4096,
@@ -4985,7 +5003,7 @@ mod tests {
 
     #[test]
     fn table_entry_beats_the_heuristic_and_sets_the_tile() {
-        // mixtral-like M=1: the heuristic says decode, the table generic
+        // mixtral-like M=1: the heuristic says swap-AB, the table generic
         let set = tables_with(
             8,
             1024,
@@ -4993,7 +5011,7 @@ mod tests {
             r#"{"1": {"backend": "cuda_generic"}, "1024": {"backend": "cuda_mma", "token_tile": 16}}"#,
         );
         let p = problem(1, 8, 2, 512, 1024, DType::BF16);
-        assert_eq!(plan(&p, Some(&h200())).backend, Backend::CudaDecode);
+        assert_eq!(plan(&p, Some(&h200())).backend, Backend::CudaWgmmaSwap);
         let t = ask(&p, &h200(), &set, Request::default());
         assert_eq!((t.backend, t.source), (Backend::CudaGeneric, Source::Table));
         let used = t.table.as_ref().unwrap();
@@ -5171,9 +5189,9 @@ mod tests {
         );
         assert_eq!(
             (d.backend, d.source),
-            (Backend::CudaDecode, Source::Heuristic)
+            (Backend::CudaWgmmaSwap, Source::Heuristic)
         );
-        assert!(has(&d, &["ignored", "cuda_decode"]));
+        assert!(has(&d, &["ignored", "cuda_wgmma_swap"]));
         let bad_tile = decide(
             &p,
             Some(&h200()),

@@ -27,24 +27,31 @@ def plan(m, shape=QWEN3, **kw):
     return swapmoe.select_backend(m, E, topk, K, N, **{**H200, **kw})
 
 
-def test_decode_at_m1_on_h200_with_pdl():
+def test_swap_ab_at_m1_on_h200_and_decode_kernels_with_pdl():
+    # in cuda_decode's range the swap-AB kernels, which measured faster there on the H200
     p = plan(1)
-    assert p.backend == "cuda_decode" and p.swap_ab and p.source == "heuristic"
-    assert p.tile["pdl"] is True
+    assert p.backend == "cuda_wgmma_swap" and p.swap_ab and p.source == "heuristic"
+    assert p.tile["pdl"] is True and p.device_capability == (9, 0)
+    assert any("faster than cuda_decode in its range" in r for r in p.reasons)
+    # the decode kernels (forced; the heuristics' pick where swap-AB cannot run)
+    p = plan(1, backend="cuda_decode")
+    assert p.backend == "cuda_decode" and p.swap_ab and p.tile["pdl"] is True
     # qwen3's GEMM2 has K/8 = 256 CTAs, 2 per SM: the register-unbounded GEMM2
     assert p.tile["kernels"] == ["decode_moe_gemm1_act_bf16_v8", "decode_moe_gemm2_sum_wide_bf16_v8"]
-    assert p.device_capability == (9, 0)
+    p = plan(1, dtype="fp32")  # no swap-AB kernels for fp32
+    assert p.backend == "cuda_decode" and p.source == "heuristic"
     assert any(r.startswith("cuda_decode:") for r in p.reasons)
 
 
 def test_decode_gemm2_bounded_when_its_ctas_exceed_two_per_sm():
-    p = plan(1, (256, 8, 7168, 256))  # deepseek-v3-tp8: 896 GEMM2 CTAs on 132 SMs
+    decode = {"backend": "cuda_decode"}
+    p = plan(1, (256, 8, 7168, 256), **decode)  # deepseek-v3-tp8: 896 GEMM2 CTAs on 132 SMs
     assert p.tile["kernels"] == ["decode_moe_gemm1_act_bf16_v8", "decode_moe_gemm2_sum_bf16_v8"]
     assert any(r.startswith("gemm2: 896 CTAs") for r in p.reasons)
     # 264 CTAs (K = 2112) still fit two per SM
-    wide = plan(1, (128, 8, 2112, 768))
+    wide = plan(1, (128, 8, 2112, 768), **decode)
     assert wide.tile["kernels"][1] == "decode_moe_gemm2_sum_wide_bf16_v8"
-    assert plan(1, (128, 8, 2120, 768)).tile["kernels"][1] == "decode_moe_gemm2_sum_bf16_v8"
+    assert plan(1, (128, 8, 2120, 768), **decode).tile["kernels"][1] == "decode_moe_gemm2_sum_bf16_v8"
 
 
 def test_tensor_cores_at_prefill_with_token_tile_from_slots_per_expert():
@@ -195,7 +202,7 @@ def test_bad_shape_raises_shape_error():
 def test_explain_offline(capsys):
     assert cli.main(["explain", "--model", "qwen3-30b-a3b", "--device-name", "NVIDIA H200", "--m", "1,1024"]) == 0
     out = capsys.readouterr().out
-    assert "M=1: cuda_decode (heuristic; swap_ab=True) on NVIDIA H200 sm_90" in out
+    assert "M=1: cuda_wgmma_swap (heuristic; swap_ab=True) on NVIDIA H200 sm_90" in out
     assert "M=1024: cuda_wgmma" in out and "token tiles of 128 rows" in out  # heuristic: 64 slots per expert
 
 

@@ -102,7 +102,7 @@ def test_shipped_tables_pick_the_measured_decode_backend():
     assert p.table == os.path.join(swapmoe.TABLES_DIR, "E=8;N=14336;device_name=NVIDIA_H200;dtype=bf16.json")
     assert plan(1, MIXTRAL, backend="cuda_decode").source == "override"
     # deepseek M=4: the table's fastest swapmoe backend (cuda_wgmma_swap 92.0 µs, vLLM's Triton
-    # ~101.9) where the heuristic would say cuda_decode (104.0)
+    # ~101.9; cuda_decode 104.4)
     p = plan(4, DEEPSEEK_TP8)
     assert (p.backend, p.source, p.table_m) == ("cuda_wgmma_swap", "table", 4)
     # qwen3 M=4, 8: vllm_triton (~81.4, 127.8) is external, not a candidate here: the fastest
@@ -216,7 +216,7 @@ UNTABLED_KINDS = {
 def test_untabled_range_inside_vllm_is_where_swapmoe_won_at_every_shipped_shape(kind, monkeypatch):
     """Inside vLLM a call no table measured runs swapmoe only up to the M where, at every
     shipped H200 shape of its kind, the heuristics' pick (tables off) measured faster than
-    vLLM's Triton in the table's own times; past it vLLM's Triton. Derived here from the
+    vLLM's Triton by more than 1% in the table's own times; past it vLLM's Triton. Derived here from the
     tables, so the oracle's bounds (`UNTABLED_SWAPMOE_*_MAX_TOKENS`) must follow them."""
     kw, suffix = UNTABLED_KINDS[kind]
     monkeypatch.setenv("SWAPMOE_TABLES", "off")
@@ -231,7 +231,8 @@ def test_untabled_range_inside_vllm_is_where_swapmoe_won_at_every_shipped_shape(
                 continue
             label = _heuristic_label(plan(m, shape, **kw))
             assert label in times, (name, m, label, sorted(times))
-            won[m] = won.get(m, True) and times[label] < times["vllm_triton"]
+            # faster by more than the run-to-run spread of the tables' times (1%)
+            won[m] = won.get(m, True) and times[label] * 1.01 < times["vllm_triton"]
     ms = sorted(won)
     assert len(ms) >= 8, ms
     bound = 0
@@ -299,7 +300,7 @@ def test_shipped_table_tiles_and_gaps():
 def test_tables_off(monkeypatch):
     monkeypatch.setenv("SWAPMOE_TABLES", "off")
     p = plan(4, QWEN3)
-    assert (p.backend, p.source) == ("cuda_decode", "heuristic")
+    assert (p.backend, p.source) == ("cuda_wgmma_swap", "heuristic")
     assert any("tables are off" in r for r in p.reasons)
 
 
