@@ -482,22 +482,26 @@ fn swap_stages_smem_bytes(stage: usize) -> usize {
 /// per SM, the producer's rows spilling) 0.5-0.6x.
 /// It holds for the schemes cuda_wgmma has no FP8 kernels for (128x128 blocks).
 pub const SWAP_FP8_HEURISTIC_MAX_TOKENS: usize = 16;
-/// The range where cuda_wgmma's FP8 GEMMs can run the call instead (per-tensor and
-/// per-channel scales; measured, H200, `swapmoe tune --quant`, benches/NOTES.md "FP8 wgmma
-/// v1"): per-tensor with static scales the swap-AB kernels win at M = 1-8 on qwen3-30b-a3b
-/// and deepseek-v3-tp8 by 8-25%, the wgmma GEMMs from M = 16 on all three public shapes
-/// (qwen3 M = 64: 183 against 552 µs); per-channel the wgmma GEMMs win from M = 8 (qwen3)
-/// and M = 32 (deepseek-v3-tp8).
+/// The range where cuda_wgmma's FP8 GEMMs can run the call instead, for per-tensor scales
+/// (measured, H200, `swapmoe tune --quant`, benches/NOTES.md "FP8 wgmma v1"): with static scales
+/// the swap-AB kernels win at M = 1-8 on qwen3-30b-a3b and deepseek-v3-tp8 by 8-25%, the wgmma
+/// GEMMs from M = 16 on all three public shapes (qwen3 M = 64: 183 against 552 µs).
 pub const SWAP_FP8_BEFORE_WGMMA_MAX_TOKENS: usize = 8;
 /// The same for wide experts (N >= SWAP_WIDE_MIN_N): the wgmma GEMMs from M = 2 (mixtral-8x7b,
 /// per-tensor: 157 against 166 µs at M = 2, 320 against 340 at M = 8).
 pub const SWAP_FP8_WIDE_BEFORE_WGMMA_MAX_TOKENS: usize = 1;
-/// The same for 128x128 blocks (dynamic 1 x 128 activation groups; measured, H200, `swapmoe
-/// tune --quant fp8_block128`, benches/NOTES.md "FP8 wgmma v3"): the wgmma GEMMs from M = 2
-/// on qwen3-30b-a3b (41 against 45 µs) and from M = 8 on deepseek-v3-tp8 (109 against 125;
-/// at M = 4 73 against 74), and from M = 1 on mixtral-8x7b (131 against 176, wide).
-pub const SWAP_FP8_BLOCK_BEFORE_WGMMA_MAX_TOKENS: usize = 4;
-pub const SWAP_FP8_BLOCK_WIDE_BEFORE_WGMMA_MAX_TOKENS: usize = 0;
+/// For per-channel and 128x128-block scales (activations quantized per token or per group by
+/// the op), where cuda_wgmma's e4m3 GEMMs can run the call: the swap-AB kernels while
+/// cuda_wgmma's GEMM1 grid (expected active experts x column blocks of WGMMA_GEMM1_COLUMNS) is
+/// under this many waves of one CTA per SM, the wgmma GEMMs from there on. In the shipped H200
+/// tables swap-AB is the faster at 0.24-0.91 waves (deepseek-v3-tp8 M = 1-4, qwen3-30b-a3b
+/// M = 1) and per channel at qwen3 M = 2 (1.37 waves: 41.0 against 43.3 µs), the wgmma GEMMs at
+/// 1.72 waves and more (deepseek M = 8, qwen3 M = 4-8, mixtral-8x7b M = 1-2); 128x128 blocks at
+/// qwen3 M = 2 (1.37 waves) are within 5% either way (swap-AB 42.3 against 40.3 µs). A fixed M
+/// cannot say this: the two shapes cross over at M = 2-4 and 4-8 (benches/NOTES.md "FP8
+/// heuristics by the wgmma grid's waves"). Per tensor the bounds above stand: its swap-AB
+/// kernels still win at 4.6 waves (qwen3 M = 8) but lose at 3.1 (deepseek M = 16).
+pub const SWAP_FP8_SCALED_MAX_WGMMA_WAVES: f64 = 1.5;
 /// Threads of the FP8 swap-AB GEMM2 (`kFp8Gemm2Threads`): the consumer warpgroup and a
 /// producer warpgroup that quantizes the intermediate into each stage.
 pub const SWAP_FP8_GEMM2_THREADS: usize = 256;
@@ -1931,15 +1935,20 @@ fn heuristic(c: &mut Candidates) -> Backend {
     // Whether cuda_wgmma's FP8 GEMMs can run the call (asked once; None without FP8).
     let fp8_wgmma_check = fp8.then(|| c.eligible(Backend::CudaWgmma));
     let fp8_wgmma = matches!(fp8_wgmma_check, Some(Ok(())));
-    let block = p.quant.is_some_and(|q| q.scheme == QuantScheme::Block);
-    let fp8_max = match (fp8_wgmma, p.n >= SWAP_WIDE_MIN_N, block) {
-        (false, _, _) => SWAP_FP8_HEURISTIC_MAX_TOKENS,
-        (true, true, false) => SWAP_FP8_WIDE_BEFORE_WGMMA_MAX_TOKENS,
-        (true, false, false) => SWAP_FP8_BEFORE_WGMMA_MAX_TOKENS,
-        (true, true, true) => SWAP_FP8_BLOCK_WIDE_BEFORE_WGMMA_MAX_TOKENS,
-        (true, false, true) => SWAP_FP8_BLOCK_BEFORE_WGMMA_MAX_TOKENS,
+    let fp8_max = match (fp8_wgmma, p.n >= SWAP_WIDE_MIN_N) {
+        (false, _) => SWAP_FP8_HEURISTIC_MAX_TOKENS,
+        (true, true) => SWAP_FP8_WIDE_BEFORE_WGMMA_MAX_TOKENS,
+        (true, false) => SWAP_FP8_BEFORE_WGMMA_MAX_TOKENS,
     };
-    let swap_wins = if fp8 {
+    // Per-channel and block scales against cuda_wgmma: by the waves of its GEMM1 grid.
+    let fp8_waves =
+        (fp8_wgmma && p.quant.is_some_and(|q| q.scheme != QuantScheme::Tensor)).then(|| {
+            let ctas = c.expected_active_experts() * (2 * p.n).div_ceil(WGMMA_GEMM1_COLUMNS) as f64;
+            (ctas, ctas / c.sms as f64)
+        });
+    let swap_wins = if let Some((_, waves)) = fp8_waves {
+        waves < SWAP_FP8_SCALED_MAX_WGMMA_WAVES
+    } else if fp8 {
         p.m <= fp8_max
     } else if decode_range {
         // Within cuda_decode's range (M*topk <= DECODE_HEURISTIC_MAX_SLOTS) the 16-bit swap-AB kernels
@@ -1955,6 +1964,20 @@ fn heuristic(c: &mut Candidates) -> Backend {
             || (p.n >= SWAP_WIDE_MIN_N && p.m <= SWAP_WIDE_HEURISTIC_MAX_TOKENS)
     };
     match c.eligible(Backend::CudaWgmmaSwap) {
+        Ok(()) if swap_wins && fp8_waves.is_some() => {
+            let (ctas, waves) = fp8_waves.unwrap_or_default();
+            c.reasons.add(|| format!(
+                "cuda_wgmma_swap: FP8 with per-{} scales, cuda_wgmma's GEMM1 would run ~{ctas:.0} CTAs, {waves:.2} waves of one per SM (< {SWAP_FP8_SCALED_MAX_WGMMA_WAVES}): the e4m3 swap-AB kernels measured faster while its grid is under ~1.5 waves on the H200",
+                if p.quant.is_some_and(|q| q.scheme == QuantScheme::Block) { "128x128-block" } else { "channel" }
+            ));
+            return Backend::CudaWgmmaSwap;
+        }
+        Ok(()) if fp8_waves.is_some() => {
+            let (ctas, waves) = fp8_waves.unwrap_or_default();
+            c.reasons.add(|| format!(
+                "cuda_wgmma_swap: not picked, cuda_wgmma's GEMM1 fills ~{ctas:.0} CTAs, {waves:.2} waves of one per SM (>= {SWAP_FP8_SCALED_MAX_WGMMA_WAVES}), where its e4m3 GEMMs measured faster on the H200 (a tuned table or backend= can pick it)"
+            ));
+        }
         Ok(()) if fp8 && swap_wins => {
             c.reasons.add(|| format!(
                 "cuda_wgmma_swap: M = {} <= {fp8_max}, FP8: the e4m3 wgmma (QGMMA) swap-AB kernels measured fastest here on the H200 ({})",
@@ -5984,17 +6007,24 @@ mod tests {
                 .unwrap()
             };
             // Hopper: the e4m3 wgmma swap-AB kernels after the input quantization, up to M = 8
-            // (128x128 blocks: 4) where cuda_wgmma's FP8 GEMMs take the call beyond
-            let swap_max = if q == QuantScheme::Block { 4 } else { 8 };
-            for (m, tile) in [(1, 8), (4, 8), (8, 8), (9, 16), (16, 16)] {
+            // per tensor, and per channel or block while cuda_wgmma's GEMM1 grid is under 1.5
+            // waves (this shape: 12 column blocks x ~15.1 experts at M = 2, 1.37 waves; ~28.4
+            // at M = 4, 2.58), where cuda_wgmma's FP8 GEMMs take the call beyond
+            let swap_max = if q == QuantScheme::Tensor { 8 } else { 2 };
+            for (m, tile) in [(1, 8), (2, 8), (4, 8), (8, 8), (9, 16), (16, 16)] {
                 let p = shape(m, 2048, 768, DType::BF16, &h200);
                 if m > swap_max {
                     assert_eq!(p.backend, Backend::CudaWgmma, "{:?}", p.reasons);
-                    assert!(has(
-                        &p,
-                        &[&format!("cuda_wgmma_swap: not picked, FP8 at M = {m} > {swap_max}: cuda_wgmma's e4m3 GEMMs measured faster")]
-                    ));
+                    let why = if q == QuantScheme::Tensor {
+                        format!("cuda_wgmma_swap: not picked, FP8 at M = {m} > {swap_max}: cuda_wgmma's e4m3 GEMMs measured faster")
+                    } else {
+                        "cuda_wgmma_swap: not picked, cuda_wgmma's GEMM1 fills ~".into()
+                    };
+                    assert!(has(&p, &[&why]), "{:?}", p.reasons);
                     continue;
+                }
+                if q != QuantScheme::Tensor {
+                    assert!(has(&p, &["waves of one per SM (< 1.5)"]), "{:?}", p.reasons);
                 }
                 assert_eq!(p.backend, Backend::CudaWgmmaSwap, "{:?}", p.reasons);
                 assert_eq!(
@@ -6044,13 +6074,14 @@ mod tests {
                     Some(true)
                 );
             }
-            // Wide experts (N >= 4096): cuda_wgmma's FP8 GEMMs from M = 2 (blocks: M = 1)
+            // Wide experts (N >= 4096): cuda_wgmma's FP8 GEMMs from M = 2 per tensor, from
+            // M = 1 per channel or block (224 column blocks x 8 experts: 13.6 waves)
             assert_eq!(
                 shape(1, 4096, 14336, DType::BF16, &h200).backend,
-                if q == QuantScheme::Block {
-                    Backend::CudaWgmma
-                } else {
+                if q == QuantScheme::Tensor {
                     Backend::CudaWgmmaSwap
+                } else {
+                    Backend::CudaWgmma
                 }
             );
             assert_eq!(
