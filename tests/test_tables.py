@@ -197,6 +197,15 @@ def test_shipped_fp8_channel_tables_keep_vllm_calls_on_vllm_triton():
         assert any("no vllm_triton time at M=" in r for r in p.reasons), p.reasons
 
 
+def shipped_shapes(suffix):
+    """(name, table JSON, (E, topk, K, N) from its metadata) of each shipped table whose name
+    ends with `suffix`, in name order."""
+    for name in sorted(n for n in SHIPPED if n.endswith(suffix)):
+        table = shipped_table(name)
+        meta = table["metadata"]
+        yield name, table, (meta["E"], meta["topk"], meta["K"], meta["N"])
+
+
 def _heuristic_label(p):
     """The tune label of a plan's swapmoe backend (its fallback when vLLM's Triton was picked)."""
     backend = p.fallback or p.backend
@@ -216,15 +225,13 @@ UNTABLED_KINDS = {
 def test_untabled_range_inside_vllm_is_where_swapmoe_won_at_every_shipped_shape(kind, monkeypatch):
     """Inside vLLM a call no table measured runs swapmoe only up to the M where, at every
     shipped H200 shape of its kind, the heuristics' pick (tables off) measured faster than
-    vLLM's Triton by more than 1% in the table's own times; past it vLLM's Triton. Derived here from the
-    tables, so the oracle's bounds (`UNTABLED_SWAPMOE_*_MAX_TOKENS`) must follow them."""
+    vLLM's Triton by more than 1% in the table's own times; past it vLLM's Triton. Derived
+    here from the tables, so the oracle's bounds (`UNTABLED_SWAPMOE_*_MAX_TOKENS`) must follow
+    them."""
     kw, suffix = UNTABLED_KINDS[kind]
     monkeypatch.setenv("SWAPMOE_TABLES", "off")
     won = {}  # M -> swapmoe's heuristic pick faster than vLLM's Triton at every shape so far
-    for name in sorted(n for n in SHIPPED if n.endswith(suffix)):
-        table = shipped_table(name)
-        meta = table["metadata"]
-        shape = (meta["E"], meta["topk"], meta["K"], meta["N"])
+    for name, table, shape in shipped_shapes(suffix):
         for m, entry in T.table_entries(table).items():
             times = entry.get("times_us", {})
             if "vllm_triton" not in times:
@@ -242,9 +249,7 @@ def test_untabled_range_inside_vllm_is_where_swapmoe_won_at_every_shipped_shape(
         bound = m
     assert bound >= 1, won  # swapmoe's kernels win somewhere, or the range would be empty
     for m in ms:
-        for name in sorted(n for n in SHIPPED if n.endswith(suffix)):
-            meta = shipped_table(name)["metadata"]
-            shape = (meta["E"], meta["topk"], meta["K"], meta["N"])
+        for name, _, shape in shipped_shapes(suffix):
             p = plan(m, shape, external_backends=["vllm_triton"], **kw)
             assert p.source == "heuristic", p.reasons
             assert (p.backend == "vllm_triton") == (m > bound), (kind, name, m, bound, p.reasons)
@@ -269,10 +274,7 @@ def test_fp8_scaled_heuristics_pick_swap_or_wgmma_as_the_tables_measured(suffix,
     the tile is another rule)."""
     monkeypatch.setenv("SWAPMOE_TABLES", "off")
     checked = 0
-    for name in sorted(n for n in SHIPPED if n.endswith(suffix)):
-        table = shipped_table(name)
-        meta = table["metadata"]
-        shape = (meta["E"], meta["topk"], meta["K"], meta["N"])
+    for name, table, shape in shipped_shapes(suffix):
         for m, entry in T.table_entries(table).items():
             times = entry.get("times_us", {})
             swap = times.get("cuda_wgmma_swap")
