@@ -16,6 +16,9 @@ pub enum Error {
     Argument(String),
     /// A CUDA driver failure, or no usable driver (Python: `CudaError`, a `RuntimeError`).
     Cuda(String),
+    /// A host buffer the call needs could not be allocated (Python: `OutOfMemoryError`, a
+    /// `MemoryError`): the CPU path's intermediate, or a size that overflows.
+    Memory(String),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -27,7 +30,8 @@ impl fmt::Display for Error {
             | Error::DType(m)
             | Error::Device(m)
             | Error::Argument(m)
-            | Error::Cuda(m) => f.write_str(m),
+            | Error::Cuda(m)
+            | Error::Memory(m) => f.write_str(m),
         }
     }
 }
@@ -43,6 +47,7 @@ impl Error {
             Error::Device(_) => "DeviceError",
             Error::Argument(_) => "ArgumentError",
             Error::Cuda(_) => "CudaError",
+            Error::Memory(_) => "OutOfMemoryError",
         }
     }
 }

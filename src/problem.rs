@@ -110,6 +110,23 @@ pub struct TensorDesc {
 }
 
 impl TensorDesc {
+    /// Bytes of a compact row-major tensor (strides as `contiguous` gives them, ignoring
+    /// dimensions of size 1), None for any other layout (a broadcast or strided view covers
+    /// fewer bytes than its shape says) or a size that overflows.
+    pub fn contiguous_bytes(&self) -> Option<usize> {
+        let mut expect = 1i64;
+        for (&d, &s) in self.shape.iter().zip(&self.strides).rev() {
+            if d < 0 || (d > 1 && s != expect) {
+                return None;
+            }
+            expect = expect.checked_mul(d.max(1))?;
+        }
+        if self.shape.contains(&0) {
+            return Some(0);
+        }
+        usize::try_from(expect).ok()?.checked_mul(self.dtype.size())
+    }
+
     /// A compact row-major tensor descriptor (used by tests and the CPU bench).
     pub fn contiguous(dtype: DType, shape: &[i64], device: Device, addr: usize) -> Self {
         let mut strides = vec![1i64; shape.len()];
@@ -922,8 +939,15 @@ pub const MIN_TOKEN_TILE: usize = 16;
 /// CTAs of the dynamic per-tensor input absmax kernel (`kAmaxPartials` in cuda/generic_moe.cu).
 pub const FP8_AMAX_PARTIALS: usize = 128;
 
+/// `x` rounded up to WS_ALIGN; usize::MAX where that overflows.
 fn align_up(x: usize) -> usize {
-    x.div_ceil(WS_ALIGN) * WS_ALIGN
+    x.div_ceil(WS_ALIGN).saturating_mul(WS_ALIGN)
+}
+
+/// The product of `xs`, usize::MAX where it overflows (the layout's sizes saturate: a
+/// workspace that cannot exist is never sized by a wrapped product).
+fn size(xs: &[usize]) -> usize {
+    xs.iter().fold(1usize, |a, &x| a.saturating_mul(x))
 }
 
 impl WorkspaceLayout {
@@ -947,24 +971,24 @@ impl WorkspaceLayout {
         let mut at = 0usize;
         let mut take = |bytes: usize| {
             let start = at;
-            at = align_up(at + bytes);
+            at = align_up(at.saturating_add(bytes));
             start
         };
-        let slot_expert = take(4 * slots);
-        let expert_offsets = take(4 * (local_experts + 1));
-        let sorted_slots = take(4 * slots);
-        let active_experts = take(4 * local_experts);
+        let slot_expert = take(size(&[4, slots]));
+        let expert_offsets = take(size(&[4, local_experts.saturating_add(1)]));
+        let sorted_slots = take(size(&[4, slots]));
+        let active_experts = take(size(&[4, local_experts]));
         let num_active = take(4);
         let tiles = Self::max_tiles(slots, local_experts, MIN_TOKEN_TILE);
-        let tile_expert = take(4 * tiles);
-        let tile_start = take(4 * tiles);
+        let tile_expert = take(size(&[4, tiles]));
+        let tile_start = take(size(&[4, tiles]));
         let num_tiles = take(4);
         let inter_elem = if quant.is_some() { 4 } else { elem_size };
         // The swap-AB decode path keeps one row per (active expert, token) instead:
         // min(E, S) x M x N in the activation dtype, or in e4m3 (per-tensor FP8 with a
         // static intermediate scale; the other FP8 schemes keep the f32 rows per slot).
         let swap_rows = if m <= crate::oracle::SWAP_MAX_TOKENS {
-            local_experts.min(slots) * m
+            size(&[local_experts.min(slots), m])
         } else {
             0
         };
@@ -973,16 +997,17 @@ impl WorkspaceLayout {
             Some(QuantScheme::Tensor) => 1,
             Some(_) => 0,
         };
-        let intermediate = take((inter_elem * slots * n).max(swap_elem * swap_rows * n));
-        let slot_out = take(4 * slots * k);
+        let intermediate =
+            take(size(&[inter_elem, slots, n]).max(size(&[swap_elem, swap_rows, n])));
+        let slot_out = take(size(&[4, slots, k]));
         let (xq, xs, xp, ia, iq) = match quant {
             Some(q) => (
-                m * k.div_ceil(16) * 16,
-                4 * m * q.groups(k),
+                size(&[m, k.div_ceil(16), 16]),
+                size(&[4, m, q.groups(k)]),
                 4 * FP8_AMAX_PARTIALS,
-                4 * slots.max(1) * q.groups(n),
+                size(&[4, slots.max(1), q.groups(n)]),
                 // cuda_wgmma's e4m3 intermediate (it runs every scheme)
-                slots * n,
+                size(&[slots, n]),
             ),
             None => (0, 0, 0, 0, 0),
         };
@@ -1014,7 +1039,21 @@ impl WorkspaceLayout {
     /// Upper bound on the token tiles of `tile_tokens` slots: every active expert (at most
     /// min(E, S)) leaves at most one partial tile.
     pub fn max_tiles(slots: usize, local_experts: usize, tile_tokens: usize) -> usize {
-        slots.div_ceil(tile_tokens.max(1)) + local_experts.min(slots)
+        slots
+            .div_ceil(tile_tokens.max(1))
+            .saturating_add(local_experts.min(slots))
+    }
+
+    /// Whether the layout's size overflowed (its `total` saturated): no buffer can hold it.
+    pub fn overflows(&self) -> bool {
+        self.total == usize::MAX
+    }
+
+    /// The error for a call whose workspace size overflows (`overflows`).
+    pub fn overflow_error(m: usize, topk: usize, n: usize, k: usize, experts: usize) -> Error {
+        Error::Memory(format!(
+            "workspace: the call needs more than 2^64 bytes (M = {m}, topk = {topk}, N = {n}, K = {k}, E = {experts}); split M into smaller calls"
+        ))
     }
 
     pub fn for_problem(p: &MoeProblem) -> Self {
@@ -1027,5 +1066,55 @@ impl WorkspaceLayout {
             p.dtype.size(),
             p.scheme(),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workspace_sizes_saturate_instead_of_wrapping() {
+        let small = WorkspaceLayout::with_quant(4, 8, 128, 768, 2048, 2, None);
+        assert!(!small.overflows() && small.total > 4 * 8 * 2048 * 4);
+        // sizes near and past 2^64 (the op's own limits allow each factor): the total is never
+        // below the per-slot output's true size, and saturates where the sum passes 2^64
+        let (m, topk, nk) = (1usize << 20, 1usize << 10, (1usize << 31) - 1);
+        let slot_out = 4 * (m * topk) as u128 * nk as u128;
+        for q in [None, Some(QuantScheme::Tensor), Some(QuantScheme::Block)] {
+            let huge = WorkspaceLayout::with_quant(m, topk, 8192, nk, nk, 2, q);
+            assert!(
+                huge.total as u128 >= slot_out.min(usize::MAX as u128),
+                "{q:?}"
+            );
+            assert_eq!(huge.overflows(), q.is_some(), "{q:?}: total {}", huge.total);
+        }
+        let wider = WorkspaceLayout::with_quant(m, topk, 8192, 4 * nk, nk, 2, None);
+        assert!(wider.overflows());
+        assert_eq!(
+            WorkspaceLayout::max_tiles(usize::MAX, usize::MAX, 1),
+            usize::MAX
+        );
+        let e = WorkspaceLayout::overflow_error(1, 2, 3, 4, 5);
+        assert_eq!(e.class_name(), "OutOfMemoryError");
+    }
+
+    #[test]
+    fn contiguous_bytes_only_for_compact_row_major_tensors() {
+        let dev = Device::Cpu;
+        let t = |shape: &[i64], strides: &[i64]| TensorDesc {
+            strides: strides.to_vec(),
+            ..TensorDesc::contiguous(DType::BF16, shape, dev, 0)
+        };
+        assert_eq!(
+            TensorDesc::contiguous(DType::F32, &[3, 4], dev, 0).contiguous_bytes(),
+            Some(48)
+        );
+        assert_eq!(t(&[3, 1, 4], &[4, 99, 1]).contiguous_bytes(), Some(24)); // size-1 dims: any stride
+        assert_eq!(t(&[0, 4], &[4, 1]).contiguous_bytes(), Some(0));
+        assert_eq!(t(&[1 << 40], &[0]).contiguous_bytes(), None); // broadcast
+        assert_eq!(t(&[3, 4], &[8, 1]).contiguous_bytes(), None); // padded rows
+        assert_eq!(t(&[3, 4], &[1, 3]).contiguous_bytes(), None); // transposed
+        assert_eq!(t(&[1 << 62, 4], &[4, 1]).contiguous_bytes(), None); // overflows
     }
 }

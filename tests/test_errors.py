@@ -86,7 +86,9 @@ def test_exception_hierarchy():
     assert issubclass(swapmoe.DeviceError, ValueError)
     assert issubclass(swapmoe.ArgumentError, ValueError)
     assert issubclass(swapmoe.CudaError, RuntimeError)
-    for cls in (swapmoe.ShapeError, swapmoe.DTypeError, swapmoe.DeviceError, swapmoe.ArgumentError, swapmoe.CudaError):
+    assert issubclass(swapmoe.OutOfMemoryError, MemoryError)
+    for cls in (swapmoe.ShapeError, swapmoe.DTypeError, swapmoe.DeviceError, swapmoe.ArgumentError, swapmoe.CudaError,
+                swapmoe.OutOfMemoryError):
         assert issubclass(cls, swapmoe.Error)
     assert not issubclass(swapmoe.Error, (ValueError, TypeError, RuntimeError))
 
@@ -481,3 +483,45 @@ def test_check_ids_passes_valid_ids(lib, ep, rng):
     assert (to_f64(checked)[5] == 0).all()
     if ep:
         assert (prob["expert_map"] == -1).any()
+
+
+# --------------------------------------------------------------------------- sizes no memory holds
+
+
+@pytest.mark.parametrize("quant", [None, "fp8_tensor"])
+def test_cpu_intermediate_too_large_raises_out_of_memory(quant):
+    """The CPU path's float32 intermediate (M*topk x N) is allocated fallibly: 16 TiB raises
+    OutOfMemoryError (a MemoryError) naming it, where an infallible allocation aborted the
+    interpreter. The inputs themselves are small (N = 2^20 with K = 1)."""
+    M, K, N, E, topk = 2**16, 1, 2**20, 1, 64
+    x = np.zeros((M, K), np.float32)
+    tw = np.ones((M, topk), np.float32)
+    ids = np.zeros((M, topk), np.int32)
+    if quant:
+        w1 = np.zeros((E, 2 * N, K), np.uint8)
+        w2 = np.zeros((E, K, N), np.uint8)
+        kw = dict(use_fp8_w8a8=True, w1_scale=np.ones(E, np.float32), w2_scale=np.ones(E, np.float32))
+    else:
+        w1 = np.zeros((E, 2 * N, K), np.float32)
+        w2 = np.zeros((E, K, N), np.float32)
+        kw = {}
+    with pytest.raises(swapmoe.OutOfMemoryError, match=r"intermediate.*65536 x 64 x 1048576|intermediate.*4194304 x 1048576") as e:
+        swapmoe.fused_experts(x, w1, w2, tw, ids, **kw)
+    assert isinstance(e.value, MemoryError) and "could not be allocated" in str(e.value)
+
+
+def test_workspace_bytes_never_wraps_and_is_zero_for_invalid_shapes():
+    """Sizes past 2^64 bytes raise OutOfMemoryError instead of wrapping to a small number (a
+    CUDA workspace sized by it would be too short); shapes that are not a valid call give 0."""
+    with pytest.raises(swapmoe.OutOfMemoryError, match=r"workspace: .* more than 2\^64 bytes .*M = 1048576"):
+        swapmoe._core.workspace_bytes(2**20, 2**10, 2**31 - 1, 2**31 - 1, 8192, 2, "fp8_tensor")
+    class Shaped:  # only .shape and .dtype are read
+        def __init__(self, *shape):
+            self.shape, self.dtype = shape, np.dtype("float16")
+    good = swapmoe.workspace_bytes(Shaped(4, 64), Shaped(8, 96, 64), Shaped(4, 2))
+    assert good > 0
+    for h, w, ids in [((4, 64), (8, 96, 32), (4, 2)),   # K differs
+                      ((4, 64), (8, 95, 64), (4, 2)),   # 2N odd
+                      ((4, 64), (0, 96, 64), (4, 2)),   # no expert
+                      ((4, 64), (8, 96, 64), (5, 2))]:  # M differs
+        assert swapmoe.workspace_bytes(Shaped(*h), Shaped(*w), Shaped(*ids)) == 0, (h, w, ids)

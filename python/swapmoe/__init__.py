@@ -9,7 +9,7 @@ import os as _os
 
 from . import _core
 from ._api import fused_experts, fused_moe, select_experts, workspace_bytes
-from .errors import ArgumentError, CudaError, DeviceError, DTypeError, Error, ShapeError
+from .errors import ArgumentError, CudaError, DeviceError, DTypeError, Error, OutOfMemoryError, ShapeError
 from .oracle import Plan, select_backend
 
 #: the tuned tables shipped with the package; ``$SWAPMOE_TABLES_DIR`` adds or replaces files
@@ -48,5 +48,6 @@ __all__ = [
     "DeviceError",
     "ArgumentError",
     "CudaError",
+    "OutOfMemoryError",
     "__version__",
 ]

@@ -26,9 +26,12 @@ def _shape(x: Any) -> Optional[tuple]:
 def workspace_bytes(hidden_states: Any, w1: Any, topk_ids: Any, quant: Optional[str] = None) -> int:
     """Bytes of CUDA workspace one call needs, from the shapes of its inputs (0 when the
     shapes are not those of a valid call: the op itself then raises a precise error).
-    ``quant``: None, ``"fp8_tensor"``, ``"fp8_channel"`` or ``"fp8_block128"``."""
+    ``quant``: None, ``"fp8_tensor"``, ``"fp8_channel"`` or ``"fp8_block128"``.
+    :class:`OutOfMemoryError` where the size passes 2^64 bytes."""
     h, w, ids = _shape(hidden_states), _shape(w1), _shape(topk_ids)
     if not h or not w or not ids or len(h) != 2 or len(w) != 3 or len(ids) != 2:
+        return 0
+    if w[0] < 1 or w[1] % 2 or w[2] != h[1] or ids[0] != h[0] or min(h + w + ids) < 0:
         return 0
     itemsize = getattr(getattr(hidden_states, "dtype", None), "itemsize", 0) or 2
     return _core.workspace_bytes(h[0], ids[1], w[1] // 2, h[1], w[0], itemsize, quant)

@@ -26,4 +26,8 @@ class CudaError(Error, RuntimeError):
     """A CUDA driver failure, or no usable CUDA driver."""
 
 
-__all__ = ["Error", "ShapeError", "DTypeError", "DeviceError", "ArgumentError", "CudaError"]
+class OutOfMemoryError(Error, MemoryError):
+    """A host buffer the call needs could not be allocated (the CPU path's intermediate)."""
+
+
+__all__ = ["Error", "ShapeError", "DTypeError", "DeviceError", "ArgumentError", "CudaError", "OutOfMemoryError"]

@@ -98,36 +98,38 @@ pub fn group_scale_from_absmax(amax: f32) -> f32 {
     amax.max(FP8_GROUP_EPS) / FP8_MAX
 }
 
-/// Quantizes `rows` rows of `cols` values (row r at `rows_data[r]`) per the scheme.
-/// `static_scale`: the per-tensor scale given by the caller. `valid(r)`: rows that count
-/// toward a dynamic per-tensor absmax. Returns (codes as f32 [rows*cols], scales
-/// [rows*groups]) with every row's scales filled (per tensor: the same value).
+/// Quantizes `rows` rows of `cols` values (`row(r)`: row r, or None for a row that takes no
+/// part) per the scheme. `static_scale`: the per-tensor scale given by the caller; without
+/// it the rows that take part set a dynamic per-tensor absmax (each row is then produced
+/// twice, rather than held twice). Returns (codes as f32 [rows*cols], scales [rows*groups])
+/// with every row's scales filled (per tensor: the same value); `OutOfMemoryError` where
+/// those buffers cannot be allocated.
 fn quantize_rows(
     scheme: QuantScheme,
     rows: usize,
     cols: usize,
     row: &(dyn Fn(usize) -> Option<Vec<f32>> + Sync),
     static_scale: Option<f32>,
-) -> (Vec<f32>, Vec<f32>) {
+) -> Result<(Vec<f32>, Vec<f32>)> {
     let groups = scheme.groups(cols);
-    let data: Vec<Option<Vec<f32>>> = (0..rows).into_par_iter().map(row).collect();
-    let mut q = vec![0.0f32; rows * cols];
-    let mut scales = vec![0.0f32; rows * groups];
+    let mut q = super::zeroed_f32("the quantized rows (float32 codes)", &[rows, cols])?;
+    let mut scales = super::zeroed_f32("the quantization scales", &[rows, groups])?;
     let tensor_scale = match (scheme, static_scale) {
         (QuantScheme::Tensor, Some(s)) => Some(s),
         (QuantScheme::Tensor, None) => Some(scale_from_absmax(
-            data.iter()
-                .flatten()
-                .map(|r| absmax(r.iter().copied()))
-                .fold(0.0f32, f32::max),
+            (0..rows)
+                .into_par_iter()
+                .filter_map(|r| row(r).map(|d| absmax(d.iter().copied())))
+                .reduce(|| 0.0f32, f32::max),
         )),
         _ => None,
     };
     q.par_chunks_mut(cols.max(1))
         .zip(scales.par_chunks_mut(groups))
-        .zip(data.par_iter())
-        .for_each(|((qr, sr), d)| {
-            let Some(d) = d else { return };
+        .enumerate()
+        .for_each(|(r, (qr, sr))| {
+            let Some(d) = row(r) else { return };
+            let d = &d;
             match scheme {
                 QuantScheme::Tensor => {
                     let s = tensor_scale.unwrap_or(1.0);
@@ -159,7 +161,7 @@ fn quantize_rows(
                 }
             }
         });
-    (q, scales)
+    Ok((q, scales))
 }
 
 /// Dot product of quantized activations with one e4m3 weight row, per scheme:
@@ -237,10 +239,10 @@ pub unsafe fn run<T: Element>(p: &MoeProblem) -> Result<()> {
             std::slice::from_raw_parts((hidden.0 as *const T).add(t * s.hidden_row as usize), k);
         Some(xs.iter().map(|v| v.to_f32()).collect())
     };
-    let (xq, xscale) = quantize_rows(scheme, m, k, &x_row, read_f32(q.a1_scale));
+    let (xq, xscale) = quantize_rows(scheme, m, k, &x_row, read_f32(q.a1_scale))?;
 
     // 2. GEMM1 + act-and-mul in f32, one task per slot.
-    let mut inter = vec![0.0f32; slots * n];
+    let mut inter = super::zeroed_f32("the intermediate (M*topk x N float32)", &[slots, n])?;
     inter.par_chunks_mut(n).enumerate().for_each(|(slot, row)| {
         let e = experts[slot];
         if e < 0 {
@@ -274,7 +276,7 @@ pub unsafe fn run<T: Element>(p: &MoeProblem) -> Result<()> {
     let inter_row = move |slot: usize| -> Option<Vec<f32>> {
         (experts_ref[slot] >= 0).then(|| inter_ref[slot * n..(slot + 1) * n].to_vec())
     };
-    let (aq, ascale) = quantize_rows(scheme, slots, n, &inter_row, read_f32(q.a2_scale));
+    let (aq, ascale) = quantize_rows(scheme, slots, n, &inter_row, read_f32(q.a2_scale))?;
 
     // 4. GEMM2 + router weight + sum over k, one task per (token, block of output rows).
     const ROWS: usize = 64;

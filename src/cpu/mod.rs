@@ -43,6 +43,30 @@ impl Element for f16 {
     }
 }
 
+/// A zeroed float32 buffer of `dims`' product of elements, allocated fallibly: where the
+/// product overflows or the allocation fails, `OutOfMemoryError` naming `what` and its size
+/// (an infallible `vec!` would abort the interpreter).
+pub(crate) fn zeroed_f32(what: &str, dims: &[usize]) -> Result<Vec<f32>> {
+    let too_big =
+        || {
+            let bytes = dims.iter().fold(4u128, |a, &d| a.saturating_mul(d as u128));
+            Error::Memory(format!(
+            "the CPU path needs {what}: {} float32 values, {:.1} GiB, which could not be allocated",
+            dims.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(" x "),
+            bytes as f64 / (1u64 << 30) as f64
+        ))
+        };
+    let n = dims
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .filter(|&n| n.checked_mul(4).is_some_and(|b| b <= isize::MAX as usize))
+        .ok_or_else(too_big)?;
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| too_big())?;
+    v.resize(n, 0.0f32);
+    Ok(v)
+}
+
 pub fn silu(g: f32) -> f32 {
     g / (1.0 + (-g).exp())
 }
@@ -244,7 +268,7 @@ unsafe fn run<T: Element>(p: &MoeProblem) -> Result<()> {
     };
 
     // GEMM1 + activation, one task per (slot, block of rows).
-    let mut inter = vec![0.0f32; m * topk * n];
+    let mut inter = zeroed_f32("the intermediate (M*topk x N float32)", &[m, topk, n])?;
     const ROWS: usize = 64;
     inter
         .par_chunks_mut(n)
@@ -340,6 +364,31 @@ mod tests {
                 erf(x)
             );
         }
+    }
+
+    #[test]
+    fn host_buffers_fail_with_a_typed_error() {
+        assert_eq!(zeroed_f32("x", &[3, 2]).unwrap(), vec![0.0; 6]);
+        assert!(zeroed_f32("x", &[0, 5]).unwrap().is_empty());
+        // the product overflows usize, or its bytes exceed isize::MAX: no allocation is tried
+        for dims in [&[usize::MAX, 2][..], &[1 << 62, 1], &[1 << 40, 1 << 30]] {
+            match zeroed_f32("the intermediate", dims) {
+                Err(Error::Memory(m)) => {
+                    assert!(
+                        m.contains("the intermediate") && m.contains("could not be allocated"),
+                        "{m}"
+                    )
+                }
+                other => panic!("{dims:?}: {other:?}"),
+            }
+        }
+        // 16 TiB: within isize::MAX, refused by the allocator
+        let err = zeroed_f32("the intermediate", &[65536, 64, 1 << 20]).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("65536 x 64 x 1048576 float32 values, 16384.0 GiB"),
+            "{err}"
+        );
     }
 
     #[test]

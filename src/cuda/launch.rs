@@ -306,6 +306,15 @@ fn experts(
         return Ok(());
     }
     let layout = WorkspaceLayout::for_problem(p);
+    if layout.overflows() {
+        return Err(WorkspaceLayout::overflow_error(
+            p.m,
+            p.topk,
+            p.n,
+            p.k,
+            p.local_experts,
+        ));
+    }
     if workspace_bytes < layout.total {
         return Err(Error::Shape(format!(
             "workspace: expected at least {} bytes, got {workspace_bytes}",

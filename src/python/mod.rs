@@ -15,7 +15,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyType};
 
-static CLASSES: [PyOnceLock<Py<PyType>>; 5] = [const { PyOnceLock::new() }; 5];
+static CLASSES: [PyOnceLock<Py<PyType>>; 6] = [const { PyOnceLock::new() }; 6];
 
 pub(crate) fn to_pyerr(py: Python<'_>, err: Error) -> PyErr {
     let (i, name) = match &err {
@@ -24,6 +24,7 @@ pub(crate) fn to_pyerr(py: Python<'_>, err: Error) -> PyErr {
         Error::Device(_) => (2, "DeviceError"),
         Error::Argument(_) => (3, "ArgumentError"),
         Error::Cuda(_) => (4, "CudaError"),
+        Error::Memory(_) => (5, "OutOfMemoryError"),
     };
     match CLASSES[i].import(py, "swapmoe.errors", name) {
         Ok(cls) => PyErr::from_type(cls.clone(), err.to_string()),
@@ -257,7 +258,15 @@ fn workspace_buffer(
                     )),
                 ));
             }
-            let bytes = t.desc.shape.iter().product::<i64>().max(0) as usize * t.desc.dtype.size();
+            let Some(bytes) = t.desc.contiguous_bytes() else {
+                return Err(to_pyerr(
+                    py,
+                    Error::Shape(format!(
+                        "workspace: expected a contiguous buffer (row-major, no broadcast or strided view), got shape {:?} with strides {:?}",
+                        t.desc.shape, t.desc.strides
+                    )),
+                ));
+            };
             Ok((t.desc.addr, bytes))
         }
         None if need == 0 || problem.m == 0 => Ok((0, 0)),
@@ -513,7 +522,14 @@ fn workspace_bytes(
     quant: Option<&str>,
 ) -> PyResult<usize> {
     let q = parse_quant(quant).py_err(py)?;
-    Ok(WorkspaceLayout::with_quant(m, topk, num_experts, n, k, elem_size, q).total)
+    let layout = WorkspaceLayout::with_quant(m, topk, num_experts, n, k, elem_size, q);
+    if layout.overflows() {
+        return Err(to_pyerr(
+            py,
+            WorkspaceLayout::overflow_error(m, topk, n, k, num_experts),
+        ));
+    }
+    Ok(layout.total)
 }
 
 fn parse_quant(quant: Option<&str>) -> crate::error::Result<Option<QuantScheme>> {
