@@ -2638,6 +2638,13 @@ pub fn plan_for_shape(
             "select_backend: expected num_tokens >= 0, num_experts >= 1, 1 <= top_k <= num_experts, hidden_size >= 1 and intermediate_size >= 1, got {m}, {e}, {top_k}, {k}, {n}"
         )));
     }
+    // the op's own limits (32-bit indices in the kernels), named by this function's arguments
+    let big = i32::MAX as i64;
+    if [m, e, k, n].iter().any(|&v| v > big) || m.saturating_mul(top_k) > big {
+        return Err(Error::Shape(format!(
+            "select_backend: expected num_tokens * top_k, num_experts, hidden_size and intermediate_size each < 2^31, got num_tokens = {m}, top_k = {top_k}, num_experts = {e}, hidden_size = {k}, intermediate_size = {n}"
+        )));
+    }
     let wd = if quant.is_some() {
         DType::F8E4M3
     } else {

@@ -92,9 +92,16 @@ fn float_input(name: &str, t: &TensorDesc) -> Result<()> {
     Ok(())
 }
 
+/// Non-negative strides (the router indexes rows as `t * stride`) and a contiguous last
+/// dimension.
 fn last_contiguous(name: &str, t: &TensorDesc) -> Result<()> {
+    if let Some((axis, s)) = t.strides.iter().enumerate().find(|(_, s)| **s < 0) {
+        return Err(Error::Shape(format!(
+            "{name}: expected non-negative strides, got stride {s} on dimension {axis}"
+        )));
+    }
     let last = t.shape.len() - 1;
-    if t.shape.iter().product::<i64>() > 0 && t.shape[last] > 1 && t.strides[last] != 1 {
+    if !t.shape.iter().any(|&d| d <= 0) && t.shape[last] > 1 && t.strides[last] != 1 {
         return Err(Error::Shape(format!(
             "{name}: expected the last dimension to be contiguous (stride 1), got strides {}",
             dims(&t.strides)

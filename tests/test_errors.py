@@ -4,6 +4,7 @@ and the expected and given values. Runs each case with numpy and with torch CPU 
 from __future__ import annotations
 
 import ctypes
+import re
 import numpy as np
 import pytest
 
@@ -525,3 +526,121 @@ def test_workspace_bytes_never_wraps_and_is_zero_for_invalid_shapes():
                       ((4, 64), (0, 96, 64), (4, 2)),   # no expert
                       ((4, 64), (8, 96, 64), (5, 2))]:  # M differs
         assert swapmoe.workspace_bytes(Shaped(*h), Shaped(*w), Shaped(*ids)) == 0, (h, w, ids)
+
+
+# --------------------------------------------------------------------------- Python types of scalar arguments
+
+BAD_SCALARS = [
+    ("check_ids", 1, "check_ids: expected a bool, got 1 (int)"),
+    ("apply_router_weight_on_input", 0, "apply_router_weight_on_input: expected a bool, got 0 (int)"),
+    ("global_num_experts", 4.0, "global_num_experts: expected an integer, got 4.0 (float)"),
+    ("global_num_experts", None, "global_num_experts: expected an integer, got None"),
+    ("global_num_experts", 2**64, "global_num_experts: expected an integer in ["),
+    ("backend", 5, "backend: expected None or a str, got 5 (int)"),
+    ("backend", "\ud800", "backend: expected None or a str that encodes as UTF-8"),
+    ("activation", "\ud800", "activation: expected a str that encodes as UTF-8"),
+    ("use_fp8_w8a8", 1, "use_fp8_w8a8: expected a bool, got 1 (int)"),
+    ("block_shape", "128", "block_shape: expected None or a list of integers, got '128' (str)"),
+    ("block_shape", [128.0, 128.0], "block_shape: expected None or a list of integers"),
+]
+
+
+@pytest.mark.parametrize("args", LIBS, indirect=True)
+@pytest.mark.parametrize("name,value,needle", BAD_SCALARS, ids=[f"{n}-{i}" for i, (n, _, _) in enumerate(BAD_SCALARS)])
+def test_scalar_arguments_of_the_wrong_python_type_are_named(args, name, value, needle):
+    """The core's conversions of scalar arguments raise bare TypeError / OverflowError /
+    UnicodeEncodeError without the argument's name; the wrappers name it (ArgumentError,
+    chained to the conversion's error)."""
+    args[name] = value
+    with pytest.raises(swapmoe.ArgumentError, match=re.escape(needle)) as e:
+        swapmoe.fused_experts(**args)
+    assert isinstance(e.value.__cause__, (TypeError, OverflowError, UnicodeEncodeError))
+
+
+@pytest.mark.parametrize("lib", LIBS)
+@pytest.mark.parametrize("kw,needle", [
+    (dict(renormalize=1), "renormalize: expected a bool"),
+    (dict(routed_scaling_factor=None), "routed_scaling_factor: expected a real number, got None"),
+    (dict(num_expert_group=2.0, topk_group=1), "num_expert_group: expected None or an integer, got 2.0"),
+    (dict(num_tokens="3"), "num_tokens: expected None or an integer, got '3'"),
+    (dict(topk=2**63), "topk: expected an integer in ["),
+    (dict(topk=2**33), "topk: expected 1 <= topk <= E = 8"),  # no [M, 2^33] buffer is allocated first
+])
+def test_router_arguments_of_the_wrong_python_type_are_named(lib, kw, needle):
+    g = zeros(lib, (3, E), "float32")
+    kw = {"topk": 2, **kw}
+    with pytest.raises(swapmoe.ArgumentError, match=re.escape(needle)):
+        swapmoe.select_experts(g, kw.pop("topk"), **kw)
+
+
+@pytest.mark.parametrize("kw,needle", [
+    (dict(num_tokens=4.0), "num_tokens: expected an integer, got 4.0"),
+    (dict(num_tokens=2**63), "num_tokens: expected an integer in ["),
+    (dict(dtype=None), "dtype: expected a str, got None"),
+    (dict(device_name=5), "device_name: expected None or a str, got 5"),
+    (dict(external_backends=None), "external_backends: expected a list of str, got None"),
+    (dict(external_backends=[1]), "external_backends: expected a list of str, got [1]"),
+    (dict(quant=np.array(["fp8_tensor"])), "quant: expected one of"),
+    (dict(device_capability=(9,)), "device_capability: expected None or (major, minor) integers"),
+    (dict(device_capability=(9, 0, 0)), "device_capability: expected None or (major, minor) integers"),
+    (dict(device_capability="90"), "device_capability: expected None or (major, minor) integers"),
+    (dict(device_capability=(9.7, 0.2)), "device_capability: expected None or (major, minor) integers"),
+    (dict(device_capability=(7, 5)), "device_capability: expected sm_80 or newer"),
+    (dict(device_capability=(9, -5)), "device_capability: expected sm_80 or newer"),
+    (dict(device_capability=(2**40, 0)), "device_capability: expected sm_80 or newer"),
+])
+def test_select_backend_arguments_of_the_wrong_python_type_are_named(kw, needle):
+    kw = {"num_tokens": 4, "device_name": "NVIDIA H200", **kw}
+    with pytest.raises(swapmoe.ArgumentError, match=re.escape(needle)):
+        swapmoe.select_backend(kw.pop("num_tokens"), 8, 2, 256, 64, **kw)
+
+
+@pytest.mark.parametrize("raised,seen", [(KeyboardInterrupt, KeyboardInterrupt), (SystemExit, SystemExit),
+                                         (MemoryError, MemoryError), (ValueError, swapmoe.DTypeError)])
+def test_a_producers_own_interrupt_goes_up_unchanged(raised, seen):
+    """What a producer's __dlpack__ raises is the tensor's fault (DTypeError naming the
+    argument) unless it is an interrupt, an exit or a failed allocation: those go up as
+    they were raised."""
+    class Producer:
+        def __dlpack__(self, **kw):
+            raise raised("from the producer")
+
+        def __dlpack_device__(self):
+            return (1, 0)
+
+    h = np.zeros((2, 4), np.float32)
+    with pytest.raises(seen) as e:
+        swapmoe.fused_experts(h, Producer(), h, h, h)
+    if seen is swapmoe.DTypeError:
+        assert "w1: the tensor could not be imported through DLPack" in str(e.value)
+
+
+def test_router_rejects_negative_strides():
+    """gating_output with a negative row stride (a reversed numpy view; torch has none) is
+    rejected, as fused_experts rejects its tensors' (the router indexes rows as t * stride)."""
+    g = np.zeros((4, E), np.float32)[::-1]
+    with pytest.raises(swapmoe.ShapeError, match="gating_output: expected non-negative strides, got stride -8 on dimension 0"):
+        swapmoe.select_experts(g, 2)
+
+
+def test_describe_plan_does_not_blame_an_out_it_does_not_take():
+    """describe_plan has no `out`: a read-only or broadcast hidden_states (fine as an input)
+    plans as fused_experts would run it with a fresh output."""
+    x = np.zeros((M, K), np.float32)
+    w1, w2 = np.zeros((E, 2 * N, K), np.float32), np.zeros((E, K, N), np.float32)
+    tw, ids = np.ones((M, TOPK), np.float32), np.zeros((M, TOPK), np.int32)
+    x.setflags(write=False)
+    for h in (x, np.broadcast_to(np.zeros((1, K), np.float32), (M, K))):
+        plan = swapmoe._core.describe_plan(h, w1, w2, tw, ids)
+        assert plan["backend"] == "cpu"
+
+
+@pytest.mark.parametrize("args,needle", [
+    ((2**31, 8, 2, 256, 64), "num_tokens = 2147483648"),
+    ((2**30, 8, 2, 256, 64), "num_tokens = 1073741824, top_k = 2"),  # M * topk
+    ((4, 8, 2, 256, 2**62), "intermediate_size = 4611686018427387904"),
+])
+def test_select_backend_names_its_own_arguments_past_the_ops_limits(args, needle):
+    with pytest.raises(swapmoe.ShapeError, match=re.escape(needle)) as e:
+        swapmoe.select_backend(*args, device_name="NVIDIA H200")
+    assert "each < 2^31" in str(e.value) and "hidden_states" not in str(e.value)

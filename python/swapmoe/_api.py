@@ -7,6 +7,7 @@ import sys
 from typing import Any, List, Optional, Tuple
 
 from . import _core
+from ._args import CONVERSION_ERRORS, raise_named
 from .errors import ArgumentError, DTypeError, ShapeError
 
 
@@ -164,9 +165,12 @@ def _fused_experts_dlpack(hidden_states, w1, w2, topk_weights, topk_ids, *, out,
 
         shape = _shape(hidden_states) or ()
         out = np.empty(shape, dtype=hidden_states.dtype)
-    _core.fused_experts(
-        hidden_states, w1, w2, topk_weights, topk_ids, out, workspace=workspace, stream=stream, **kw
-    )
+    try:
+        _core.fused_experts(
+            hidden_states, w1, w2, topk_weights, topk_ids, out, workspace=workspace, stream=stream, **kw
+        )
+    except CONVERSION_ERRORS as e:
+        raise_named(e, kw)
     return out
 
 
@@ -222,7 +226,8 @@ def select_experts(
         )
     shape = _shape(gating_output) or ()
     m = shape[0] if len(shape) == 2 else 0
-    k = max(topk, 0)
+    # at most E columns: a topk past E is the core's error to name, not an allocation's
+    k = max(min(topk, shape[1] if len(shape) == 2 else 0), 0)
     module = type(gating_output).__module__.split(".")[0]
     stream = 0
     if module == "cupy":
@@ -234,10 +239,15 @@ def select_experts(
         import numpy as np
 
         weights, ids = np.empty((m, k), np.float32), np.empty((m, k), np.int32)
-    _core.select_experts(
-        gating_output, weights, ids, topk, renormalize, scoring, num_expert_group, topk_group,
-        e_score_correction_bias, routed_scaling_factor, stream, num_tokens,
-    )
+    try:
+        _core.select_experts(
+            gating_output, weights, ids, topk, renormalize, scoring, num_expert_group, topk_group,
+            e_score_correction_bias, routed_scaling_factor, stream, num_tokens,
+        )
+    except CONVERSION_ERRORS as e:
+        raise_named(e, dict(topk=topk, renormalize=renormalize, scoring=scoring,
+                            num_expert_group=num_expert_group, topk_group=topk_group,
+                            routed_scaling_factor=routed_scaling_factor, num_tokens=num_tokens))
     return weights, ids
 
 
@@ -332,7 +342,8 @@ def _fused_moe_dlpack(hidden_states, w1, w2, gating_output, topk, *, out, **kw):
     module = type(hidden_states).__module__.split(".")[0]
     shape = _shape(gating_output) or ()
     m = shape[0] if len(shape) == 2 else 0
-    k = max(topk, 0)
+    # at most E columns: a topk past E is the core's error to name, not an allocation's
+    k = max(min(topk, shape[1] if len(shape) == 2 else 0), 0)
     workspace = None
     stream = 0
     if module == "cupy":
@@ -355,12 +366,15 @@ def _fused_moe_dlpack(hidden_states, w1, w2, gating_output, topk, *, out, **kw):
         if out is None:
             out = np.empty(_shape(hidden_states) or (), dtype=hidden_states.dtype)
         weights, ids = np.empty((m, k), np.float32), np.empty((m, k), np.int32)
-    _core.fused_moe(
-        hidden_states, w1, w2, gating_output, weights, ids, out, workspace, topk,
-        kw["renormalize"], kw["scoring"], kw["num_expert_group"], kw["topk_group"],
-        kw["e_score_correction_bias"], kw["routed_scaling_factor"], kw["activation"],
-        kw["apply_router_weight_on_input"], kw["global_num_experts"], kw["expert_map"], stream,
-        kw["backend"], kw["use_fp8_w8a8"], kw["w1_scale"], kw["w2_scale"], kw["a1_scale"], kw["a2_scale"],
-        kw["per_channel_quant"], kw["block_shape"],
-    )
+    try:
+        _core.fused_moe(
+            hidden_states, w1, w2, gating_output, weights, ids, out, workspace, topk,
+            kw["renormalize"], kw["scoring"], kw["num_expert_group"], kw["topk_group"],
+            kw["e_score_correction_bias"], kw["routed_scaling_factor"], kw["activation"],
+            kw["apply_router_weight_on_input"], kw["global_num_experts"], kw["expert_map"], stream,
+            kw["backend"], kw["use_fp8_w8a8"], kw["w1_scale"], kw["w2_scale"], kw["a1_scale"], kw["a2_scale"],
+            kw["per_channel_quant"], kw["block_shape"],
+        )
+    except CONVERSION_ERRORS as e:
+        raise_named(e, dict(kw, topk=topk))
     return out

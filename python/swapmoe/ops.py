@@ -10,6 +10,7 @@ from typing import List, Optional
 import torch
 
 from . import _core
+from ._args import CONVERSION_ERRORS, raise_named
 from .errors import ArgumentError
 
 
@@ -67,10 +68,16 @@ def _run(
     if hidden_states.is_cuda:
         workspace, stream = _cuda_workspace(hidden_states, w1, topk_ids.shape,
                                             quant_name(use_fp8_w8a8, per_channel_quant, block_shape))
-    _fused_experts_core(hidden_states, w1, w2, topk_weights, topk_ids, out, workspace, activation,
-                        apply_router_weight_on_input, global_num_experts, expert_map, check_ids,
-                        stream, backend, use_fp8_w8a8, w1_scale, w2_scale, a1_scale, a2_scale,
-                        per_channel_quant, block_shape)
+    try:
+        _fused_experts_core(hidden_states, w1, w2, topk_weights, topk_ids, out, workspace, activation,
+                            apply_router_weight_on_input, global_num_experts, expert_map, check_ids,
+                            stream, backend, use_fp8_w8a8, w1_scale, w2_scale, a1_scale, a2_scale,
+                            per_channel_quant, block_shape)
+    except CONVERSION_ERRORS as e:
+        raise_named(e, dict(activation=activation, apply_router_weight_on_input=apply_router_weight_on_input,
+                            global_num_experts=global_num_experts, check_ids=check_ids, backend=backend,
+                            use_fp8_w8a8=use_fp8_w8a8, per_channel_quant=per_channel_quant,
+                            block_shape=block_shape))
 
 
 def quant_name(use_fp8_w8a8: bool, per_channel_quant: bool, block_shape) -> Optional[str]:
@@ -184,7 +191,8 @@ def fused_experts_torch(hidden_states, w1, w2, topk_weights, topk_ids, *, activa
 
 def _empty_routing(gating_output: torch.Tensor, topk: int):
     m = gating_output.shape[0] if gating_output.dim() == 2 else 0
-    k = max(int(topk), 0)
+    # at most E columns: a topk past E is the core's error to name, not an allocation's
+    k = max(min(int(topk), gating_output.shape[-1] if gating_output.dim() == 2 else 0), 0)
     return (torch.empty((m, k), dtype=torch.float32, device=gating_output.device),
             torch.empty((m, k), dtype=torch.int32, device=gating_output.device))
 
@@ -192,9 +200,14 @@ def _empty_routing(gating_output: torch.Tensor, topk: int):
 def _route(gating_output, topk_weights, topk_ids, topk, renormalize, scoring, num_expert_group,
            topk_group, e_score_correction_bias, routed_scaling_factor, num_tokens) -> None:
     stream = _current_stream(gating_output) if gating_output.is_cuda else 0
-    _core.select_experts(gating_output, topk_weights, topk_ids, topk, renormalize, scoring,
-                         num_expert_group, topk_group, e_score_correction_bias,
-                         routed_scaling_factor, stream, num_tokens)
+    try:
+        _core.select_experts(gating_output, topk_weights, topk_ids, topk, renormalize, scoring,
+                             num_expert_group, topk_group, e_score_correction_bias,
+                             routed_scaling_factor, stream, num_tokens)
+    except CONVERSION_ERRORS as e:
+        raise_named(e, dict(topk=topk, renormalize=renormalize, scoring=scoring,
+                            num_expert_group=num_expert_group, topk_group=topk_group,
+                            routed_scaling_factor=routed_scaling_factor, num_tokens=num_tokens))
 
 
 @torch.library.custom_op("swapmoe::select_experts", mutates_args=())
@@ -246,11 +259,20 @@ def _run_moe(hidden_states, w1, w2, gating_output, topk, out, renormalize, scori
     if hidden_states.is_cuda:
         workspace, stream = _cuda_workspace(hidden_states, w1, topk_ids.shape,
                                             quant_name(use_fp8_w8a8, per_channel_quant, block_shape))
-    _core.fused_moe(hidden_states, w1, w2, gating_output, topk_weights, topk_ids, out, workspace, topk,
-                    renormalize, scoring, num_expert_group, topk_group, e_score_correction_bias,
-                    routed_scaling_factor, activation, apply_router_weight_on_input, global_num_experts,
-                    expert_map, stream, backend, use_fp8_w8a8, w1_scale, w2_scale, a1_scale, a2_scale,
-                    per_channel_quant, block_shape)
+    try:
+        _core.fused_moe(hidden_states, w1, w2, gating_output, topk_weights, topk_ids, out, workspace, topk,
+                        renormalize, scoring, num_expert_group, topk_group, e_score_correction_bias,
+                        routed_scaling_factor, activation, apply_router_weight_on_input, global_num_experts,
+                        expert_map, stream, backend, use_fp8_w8a8, w1_scale, w2_scale, a1_scale, a2_scale,
+                        per_channel_quant, block_shape)
+    except CONVERSION_ERRORS as e:
+        raise_named(e, dict(topk=topk, renormalize=renormalize, scoring=scoring,
+                            num_expert_group=num_expert_group, topk_group=topk_group,
+                            routed_scaling_factor=routed_scaling_factor, activation=activation,
+                            apply_router_weight_on_input=apply_router_weight_on_input,
+                            global_num_experts=global_num_experts, backend=backend,
+                            use_fp8_w8a8=use_fp8_w8a8, per_channel_quant=per_channel_quant,
+                            block_shape=block_shape))
 
 
 @torch.library.custom_op("swapmoe::fused_moe", mutates_args=())

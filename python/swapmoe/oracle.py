@@ -7,7 +7,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from . import _core
+import operator
+
+from . import _args, _core
+from ._args import CONVERSION_ERRORS, raise_named
 from .errors import ArgumentError
 
 QUANTS = (None, "fp8_tensor", "fp8_channel", "fp8_block128")
@@ -50,6 +53,23 @@ class Plan:
     fallback: Optional[str] = None
 
 
+def _capability(cap: Any) -> Optional[Tuple[int, int]]:
+    """``device_capability`` as (major, minor): None, or a pair of integers naming sm_80 or
+    newer (the embedded kernels' targets); ArgumentError otherwise."""
+    if cap is None:
+        return None
+    try:
+        major, minor = (operator.index(c) for c in cap)
+    except (TypeError, ValueError):
+        raise ArgumentError(f"device_capability: expected None or (major, minor) integers, got {cap!r}") from None
+    if not (0 <= minor < 10 and 8 <= major < 100):
+        raise ArgumentError(
+            "device_capability: expected sm_80 or newer (major >= 8, 0 <= minor <= 9: the embedded "
+            f"kernels are built for sm_80 and sm_90a), got {(major, minor)}"
+        )
+    return major, minor
+
+
 def select_backend(
     num_tokens: int,
     num_experts: int,
@@ -86,14 +106,23 @@ def select_backend(
     ``"dynamic"`` (computed by the op); None is the scheme's usual kind, static for
     ``"fp8_tensor"`` and dynamic for the others, which take no other. An FP8 table says which
     kind it was measured with and stands only for calls of that kind."""
-    if quant not in QUANTS:
+    if not (quant is None or isinstance(quant, str)) or quant not in QUANTS:
         raise ArgumentError(f"quant: expected one of {QUANTS}, got {quant!r}")
     if isinstance(external_backends, str):
         external_backends = (external_backends,)
-    cap = (int(device_capability[0]), int(device_capability[1])) if device_capability is not None else None
-    d = _core.select_backend(num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype=dtype,
-                             device_capability=cap, device_name=device_name, backend=backend, quant=quant,
-                             external_backends=list(external_backends), activation_scales=activation_scales)
+    cap = _capability(device_capability)
+    args = dict(num_tokens=num_tokens, num_experts=num_experts, top_k=top_k, hidden_size=hidden_size,
+                intermediate_size=intermediate_size, dtype=dtype, device_name=device_name, backend=backend,
+                external_backends=external_backends, activation_scales=activation_scales)
+    if _args.KINDS["external_backends"](external_backends):
+        raise_named(TypeError(external_backends), args, _args.SELECT_BACKEND_KINDS)
+    try:
+        d = _core.select_backend(num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype=dtype,
+                                 device_capability=cap, device_name=device_name, backend=backend, quant=quant,
+                                 external_backends=list(external_backends),
+                                 activation_scales=activation_scales)
+    except CONVERSION_ERRORS as e:
+        raise_named(e, args, _args.SELECT_BACKEND_KINDS)
     return Plan(
         backend=d["backend"],
         swap_ab=bool(d["swap_ab"]),

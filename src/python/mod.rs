@@ -301,9 +301,12 @@ fn router_config(
             )))
         }
         (g, t) => {
+            let shown = |v: Option<i64>| v.map_or("None".to_string(), |v| v.to_string());
             return Err(Error::Argument(format!(
-                "num_expert_group, topk_group: expected both or neither, got {g:?} and {t:?}"
-            )))
+                "num_expert_group, topk_group: expected both or neither, got {} and {}",
+                shown(g),
+                shown(t)
+            )));
         }
     };
     Ok(RouterConfig {
@@ -565,10 +568,11 @@ fn describe_plan<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     let activation = Activation::parse(activation).py_err(py)?;
     let inputs = MoeInputs::import(hidden_states, w1, w2, topk_weights, topk_ids, expert_map)?;
-    // The plan does not depend on the output tensor: hidden_states stands in for it.
-    let problem = inputs
-        .problem(&inputs.hidden_states.desc, activation, false, -1)
-        .py_err(py)?;
+    // The plan does not depend on the output tensor: a compact, writable one of
+    // hidden_states' shape stands in for it (never written: nothing runs).
+    let h = &inputs.hidden_states.desc;
+    let out = crate::problem::TensorDesc::contiguous(h.dtype, &h.shape, h.device, h.addr);
+    let problem = inputs.problem(&out, activation, false, -1).py_err(py)?;
     let caps = match problem.device {
         crate::problem::Device::Cuda(i) => Some(cuda::device(i).py_err(py)?.caps.clone()),
         _ => None,

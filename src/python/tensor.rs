@@ -6,7 +6,7 @@ use crate::error::Error;
 use crate::problem::{DType, Device, TensorDesc};
 use dlpark::ffi::{DLDataTypeCode, DLDeviceType};
 use dlpark::python::{from_dlpack, DlpackStream, ImportedDlpack, StreamArg};
-use pyo3::exceptions::PyTypeError;
+use pyo3::exceptions::{PyException, PyMemoryError, PyTypeError};
 use pyo3::prelude::*;
 use std::ffi::c_void;
 
@@ -80,6 +80,11 @@ pub fn import(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<Imported> {
                 Err(err)
             };
             retry.map_err(|e| {
+                // An interrupt, an exit or a failed allocation inside the producer's
+                // __dlpack__ is not the tensor's fault: it goes up as it was raised.
+                if !e.is_instance_of::<PyException>(py) || e.is_instance_of::<PyMemoryError>(py) {
+                    return e;
+                }
                 to_pyerr(
                     py,
                     Error::DType(format!(

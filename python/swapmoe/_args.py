@@ -1,0 +1,161 @@
+"""Names the argument behind a conversion error of ``_core``.
+
+``_core`` takes its scalar arguments as Rust types, and the conversions (PyO3) raise a bare
+``TypeError`` / ``OverflowError`` / ``UnicodeEncodeError`` that does not say which argument
+was wrong (``'int' object is not an instance of 'bool'``). The wrappers catch those on the
+error path only and call :func:`name_bad_argument`, which finds the first argument whose
+Python type or range the core cannot take and returns an :class:`ArgumentError` naming it,
+the expected kind and the value given. The call's hot path is unchanged.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable, Dict, Optional
+
+from .errors import ArgumentError, Error
+
+I64 = (-(2**63), 2**63 - 1)
+U64 = (0, 2**64 - 1)
+
+
+def _is_bool(v: Any) -> bool:
+    return type(v) is bool or type(v).__name__ == "bool_"  # numpy.bool_
+
+
+def _as_int(v: Any, lo_hi) -> Optional[str]:
+    if _is_bool(v):
+        return None  # bool is an int to Python and to the core
+    try:
+        i = operator.index(v)
+    except TypeError:
+        return "an integer"
+    lo, hi = lo_hi
+    if not lo <= i <= hi:
+        return f"an integer in [{lo}, {hi}]"
+    return None
+
+
+def _as_str(v: Any) -> Optional[str]:
+    if not isinstance(v, str):
+        return "a str"
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        return "a str that encodes as UTF-8 (no lone surrogates)"
+    return None
+
+
+def _as_float(v: Any) -> Optional[str]:
+    if isinstance(v, (str, bytes)):
+        return "a real number"
+    try:
+        float(v)
+    except (TypeError, ValueError, OverflowError):
+        return "a real number"
+    return None
+
+
+def _as_int_list(v: Any) -> Optional[str]:
+    if isinstance(v, (str, bytes)):
+        return "a list of integers"
+    try:
+        items = list(v)
+    except TypeError:
+        return "a list of integers"
+    return "a list of integers" if any(_as_int(x, I64) for x in items) else None
+
+
+def _as_str_list(v: Any) -> Optional[str]:
+    if isinstance(v, (str, bytes)):
+        return None  # one name alone is accepted where a list is (select_backend)
+    try:
+        items = list(v)
+    except TypeError:
+        return "a list of str"
+    return "a list of str" if any(_as_str(x) for x in items) else None
+
+
+def _optional(check: Callable[[Any], Optional[str]]) -> Callable[[Any], Optional[str]]:
+    def wrapped(v: Any) -> Optional[str]:
+        if v is None:
+            return None
+        why = check(v)
+        return None if why is None else f"None or {why}"
+
+    return wrapped
+
+
+def _bool(v: Any) -> Optional[str]:
+    return None if _is_bool(v) else "a bool"
+
+
+_i64 = lambda v: _as_int(v, I64)  # noqa: E731
+_u64 = lambda v: _as_int(v, U64)  # noqa: E731
+
+#: What each scalar argument of ``_core``'s functions must be, by name (``num_tokens`` as
+#: select_experts takes it; select_backend's is required: ``SELECT_BACKEND_KINDS``).
+KINDS: Dict[str, Callable[[Any], Optional[str]]] = {
+    # fused_experts / fused_moe / select_experts
+    "activation": _as_str,
+    "apply_router_weight_on_input": _bool,
+    "global_num_experts": _i64,
+    "check_ids": _bool,
+    "stream": _u64,
+    "backend": _optional(_as_str),
+    "use_fp8_w8a8": _bool,
+    "per_channel_quant": _bool,
+    "block_shape": _optional(_as_int_list),
+    "topk": _i64,
+    "renormalize": _bool,
+    "scoring": _as_str,
+    "num_expert_group": _optional(_i64),
+    "topk_group": _optional(_i64),
+    "routed_scaling_factor": _as_float,
+    "num_tokens": _optional(_i64),
+    # select_backend
+    "num_experts": _i64,
+    "top_k": _i64,
+    "hidden_size": _i64,
+    "intermediate_size": _i64,
+    "dtype": _as_str,
+    "device_name": _optional(_as_str),
+    "quant": _optional(_as_str),
+    "external_backends": _as_str_list,
+    "activation_scales": _optional(_as_str),
+}
+SELECT_BACKEND_KINDS: Dict[str, Callable[[Any], Optional[str]]] = {"num_tokens": _i64}
+
+
+def name_bad_argument(err: BaseException, args: Dict[str, Any],
+                      kinds: Optional[Dict[str, Callable[[Any], Optional[str]]]] = None) -> BaseException:
+    """The :class:`ArgumentError` for the first of ``args`` (name -> value) that the core
+    cannot convert, chained to ``err``; ``err`` itself when it is a swapmoe error or no
+    argument is to blame (a tensor's own ``__dlpack__`` failing, say). ``kinds`` overrides
+    :data:`KINDS` for names that mean another kind in this call."""
+    if isinstance(err, Error):
+        return err
+    for name, value in args.items():
+        check = (kinds or {}).get(name) or KINDS.get(name)
+        why = check(value) if check else None
+        if why:
+            shown = repr(value)
+            if len(shown) > 80:
+                shown = shown[:77] + "..."
+            bad = ArgumentError(f"{name}: expected {why}, got {shown} ({type(value).__name__})")
+            bad.__cause__ = err
+            return bad
+    return err
+
+
+CONVERSION_ERRORS = (TypeError, OverflowError, UnicodeEncodeError)
+
+
+def raise_named(err: BaseException, args: Dict[str, Any],
+                kinds: Optional[Dict[str, Callable[[Any], Optional[str]]]] = None) -> None:
+    """Raises :func:`name_bad_argument`'s error for ``err`` (``err`` itself, unchanged, where
+    no argument is to blame). For the ``except CONVERSION_ERRORS`` clauses of the wrappers."""
+    bad = name_bad_argument(err, args, kinds)
+    if bad is err:
+        raise err
+    raise bad from err
