@@ -121,14 +121,15 @@ fn same_device(name: &str, t: &TensorDesc, device: Device) -> Result<()> {
 }
 
 impl RouterProblem {
-    /// `m_expected`: hidden_states.shape[0] when routing for fused_moe.
+    /// `m_expected`: the rows gating_output must have and where that number comes from
+    /// (`hidden_states.shape[0]` for fused_moe, `num_tokens` for select_experts).
     pub fn new(
         gating_output: &TensorDesc,
         bias: Option<&TensorDesc>,
         weights_out: &TensorDesc,
         ids_out: &TensorDesc,
         cfg: RouterConfig,
-        m_expected: Option<i64>,
+        m_expected: Option<(i64, &str)>,
     ) -> Result<Self> {
         let g = gating_output;
         if g.shape.len() != 2 {
@@ -146,10 +147,10 @@ impl RouterProblem {
             )));
         }
         let (m, e) = (g.shape[0], g.shape[1]);
-        if let Some(mh) = m_expected {
+        if let Some((mh, source)) = m_expected {
             if m != mh {
                 return Err(Error::Shape(format!(
-                    "gating_output: expected shape [M, E] with M = {mh} (hidden_states.shape[0]), got {}",
+                    "gating_output: expected shape [M, E] with M = {mh} ({source}), got {}",
                     dims(&g.shape)
                 )));
             }

@@ -765,6 +765,8 @@ def _err_cases():
         ("unknown_scoring", dict(topk=2, scoring="softplus"), swapmoe.ArgumentError, "scoring"),
         ("scale_inf", dict(topk=2, routed_scaling_factor=math.inf), swapmoe.ArgumentError, "routed_scaling_factor"),
         ("scale_nan", dict(topk=2, routed_scaling_factor=math.nan), swapmoe.ArgumentError, "routed_scaling_factor"),
+        # finite in float64, not in the float32 it is applied in
+        ("scale_past_f32", dict(topk=2, routed_scaling_factor=1e39), swapmoe.ArgumentError, "routed_scaling_factor"),
         ("num_tokens", dict(topk=2, num_tokens=4), swapmoe.ShapeError, "gating_output"),
     ]
 
@@ -933,3 +935,11 @@ def test_compile_fullgraph_fused_moe_matches_eager(rng):
     for a, b in zip(got, eager):
         assert a.dtype == b.dtype and torch.equal(a, b)
     check_close(eager[0] / 2, moe_ref(r, inp), "bfloat16")
+
+
+def test_router_messages_show_the_value_given_and_where_m_comes_from():
+    with pytest.raises(swapmoe.ArgumentError, match=r"float32.*, got 1e\+?39$"):
+        swapmoe.select_experts(E8, 2, routed_scaling_factor=1e39)
+    with pytest.raises(swapmoe.ShapeError, match=r"M = 4 \(num_tokens\)"):
+        swapmoe.select_experts(E8, 2, num_tokens=4)
+

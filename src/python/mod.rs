@@ -309,6 +309,11 @@ fn router_config(
             )));
         }
     };
+    if !(routed_scaling_factor as f32).is_finite() {
+        return Err(Error::Argument(format!(
+            "routed_scaling_factor: expected a finite number (it is applied in float32, up to ~3.4e38), got {routed_scaling_factor:?}"
+        )));
+    }
     Ok(RouterConfig {
         topk: topk as usize,
         renormalize,
@@ -363,7 +368,7 @@ fn select_experts(
         &w.desc,
         &ids.desc,
         cfg,
-        num_tokens,
+        num_tokens.map(|m| (m, "num_tokens")),
     )
     .py_err(py)?;
     match p.device {
@@ -453,7 +458,7 @@ fn fused_moe(
         .transpose()?;
     let t_out = tensor::import("out", out)?;
     let m_hidden = match inputs.hidden_states.desc.shape.as_slice() {
-        [m, _] => Some(*m),
+        [m, _] => Some((*m, "hidden_states.shape[0]")),
         _ => None,
     };
     let router = RouterProblem::new(
