@@ -193,8 +193,8 @@ def _empty_routing(gating_output: torch.Tensor, topk: int):
     m = gating_output.shape[0] if gating_output.dim() == 2 else 0
     # at most E columns: a topk past E is the core's error to name, not an allocation's
     k = max(min(int(topk), gating_output.shape[-1] if gating_output.dim() == 2 else 0), 0)
-    return (torch.empty((m, k), dtype=torch.float32, device=gating_output.device),
-            torch.empty((m, k), dtype=torch.int32, device=gating_output.device))
+    return (gating_output.new_empty((m, k), dtype=torch.float32),
+            gating_output.new_empty((m, k), dtype=torch.int32))
 
 
 def _route(gating_output, topk_weights, topk_ids, topk, renormalize, scoring, num_expert_group,
@@ -230,9 +230,8 @@ def select_experts_op(
 @select_experts_op.register_fake
 def _select_experts_fake(gating_output, topk, renormalize=True, scoring="softmax", num_expert_group=None,
                          topk_group=None, e_score_correction_bias=None, routed_scaling_factor=1.0):
-    m = gating_output.shape[0]
-    return (gating_output.new_empty((m, topk), dtype=torch.float32),
-            gating_output.new_empty((m, topk), dtype=torch.int32))
+    # the real op's buffers (_empty_routing): a bad topk or shape is its error to name, at run time
+    return _empty_routing(gating_output, topk)
 
 
 def select_experts_torch(gating_output, topk, renormalize, scoring, num_expert_group, topk_group,
