@@ -2612,7 +2612,7 @@ pub fn plan_for_shape(
     caps: &DeviceCaps,
     req: &Request,
 ) -> Result<Plan> {
-    use crate::problem::{Activation, MoeArgs, QuantArgs, TensorDesc};
+    use crate::problem::{Activation, MoeArgs, QuantArgs};
     let static_act = match (quant, scales) {
         (None, None) => false,
         (None, Some(a)) => {
@@ -2631,7 +2631,8 @@ pub fn plan_for_shape(
         }
     };
     let dev = Device::Cuda(0);
-    let t = |d, shape: &[i64]| TensorDesc::contiguous(d, shape, dev, 1 << 20);
+    let addrs = crate::problem::FakeAddresses::default();
+    let t = |d, shape: &[i64]| addrs.tensor(d, shape, dev);
     let (m, e, k, n) = (num_tokens, num_experts, hidden_size, intermediate_size);
     if m < 0 || e < 1 || top_k < 1 || top_k > e || k < 1 || n < 1 {
         return Err(Error::Shape(format!(
@@ -3682,12 +3683,13 @@ mod tests {
         );
     }
 
-    use crate::problem::{Activation, MoeArgs, TensorDesc};
+    use crate::problem::{Activation, MoeArgs};
 
     /// A CUDA problem with 16-byte aligned, contiguous tensors (addresses are never read).
     fn problem(m: i64, e: i64, topk: i64, k: i64, n: i64, dtype: DType) -> MoeProblem {
         let dev = Device::Cuda(0);
-        let t = |d, shape: &[i64]| TensorDesc::contiguous(d, shape, dev, 1 << 20);
+        let addrs = crate::problem::FakeAddresses::default();
+        let t = |d, shape: &[i64]| addrs.tensor(d, shape, dev);
         let (h, w1, w2) = (
             t(dtype, &[m, k]),
             t(dtype, &[e, 2 * n, k]),
@@ -5467,7 +5469,8 @@ mod tests {
     #[test]
     fn cpu_problems_never_look_at_tables() {
         let dev = Device::Cpu;
-        let t = |d, shape: &[i64]| TensorDesc::contiguous(d, shape, dev, 1 << 20);
+        let addrs = crate::problem::FakeAddresses::default();
+        let t = |d, shape: &[i64]| addrs.tensor(d, shape, dev);
         let (h, w1, w2) = (
             t(DType::BF16, &[4, 64]),
             t(DType::BF16, &[8, 64, 64]),

@@ -109,6 +109,30 @@ pub struct TensorDesc {
     pub read_only: bool,
 }
 
+/// Distinct, non-overlapping addresses for descriptors of tensors that do not exist (the
+/// oracle's offline questions, tests): each one after the last, 256-byte aligned, from 1 MiB.
+pub struct FakeAddresses(std::cell::Cell<usize>);
+
+impl Default for FakeAddresses {
+    fn default() -> Self {
+        FakeAddresses(std::cell::Cell::new(1 << 20))
+    }
+}
+
+impl FakeAddresses {
+    /// A compact row-major descriptor at the next free address.
+    pub fn tensor(&self, dtype: DType, shape: &[i64], device: Device) -> TensorDesc {
+        let addr = self.0.get();
+        let bytes = size(&[
+            dtype.size(),
+            size(&shape.iter().map(|&d| d.max(0) as usize).collect::<Vec<_>>()),
+        ]);
+        self.0
+            .set(align_up(addr.saturating_add(bytes)).saturating_add(WS_ALIGN));
+        TensorDesc::contiguous(dtype, shape, device, addr)
+    }
+}
+
 impl TensorDesc {
     /// Bytes of a compact row-major tensor (strides as `contiguous` gives them, ignoring
     /// dimensions of size 1), None for any other layout (a broadcast or strided view covers
@@ -125,6 +149,27 @@ impl TensorDesc {
             return Some(0);
         }
         usize::try_from(expect).ok()?.checked_mul(self.dtype.size())
+    }
+
+    /// The bytes [first, last) its elements can touch, None when it has none (a dimension of
+    /// 0) or the span overflows. Negative strides count toward `first`.
+    pub fn byte_span(&self) -> Option<(usize, usize)> {
+        if self.shape.iter().any(|&d| d <= 0) {
+            return None;
+        }
+        let (mut lo, mut hi) = (0i128, 0i128);
+        for (&d, &s) in self.shape.iter().zip(&self.strides) {
+            let reach = (d as i128 - 1) * s as i128;
+            if reach < 0 {
+                lo += reach;
+            } else {
+                hi += reach;
+            }
+        }
+        let size = self.dtype.size() as i128;
+        let first = self.addr as i128 + lo * size;
+        let last = self.addr as i128 + (hi + 1) * size;
+        Some((usize::try_from(first).ok()?, usize::try_from(last).ok()?))
     }
 
     /// A compact row-major tensor descriptor (used by tests and the CPU bench).
@@ -750,6 +795,31 @@ impl MoeProblem {
                 "out: expected a writable tensor, got a read-only one".into(),
             ));
         }
+        // out may be hidden_states (each row is read before it is written), but no input that
+        // is read while out is written: w2, the router weights and ids, the map, the scales
+        let q = &a.quant;
+        let read = [
+            ("w1", Some(a.w1)),
+            ("w2", Some(a.w2)),
+            ("topk_weights", Some(a.topk_weights)),
+            ("topk_ids", Some(a.topk_ids)),
+            ("expert_map", a.expert_map),
+            ("w1_scale", q.w1_scale),
+            ("w2_scale", q.w2_scale),
+            ("a1_scale", q.a1_scale),
+            ("a2_scale", q.a2_scale),
+        ];
+        if let Some((o0, o1)) = out.byte_span() {
+            for (name, t) in read {
+                if let Some((t0, t1)) = t.and_then(|t| t.byte_span()) {
+                    if o0 < t1 && t0 < o1 {
+                        return Err(Error::Shape(format!(
+                            "out: expected memory that does not overlap {name} (out may be hidden_states, no other input), got bytes [{o0:#x}, {o1:#x}) against {name}'s [{t0:#x}, {t1:#x})"
+                        )));
+                    }
+                }
+            }
+        }
 
         let global = match a.expert_map {
             Some(map) => {
@@ -1097,6 +1167,30 @@ mod tests {
         );
         let e = WorkspaceLayout::overflow_error(1, 2, 3, 4, 5);
         assert_eq!(e.class_name(), "OutOfMemoryError");
+    }
+
+    #[test]
+    fn byte_spans_and_fake_addresses() {
+        let dev = Device::Cpu;
+        let t = TensorDesc::contiguous(DType::F32, &[3, 4], dev, 1000);
+        assert_eq!(t.byte_span(), Some((1000, 1048)));
+        let rev = TensorDesc {
+            strides: vec![-4, 1],
+            ..TensorDesc::contiguous(DType::F32, &[3, 4], dev, 1000)
+        };
+        assert_eq!(rev.byte_span(), Some((1000 - 32, 1016)));
+        assert_eq!(
+            TensorDesc::contiguous(DType::F32, &[0, 4], dev, 8).byte_span(),
+            None
+        );
+        // each fake tensor after the last: no two overlap
+        let addrs = FakeAddresses::default();
+        let (a, b) = (
+            addrs.tensor(DType::BF16, &[8, 64], dev),
+            addrs.tensor(DType::F32, &[2], dev),
+        );
+        let ((_, a1), (b0, _)) = (a.byte_span().unwrap(), b.byte_span().unwrap());
+        assert!(a1 <= b0 && b0 % 256 == 0);
     }
 
     #[test]

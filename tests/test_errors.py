@@ -644,3 +644,67 @@ def test_select_backend_names_its_own_arguments_past_the_ops_limits(args, needle
     with pytest.raises(swapmoe.ShapeError, match=re.escape(needle)) as e:
         swapmoe.select_backend(*args, device_name="NVIDIA H200")
     assert "each < 2^31" in str(e.value) and "hidden_states" not in str(e.value)
+
+
+# --------------------------------------------------------------------------- the second fuzz pass
+
+
+class _BadRepr:
+    def __repr__(self):
+        raise ZeroDivisionError("no repr")
+
+
+@pytest.mark.parametrize("call,needle", [
+    (lambda a, g: swapmoe.select_experts(g, 10**5000), "got <an int of 16610 bits> (int)"),
+    (lambda a, g: swapmoe.fused_experts(**a, check_ids=10**5000), "check_ids: expected a bool, got <an int of 16610 bits> (int)"),
+    (lambda a, g: swapmoe.fused_experts(**a, activation=_BadRepr()), "activation: expected one of 'silu', 'gelu', got <unprintable> (_BadRepr)"),
+    (lambda a, g: swapmoe.fused_experts(**a, block_shape={128}), "block_shape: expected None or a list of integers"),
+    (lambda a, g: swapmoe.fused_experts(**a, block_shape=(x for x in [128, 128])), "block_shape: expected None or a list"),
+    (lambda a, g: swapmoe.select_experts(g, 2, routed_scaling_factor=bytearray(b"1.5")), "routed_scaling_factor: expected a real number"),
+    (lambda a, g: swapmoe.fused_moe(a["hidden_states"], a["w1"], a["w2"], g, 2, global_num_experts=None), "global_num_experts: expected an integer, got None"),
+    (lambda a, g: swapmoe.fused_moe(a["hidden_states"], a["w1"], a["w2"], g, 2, global_num_experts=np.array([8, 8])), "global_num_experts: expected an integer"),
+    (lambda a, g: swapmoe.workspace_bytes(a["hidden_states"], a["w1"], a["topk_ids"], quant=1), "quant: expected None or a str, got 1 (int)"),
+])
+def test_error_paths_name_the_argument_whatever_its_value(args, call, needle):
+    """The error path itself never fails on the value it reports (a 5000-digit int, a
+    failing __repr__), and values the core cannot convert (a set for a list, a bytearray for
+    a float, a non-integer global_num_experts before a shape check uses it) are named."""
+    g = np.zeros((M, E), np.float32)
+    with pytest.raises(swapmoe.ArgumentError, match=re.escape(needle)):
+        call(args, g)
+
+
+def test_select_backend_reads_a_generator_of_external_backends_once():
+    lst = swapmoe.select_backend(8, 128, 8, 2048, 768, device_name="NVIDIA H200", external_backends=["vllm_triton"])
+    gen = swapmoe.select_backend(8, 128, 8, 2048, 768, device_name="NVIDIA H200",
+                                 external_backends=(b for b in ["vllm_triton"]))
+    assert gen.backend == lst.backend == "vllm_triton"
+    with pytest.raises(swapmoe.ArgumentError, match="external_backends: expected a list of str"):
+        swapmoe.select_backend(8, 128, 8, 2048, 768, device_name="NVIDIA H200", external_backends=b"vllm_triton")
+
+
+@pytest.mark.parametrize("other", ["w1", "w2", "topk_weights", "topk_ids"])
+def test_out_overlapping_an_input_other_than_hidden_states_is_rejected(other):
+    """out may be hidden_states; an out inside w2 or the router weights was written while they
+    were read (a wrong result, no error)."""
+    x = np.random.default_rng(0).standard_normal((M, K)).astype(np.float32)
+    t = {"w1": np.zeros((E, 2 * N, K), np.float32), "w2": np.zeros((E, K, N), np.float32),
+         "topk_weights": np.ones((M, TOPK), np.float32), "topk_ids": np.zeros((M, TOPK), np.int32)}
+    # `other` and out share the start of one buffer
+    buf = np.zeros(max(M * K, t[other].size), np.float32)
+    t[other] = buf.view(t[other].dtype)[: t[other].size].reshape(t[other].shape)
+    out = buf[: M * K].reshape(M, K)
+    w1, w2, tw, ids = t["w1"], t["w2"], t["topk_weights"], t["topk_ids"]
+    with pytest.raises(swapmoe.ShapeError, match=f"out: expected memory that does not overlap {other}"):
+        swapmoe.fused_experts(x, w1, w2, tw, ids, out=out)
+    swapmoe.fused_experts(x, w1, w2, tw, ids, out=x)  # hidden_states itself: allowed
+
+
+@pytest.mark.skipif(torch is None, reason="needs torch")
+def test_select_experts_op_checks_num_tokens_as_the_eager_call_does():
+    """torch.ops.swapmoe.select_experts (what torch.compile runs) takes num_tokens too."""
+    g = torch.zeros(3, E)
+    with pytest.raises(swapmoe.ShapeError, match=re.escape("M = 5 (num_tokens)")):
+        torch.ops.swapmoe.select_experts(g, 2, num_tokens=5)
+    w, i = torch.ops.swapmoe.select_experts(g, 2, num_tokens=3)
+    assert w.shape == i.shape == (3, 2)

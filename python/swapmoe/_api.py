@@ -7,7 +7,7 @@ import sys
 from typing import Any, List, Optional, Tuple
 
 from . import _core
-from ._args import CONVERSION_ERRORS, raise_named
+from ._args import CONVERSION_ERRORS, raise_named, shown
 from .errors import ArgumentError, DTypeError, ShapeError
 
 
@@ -35,7 +35,10 @@ def workspace_bytes(hidden_states: Any, w1: Any, topk_ids: Any, quant: Optional[
     if w[0] < 1 or w[1] % 2 or w[2] != h[1] or ids[0] != h[0] or min(h + w + ids) < 0:
         return 0
     itemsize = getattr(getattr(hidden_states, "dtype", None), "itemsize", 0) or 2
-    return _core.workspace_bytes(h[0], ids[1], w[1] // 2, h[1], w[0], itemsize, quant)
+    try:
+        return _core.workspace_bytes(h[0], ids[1], w[1] // 2, h[1], w[0], itemsize, quant)
+    except CONVERSION_ERRORS as e:
+        raise_named(e, dict(quant=quant))
 
 
 def _quant_name(use_fp8_w8a8: bool, per_channel_quant: bool, block_shape: Any) -> Optional[str]:
@@ -109,7 +112,7 @@ def fused_experts(
     launch on ``torch.cuda.current_stream()``. numpy arrays run the CPU path.
     """
     if not isinstance(activation, str):
-        raise ArgumentError(f"activation: expected one of 'silu', 'gelu', got {activation!r}")
+        raise ArgumentError(f"activation: expected one of 'silu', 'gelu', got {shown(activation)}")
     run = _fused_experts_dlpack
     if _is_torch(hidden_states):
         from . import ops
@@ -179,9 +182,9 @@ def _router_args(topk: Any, scoring: Any) -> int:
     try:
         topk = operator.index(topk)
     except TypeError:
-        raise ArgumentError(f"topk: expected an integer, got {topk!r}") from None
+        raise ArgumentError(f"topk: expected an integer, got {shown(topk)}") from None
     if not isinstance(scoring, str):
-        raise ArgumentError(f"scoring: expected 'softmax' or 'sigmoid', got {scoring!r}")
+        raise ArgumentError(f"scoring: expected 'softmax' or 'sigmoid', got {shown(scoring)}")
     return topk
 
 
@@ -291,6 +294,11 @@ def fused_moe(
     M <= 16), which measured slower."""
     shape = _shape(hidden_states)
     g_shape, w_shape, m_shape = _shape(gating_output), _shape(w1), _shape(expert_map)
+    try:
+        global_num_experts = operator.index(global_num_experts)
+    except TypeError:
+        raise ArgumentError(
+            f"global_num_experts: expected an integer, got {shown(global_num_experts)}") from None
     if g_shape and len(g_shape) == 2 and w_shape:
         if global_num_experts != -1:
             experts, what = global_num_experts, "global_num_experts"
@@ -304,7 +312,7 @@ def fused_moe(
             )
     topk = _router_args(topk, scoring)
     if not isinstance(activation, str):
-        raise ArgumentError(f"activation: expected one of 'silu', 'gelu', got {activation!r}")
+        raise ArgumentError(f"activation: expected one of 'silu', 'gelu', got {shown(activation)}")
     kw = dict(
         renormalize=renormalize,
         scoring=scoring,

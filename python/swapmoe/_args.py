@@ -11,7 +11,7 @@ the expected kind and the value given. The call's hot path is unchanged.
 from __future__ import annotations
 
 import operator
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, NoReturn, Optional
 
 from .errors import ArgumentError, Error
 
@@ -47,7 +47,7 @@ def _as_str(v: Any) -> Optional[str]:
 
 
 def _as_float(v: Any) -> Optional[str]:
-    if isinstance(v, (str, bytes)):
+    if isinstance(v, (str, bytes, bytearray)):
         return "a real number"
     try:
         float(v)
@@ -57,18 +57,18 @@ def _as_float(v: Any) -> Optional[str]:
 
 
 def _as_int_list(v: Any) -> Optional[str]:
-    if isinstance(v, (str, bytes)):
+    # a sequence (len and indexing), as the core takes it: not a set, a dict or a generator
+    if isinstance(v, (str, bytes, bytearray, dict)) or not (hasattr(v, "__len__") and hasattr(v, "__getitem__")):
         return "a list of integers"
-    try:
-        items = list(v)
-    except TypeError:
-        return "a list of integers"
+    items = list(v)
     return "a list of integers" if any(_as_int(x, I64) for x in items) else None
 
 
 def _as_str_list(v: Any) -> Optional[str]:
-    if isinstance(v, (str, bytes)):
+    if isinstance(v, str):
         return None  # one name alone is accepted where a list is (select_backend)
+    if isinstance(v, (bytes, bytearray)):
+        return "a list of str"
     try:
         items = list(v)
     except TypeError:
@@ -137,22 +137,37 @@ def name_bad_argument(err: BaseException, args: Dict[str, Any],
         return err
     for name, value in args.items():
         check = (kinds or {}).get(name) or KINDS.get(name)
-        why = check(value) if check else None
+        try:
+            why = check(value) if check else None
+        except Exception as e:  # noqa: BLE001  (the value's own __iter__/__index__ failed)
+            why = f"a value the core can read ({type(e).__name__} while reading it)"
         if why:
-            shown = repr(value)
-            if len(shown) > 80:
-                shown = shown[:77] + "..."
-            bad = ArgumentError(f"{name}: expected {why}, got {shown} ({type(value).__name__})")
+            bad = ArgumentError(f"{name}: expected {why}, got {shown(value)}")
             bad.__cause__ = err
             return bad
     return err
+
+
+def shown(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` for a message, at most ``limit`` characters, and never an exception of
+    its own (a huge int, a failing ``__repr__``), with the type's name."""
+    try:
+        if isinstance(value, int) and value.bit_length() > 256:
+            text = f"<an int of {value.bit_length()} bits>"  # repr may refuse (4300 digits)
+        else:
+            text = repr(value)
+    except Exception:  # noqa: BLE001
+        text = "<unprintable>"
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return f"{text} ({type(value).__name__})"
 
 
 CONVERSION_ERRORS = (TypeError, OverflowError, UnicodeEncodeError)
 
 
 def raise_named(err: BaseException, args: Dict[str, Any],
-                kinds: Optional[Dict[str, Callable[[Any], Optional[str]]]] = None) -> None:
+                kinds: Optional[Dict[str, Callable[[Any], Optional[str]]]] = None) -> NoReturn:
     """Raises :func:`name_bad_argument`'s error for ``err`` (``err`` itself, unchanged, where
     no argument is to blame). For the ``except CONVERSION_ERRORS`` clauses of the wrappers."""
     bad = name_bad_argument(err, args, kinds)

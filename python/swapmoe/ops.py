@@ -220,16 +220,18 @@ def select_experts_op(
     topk_group: Optional[int] = None,
     e_score_correction_bias: Optional[torch.Tensor] = None,
     routed_scaling_factor: float = 1.0,
+    num_tokens: Optional[int] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     weights, ids = _empty_routing(gating_output, topk)
     _route(gating_output, weights, ids, topk, renormalize, scoring, num_expert_group, topk_group,
-           e_score_correction_bias, routed_scaling_factor, None)
+           e_score_correction_bias, routed_scaling_factor, num_tokens)
     return weights, ids
 
 
 @select_experts_op.register_fake
 def _select_experts_fake(gating_output, topk, renormalize=True, scoring="softmax", num_expert_group=None,
-                         topk_group=None, e_score_correction_bias=None, routed_scaling_factor=1.0):
+                         topk_group=None, e_score_correction_bias=None, routed_scaling_factor=1.0,
+                         num_tokens=None):
     # the real op's buffers (_empty_routing): a bad topk or shape is its error to name, at run time
     return _empty_routing(gating_output, topk)
 
@@ -240,7 +242,7 @@ def select_experts_torch(gating_output, topk, renormalize, scoring, num_expert_g
     if torch.compiler.is_compiling():
         return torch.ops.swapmoe.select_experts(gating_output, topk, renormalize, scoring,
                                                 num_expert_group, topk_group, e_score_correction_bias,
-                                                routed_scaling_factor)
+                                                routed_scaling_factor, num_tokens)
     weights, ids = _empty_routing(gating_output, topk)
     _route(gating_output, weights, ids, topk, renormalize, scoring, num_expert_group, topk_group,
            e_score_correction_bias, routed_scaling_factor, num_tokens)

@@ -108,14 +108,21 @@ def select_backend(
     kind it was measured with and stands only for calls of that kind."""
     if not (quant is None or isinstance(quant, str)) or quant not in QUANTS:
         raise ArgumentError(f"quant: expected one of {QUANTS}, got {quant!r}")
-    if isinstance(external_backends, str):
-        external_backends = (external_backends,)
+    given = external_backends
+    if isinstance(given, str):
+        external_backends = (given,)
+    elif not isinstance(given, (bytes, bytearray)):
+        try:  # once: a generator read by a check would reach the core empty
+            external_backends = tuple(given)
+        except TypeError:
+            pass
+    why = _args.KINDS["external_backends"](external_backends)
+    if why:
+        raise ArgumentError(f"external_backends: expected {why}, got {_args.shown(given)}")
     cap = _capability(device_capability)
     args = dict(num_tokens=num_tokens, num_experts=num_experts, top_k=top_k, hidden_size=hidden_size,
                 intermediate_size=intermediate_size, dtype=dtype, device_name=device_name, backend=backend,
                 external_backends=external_backends, activation_scales=activation_scales)
-    if _args.KINDS["external_backends"](external_backends):
-        raise_named(TypeError(external_backends), args, _args.SELECT_BACKEND_KINDS)
     try:
         d = _core.select_backend(num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype=dtype,
                                  device_capability=cap, device_name=device_name, backend=backend, quant=quant,
