@@ -88,7 +88,8 @@ def fused_experts(
       nothing and are never used to index memory. ``check_ids=True`` raises
       :class:`ShapeError` naming the first bad id instead; on CUDA it waits for the stream
       (a host sync) and cannot be used during graph capture.
-    - out: optional ``[M, K]`` output to write (may be ``hidden_states`` itself).
+    - out: optional ``[M, K]`` output to write (may be ``hidden_states`` itself, but overlap
+      no other input: :class:`ShapeError`).
     - backend: force a backend (``"cuda_decode"``, ``"cuda_generic"``, ``"cpu"``) instead of
       the oracle's choice; ``$SWAPMOE_BACKEND`` does the same for every call. A backend that
       cannot run the call raises :class:`ArgumentError`.
