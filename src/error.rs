@@ -38,16 +38,31 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
+/// The Python exception classes of `swapmoe.errors`, in `Error::class_index` order.
+pub const CLASS_NAMES: [&str; 6] = [
+    "ShapeError",
+    "DTypeError",
+    "DeviceError",
+    "ArgumentError",
+    "CudaError",
+    "OutOfMemoryError",
+];
+
 impl Error {
+    /// The position of this error's Python class in `CLASS_NAMES`.
+    pub fn class_index(&self) -> usize {
+        match self {
+            Error::Shape(_) => 0,
+            Error::DType(_) => 1,
+            Error::Device(_) => 2,
+            Error::Argument(_) => 3,
+            Error::Cuda(_) => 4,
+            Error::Memory(_) => 5,
+        }
+    }
+
     /// The Python exception class this error is raised as.
     pub fn class_name(&self) -> &'static str {
-        match self {
-            Error::Shape(_) => "ShapeError",
-            Error::DType(_) => "DTypeError",
-            Error::Device(_) => "DeviceError",
-            Error::Argument(_) => "ArgumentError",
-            Error::Cuda(_) => "CudaError",
-            Error::Memory(_) => "OutOfMemoryError",
-        }
+        CLASS_NAMES[self.class_index()]
     }
 }

@@ -123,10 +123,9 @@ impl FakeAddresses {
     /// A compact row-major descriptor at the next free address.
     pub fn tensor(&self, dtype: DType, shape: &[i64], device: Device) -> TensorDesc {
         let addr = self.0.get();
-        let bytes = size(&[
-            dtype.size(),
-            size(&shape.iter().map(|&d| d.max(0) as usize).collect::<Vec<_>>()),
-        ]);
+        let bytes = shape
+            .iter()
+            .fold(dtype.size(), |a, &d| a.saturating_mul(d.max(0) as usize));
         self.0
             .set(align_up(addr.saturating_add(bytes)).saturating_add(WS_ALIGN));
         TensorDesc::contiguous(dtype, shape, device, addr)

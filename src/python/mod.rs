@@ -4,7 +4,7 @@
 mod tensor;
 
 use crate::cuda;
-use crate::error::Error;
+use crate::error::{Error, CLASS_NAMES};
 use crate::oracle;
 use crate::problem::{
     Activation, DType, MoeArgs, MoeProblem, QuantArgs, QuantScheme, WorkspaceLayout,
@@ -15,18 +15,11 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyType};
 
-static CLASSES: [PyOnceLock<Py<PyType>>; 6] = [const { PyOnceLock::new() }; 6];
+static CLASSES: [PyOnceLock<Py<PyType>>; CLASS_NAMES.len()] =
+    [const { PyOnceLock::new() }; CLASS_NAMES.len()];
 
 pub(crate) fn to_pyerr(py: Python<'_>, err: Error) -> PyErr {
-    let (i, name) = match &err {
-        Error::Shape(_) => (0, "ShapeError"),
-        Error::DType(_) => (1, "DTypeError"),
-        Error::Device(_) => (2, "DeviceError"),
-        Error::Argument(_) => (3, "ArgumentError"),
-        Error::Cuda(_) => (4, "CudaError"),
-        Error::Memory(_) => (5, "OutOfMemoryError"),
-    };
-    match CLASSES[i].import(py, "swapmoe.errors", name) {
+    match CLASSES[err.class_index()].import(py, "swapmoe.errors", err.class_name()) {
         Ok(cls) => PyErr::from_type(cls.clone(), err.to_string()),
         Err(e) => e,
     }
