@@ -7,7 +7,7 @@ import sys
 from typing import Any, List, Optional, Tuple
 
 from . import _core
-from ._args import CONVERSION_ERRORS, raise_named, shown
+from ._args import CONVERSION_ERRORS, raise_named, routing_shape, shown
 from .errors import ArgumentError, DTypeError, ShapeError
 
 
@@ -228,10 +228,7 @@ def select_experts(
             "gating_output: expected a tensor that supports DLPack (torch, numpy, cupy, ...), "
             f"got {type(gating_output).__name__}"
         )
-    shape = _shape(gating_output) or ()
-    m = shape[0] if len(shape) == 2 else 0
-    # at most E columns: a topk past E is the core's error to name, not an allocation's
-    k = max(min(topk, shape[1] if len(shape) == 2 else 0), 0)
+    m, k = routing_shape(_shape(gating_output) or (), topk)
     module = type(gating_output).__module__.split(".")[0]
     stream = 0
     if module == "cupy":
@@ -249,9 +246,7 @@ def select_experts(
             e_score_correction_bias, routed_scaling_factor, stream, num_tokens,
         )
     except CONVERSION_ERRORS as e:
-        raise_named(e, dict(topk=topk, renormalize=renormalize, scoring=scoring,
-                            num_expert_group=num_expert_group, topk_group=topk_group,
-                            routed_scaling_factor=routed_scaling_factor, num_tokens=num_tokens))
+        raise_named(e, locals())
     return weights, ids
 
 
@@ -349,10 +344,7 @@ def _fused_moe_dlpack(hidden_states, w1, w2, gating_output, topk, *, out, **kw):
                 f"got {type(t).__name__}"
             )
     module = type(hidden_states).__module__.split(".")[0]
-    shape = _shape(gating_output) or ()
-    m = shape[0] if len(shape) == 2 else 0
-    # at most E columns: a topk past E is the core's error to name, not an allocation's
-    k = max(min(topk, shape[1] if len(shape) == 2 else 0), 0)
+    m, k = routing_shape(_shape(gating_output) or (), topk)
     workspace = None
     stream = 0
     if module == "cupy":

@@ -166,10 +166,20 @@ def shown(value: Any, limit: int = 80) -> str:
 CONVERSION_ERRORS = (TypeError, OverflowError, UnicodeEncodeError)
 
 
+def routing_shape(gating_shape: Any, topk: int) -> tuple:
+    """(M, columns) of the [M, topk] router outputs a wrapper allocates for logits of shape
+    ``gating_shape``: at most E columns (and none for a malformed shape), so that a topk past
+    E is the core's error to name, not an allocation's."""
+    two_d = len(gating_shape) == 2
+    return (gating_shape[0] if two_d else 0), max(min(int(topk), gating_shape[1] if two_d else 0), 0)
+
+
 def raise_named(err: BaseException, args: Dict[str, Any],
                 kinds: Optional[Dict[str, Callable[[Any], Optional[str]]]] = None) -> NoReturn:
     """Raises :func:`name_bad_argument`'s error for ``err`` (``err`` itself, unchanged, where
-    no argument is to blame). For the ``except CONVERSION_ERRORS`` clauses of the wrappers."""
+    no argument is to blame). For the ``except CONVERSION_ERRORS`` clauses of the wrappers;
+    ``args`` may be the wrapper's ``locals()``: only the names in :data:`KINDS` are checked,
+    in order, so its parameters come before anything it computed."""
     bad = name_bad_argument(err, args, kinds)
     if bad is err:
         raise err

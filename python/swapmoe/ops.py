@@ -10,7 +10,7 @@ from typing import List, Optional
 import torch
 
 from . import _core
-from ._args import CONVERSION_ERRORS, raise_named
+from ._args import CONVERSION_ERRORS, raise_named, routing_shape
 from .errors import ArgumentError
 
 
@@ -74,10 +74,7 @@ def _run(
                             stream, backend, use_fp8_w8a8, w1_scale, w2_scale, a1_scale, a2_scale,
                             per_channel_quant, block_shape)
     except CONVERSION_ERRORS as e:
-        raise_named(e, dict(activation=activation, apply_router_weight_on_input=apply_router_weight_on_input,
-                            global_num_experts=global_num_experts, check_ids=check_ids, backend=backend,
-                            use_fp8_w8a8=use_fp8_w8a8, per_channel_quant=per_channel_quant,
-                            block_shape=block_shape))
+        raise_named(e, locals())
 
 
 def quant_name(use_fp8_w8a8: bool, per_channel_quant: bool, block_shape) -> Optional[str]:
@@ -190,9 +187,7 @@ def fused_experts_torch(hidden_states, w1, w2, topk_weights, topk_ids, *, activa
 
 
 def _empty_routing(gating_output: torch.Tensor, topk: int):
-    m = gating_output.shape[0] if gating_output.dim() == 2 else 0
-    # at most E columns: a topk past E is the core's error to name, not an allocation's
-    k = max(min(int(topk), gating_output.shape[-1] if gating_output.dim() == 2 else 0), 0)
+    m, k = routing_shape(gating_output.shape, topk)
     return (gating_output.new_empty((m, k), dtype=torch.float32),
             gating_output.new_empty((m, k), dtype=torch.int32))
 
@@ -205,9 +200,7 @@ def _route(gating_output, topk_weights, topk_ids, topk, renormalize, scoring, nu
                              num_expert_group, topk_group, e_score_correction_bias,
                              routed_scaling_factor, stream, num_tokens)
     except CONVERSION_ERRORS as e:
-        raise_named(e, dict(topk=topk, renormalize=renormalize, scoring=scoring,
-                            num_expert_group=num_expert_group, topk_group=topk_group,
-                            routed_scaling_factor=routed_scaling_factor, num_tokens=num_tokens))
+        raise_named(e, locals())
 
 
 @torch.library.custom_op("swapmoe::select_experts", mutates_args=())
@@ -267,13 +260,7 @@ def _run_moe(hidden_states, w1, w2, gating_output, topk, out, renormalize, scori
                         expert_map, stream, backend, use_fp8_w8a8, w1_scale, w2_scale, a1_scale, a2_scale,
                         per_channel_quant, block_shape)
     except CONVERSION_ERRORS as e:
-        raise_named(e, dict(topk=topk, renormalize=renormalize, scoring=scoring,
-                            num_expert_group=num_expert_group, topk_group=topk_group,
-                            routed_scaling_factor=routed_scaling_factor, activation=activation,
-                            apply_router_weight_on_input=apply_router_weight_on_input,
-                            global_num_experts=global_num_experts, backend=backend,
-                            use_fp8_w8a8=use_fp8_w8a8, per_channel_quant=per_channel_quant,
-                            block_shape=block_shape))
+        raise_named(e, locals())
 
 
 @torch.library.custom_op("swapmoe::fused_moe", mutates_args=())

@@ -5,9 +5,8 @@ H200 do?"). The decisions live in the Rust core (``src/oracle.rs``, tables in
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional, Sequence, Tuple
-
 import operator
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import _args, _core
 from ._args import CONVERSION_ERRORS, raise_named
@@ -61,7 +60,8 @@ def _capability(cap: Any) -> Optional[Tuple[int, int]]:
     try:
         major, minor = (operator.index(c) for c in cap)
     except (TypeError, ValueError):
-        raise ArgumentError(f"device_capability: expected None or (major, minor) integers, got {cap!r}") from None
+        raise ArgumentError(
+            f"device_capability: expected None or (major, minor) integers, got {_args.shown(cap)}") from None
     if not (0 <= minor < 10 and 8 <= major < 100):
         raise ArgumentError(
             "device_capability: expected sm_80 or newer (major >= 8, 0 <= minor <= 9: the embedded "
