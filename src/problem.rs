@@ -22,6 +22,50 @@ pub enum DType {
     Other(u8, u8),
 }
 
+/// The usual name of a DLPack dtype (DLPack 1.3's type codes, dlpack.h `DLDataTypeCode`):
+/// `float64`, `complex64`, `uint16`, `float8_e5m2`, ...; a code DLPack does not define shows
+/// as `dlpack(code=.., bits=..)`.
+fn dlpack_dtype_name(code: u8, bits: u8) -> String {
+    let sized = match code {
+        0 => "int",
+        1 => "uint",
+        2 => "float",
+        4 => "bfloat",
+        5 => "complex",
+        _ => "",
+    };
+    if !sized.is_empty() {
+        return format!("{sized}{bits}");
+    }
+    let named = match code {
+        3 => "opaque handle",
+        6 => "bool",
+        7 => "float8_e3m4",
+        8 => "float8_e4m3",
+        9 => "float8_e4m3b11fnuz",
+        10 => "float8_e4m3fn",
+        11 => "float8_e4m3fnuz",
+        12 => "float8_e5m2",
+        13 => "float8_e5m2fnuz",
+        14 => "float8_e8m0fnu",
+        15 => "float6_e2m3fn",
+        16 => "float6_e3m2fn",
+        17 => "float4_e2m1fn",
+        _ => return format!("dlpack(code={code}, bits={bits})"),
+    };
+    // The fixed-width codes name their width; a producer that sets another is shown as such.
+    let width = match code {
+        3 => None,
+        6..=14 => Some(8),
+        15 | 16 => Some(6),
+        _ => Some(4),
+    };
+    match width {
+        Some(w) if w != bits => format!("{named} ({bits} bits)"),
+        _ => named.into(),
+    }
+}
+
 impl DType {
     pub fn name(&self) -> String {
         match self {
@@ -31,16 +75,7 @@ impl DType {
             DType::I32 => "int32".into(),
             DType::I64 => "int64".into(),
             DType::F8E4M3 => "float8_e4m3fn".into(),
-            DType::Other(code, bits) => match (code, bits) {
-                (2, 64) => "float64".into(),
-                (0, 8) => "int8".into(),
-                (0, 16) => "int16".into(),
-                (1, 8) => "uint8".into(),
-                (6, _) => "bool".into(),
-                (10, 8) => "float8_e4m3fn".into(),
-                (12, 8) => "float8_e5m2".into(),
-                _ => format!("dlpack(code={code}, bits={bits})"),
-            },
+            DType::Other(code, bits) => dlpack_dtype_name(*code, *bits),
         }
     }
     pub fn size(&self) -> usize {
@@ -1141,6 +1176,24 @@ impl WorkspaceLayout {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dlpack_dtypes_are_named_as_the_libraries_name_them() {
+        let name = |code, bits| DType::Other(code, bits).name();
+        assert_eq!(name(2, 64), "float64");
+        assert_eq!(name(5, 64), "complex64");
+        assert_eq!(name(5, 128), "complex128");
+        assert_eq!(name(0, 8), "int8");
+        assert_eq!(name(1, 16), "uint16");
+        assert_eq!(name(4, 32), "bfloat32");
+        assert_eq!(name(6, 8), "bool");
+        assert_eq!(name(12, 8), "float8_e5m2");
+        assert_eq!(name(14, 8), "float8_e8m0fnu");
+        assert_eq!(name(17, 4), "float4_e2m1fn");
+        assert_eq!(name(17, 8), "float4_e2m1fn (8 bits)");
+        assert_eq!(name(3, 64), "opaque handle");
+        assert_eq!(name(42, 8), "dlpack(code=42, bits=8)");
+    }
 
     #[test]
     fn workspace_sizes_saturate_instead_of_wrapping() {

@@ -129,6 +129,8 @@ DTYPE = [
     ("topk_weights", "int64", ["topk_weights", "float32, bfloat16 or float16", "got int64"]),
     ("topk_weights", "float64", ["topk_weights", "float32, bfloat16 or float16", "got float64"]),
     ("expert_map", "int64", ["expert_map", "expected int32", "got int64"]),
+    ("topk_ids", "uint16", ["topk_ids", "int32 or int64", "got uint16"]),
+    ("hidden_states", "complex64", ["hidden_states", "bfloat16, float16 or float32", "got complex64"]),
 ]
 
 

@@ -402,6 +402,22 @@ def test_fused_moe_logits_dtype_independent_of_hidden_dtype(logits_dtype, rng):
     check_close(moe_call(r, inp), moe_ref(r, inp), hidden)
 
 
+@pytest.mark.parametrize("libs", [("torch", "numpy"), ("numpy", "torch")])
+def test_fused_moe_mixed_libraries(libs, rng):
+    """Tensors of two libraries (torch hidden states and numpy logits, or the other way round):
+    the hidden states' library allocates the output, and the result is the one-library one."""
+    _need("torch")
+    hidden_lib, logits_lib = libs
+    r = BY_NAME["qwen3"]
+    prob = moe_problem(rng, r, 9, ep=True)
+    inp = moe_inputs(prob, hidden_lib, "float32")
+    one_lib = moe_call(r, inp)
+    mixed = dict(inp, logits=moe_inputs(prob, logits_lib, "float32")["logits"])
+    got = moe_call(r, mixed)
+    assert type(got) is type(inp["x"])
+    assert np.array_equal(np.asarray(got), np.asarray(one_lib))
+
+
 def test_fused_moe_llama4_router_weight_on_input(rng):
     """Llama-4: top-1 sigmoid, the router weight applied to the input."""
     r = BY_NAME["llama4"]

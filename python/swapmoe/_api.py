@@ -329,11 +329,32 @@ def fused_moe(
         per_channel_quant=per_channel_quant,
         block_shape=block_shape,
     )
-    if _is_torch(hidden_states) and _is_torch(gating_output):
+    if _is_torch(hidden_states):
         from . import ops
+
+        if not _is_torch(gating_output):
+            gating_output = _torch_view(gating_output, "gating_output")
 
         return ops.fused_moe_torch(hidden_states, w1, w2, gating_output, topk, out=out, **kw)
     return _fused_moe_dlpack(hidden_states, w1, w2, gating_output, topk, out=out, **kw)
+
+
+def _torch_view(tensor: Any, name: str) -> Any:
+    """A torch view (no copy) of another library's tensor, for the torch path when
+    ``hidden_states`` is a torch tensor: the outputs are allocated by torch."""
+    import torch
+
+    if not hasattr(tensor, "__dlpack__"):
+        raise DTypeError(
+            f"{name}: expected a tensor that supports DLPack (torch, numpy, cupy, ...), got {type(tensor).__name__}"
+        )
+    try:
+        return torch.from_dlpack(tensor)
+    except Exception as e:  # a producer's refusal (read-only, a dtype torch lacks, ...)
+        raise DTypeError(
+            f"{name}: expected a tensor that torch can import through DLPack (hidden_states is a "
+            f"torch.Tensor), got {type(tensor).__name__} that it refused: {e}"
+        ) from None
 
 
 def _fused_moe_dlpack(hidden_states, w1, w2, gating_output, topk, *, out, **kw):
