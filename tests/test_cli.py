@@ -1124,3 +1124,19 @@ def test_fp8_plan_column(quant):
     p = B.describe_point_plan(torch, x, (w1, w2), tw, ids, emap, shape, "bf16", quant, True,
                               {"device_name": "NVIDIA H200", "device_capability": (8, 0)})
     assert isinstance(p, str) and "Error" in p  # FP8 below sm_89: the error text, not a crash
+
+
+def test_a_reader_that_goes_away_stops_the_cli_quietly():
+    """`swapmoe explain ... | head`: the closed pipe ends the command with 141 (SIGPIPE's
+    status), no traceback. The output (~1 KB per M) is far more than a pipe holds, so the
+    command is still writing when the reader closes."""
+    ms = ",".join(str(m) for m in range(1, 400))
+    proc = subprocess.Popen([sys.executable, "-m", "swapmoe", "explain", "--model", "qwen3-30b-a3b",
+                             "--m", ms, "--device-name", "NVIDIA H200"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline().startswith(b"swapmoe ")
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
