@@ -18,10 +18,30 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import os
 from typing import Any, Optional
 
-import numpy as np
-import pytest
+
+def _cpu_share_per_xdist_worker() -> Optional[int]:
+    """Under pytest-xdist (the device runs use ``-n 10-16`` on 16 CPUs), each worker's
+    OpenMP / BLAS pools default to every CPU: 16 workers x 16 threads spin against each other,
+    and the float64 references of the larger FP8 cases took minutes instead of seconds
+    (2026-12-05: 8-12 of the 20 ``test_wgmma_gemm2_block_run*`` tests in 150-240 s, against
+    ~7 s for one on 2 CPUs alone). Each worker gets its share of the CPUs instead; set before
+    numpy and torch load their pools (an explicit ``OMP_NUM_THREADS`` etc. is kept)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers <= 1:
+        return None
+    share = max(1, (os.cpu_count() or 1) // workers)
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, str(share))
+    return share
+
+
+_XDIST_CPU_SHARE = _cpu_share_per_xdist_worker()
+
+import numpy as np  # noqa: E402  (after the thread counts above)
+import pytest  # noqa: E402
 
 import swapmoe
 from swapmoe.reference import fused_experts_ref, rel_error
@@ -30,6 +50,8 @@ try:  # torch is optional: the numpy tests run without it.
     import torch
 except ImportError:  # pragma: no cover - the CI venv has torch
     torch = None  # type: ignore[assignment]
+if torch is not None and _XDIST_CPU_SHARE is not None:
+    torch.set_num_threads(_XDIST_CPU_SHARE)  # its pool may have started before the variables
 
 
 # --------------------------------------------------------------------------- devices
