@@ -33,6 +33,11 @@ SHIPPED = {
     "E=128,N=768,device_name=NVIDIA_H200,dtype=fp8_w8a8,per_channel=true.json",
     "E=256,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,per_channel=true.json",
     "E=8,N=14336,device_name=NVIDIA_H200,dtype=fp8_w8a8,per_channel=true.json",
+    # Qwen3-235B-A22B at TP8 and TP4 (K = 4096), bf16 and FP8 per tensor, M = 1-64, no vLLM times
+    "E=128,N=192,device_name=NVIDIA_H200,dtype=bf16.json",
+    "E=128,N=384,device_name=NVIDIA_H200,dtype=bf16.json",
+    "E=128,N=192,device_name=NVIDIA_H200,dtype=fp8_w8a8.json",
+    "E=128,N=384,device_name=NVIDIA_H200,dtype=fp8_w8a8.json",
 }
 
 
@@ -94,6 +99,24 @@ def test_shipped_entries_are_measured():
                 assert "anchor" in e["vllm_triton_source"], (name, m)
 
 
+def test_shipped_qwen3_235b_tables_pick_swapmoe_kernels_outside_vllm_only():
+    """Qwen3-235B-A22B at TP8 (N = 192) and TP4 (N = 384), tuned 2026-12-05 with swapmoe's
+    kernels only (benches/results/device_2026-12-05/): outside vLLM the measured pick, inside
+    vLLM an untabled call's rule (no vllm_triton time to compare with)."""
+    tp8, tp4 = (128, 8, 4096, 192), (128, 8, 4096, 384)
+    # bf16 TP8 M = 1: cuda_decode 19.5 µs against swap-AB 20.1-21.1 (the heuristics' pick)
+    assert (plan(1, tp8).backend, plan(1, tp8).source) == ("cuda_decode", "table")
+    # bf16 TP4 M = 8: swap-AB, GEMM1 ring 3, GEMM2 after GEMM1 (135.3 against 146.0 by default)
+    p = plan(8, tp4)
+    assert (p.backend, p.tile["swap_gemm1_ring"], p.tile["swap_gemm2_pdl"]) == ("cuda_wgmma_swap", 3, False), p.reasons
+    # FP8 TP8 M = 8: the e4m3 wgmma GEMMs, tile 64 (57.7 against swap-AB 61.6)
+    p = plan(8, tp8, quant="fp8_tensor")
+    assert (p.backend, p.source, p.tile["tokens_per_pass"]) == ("cuda_wgmma", "table", 64), p.reasons
+    inside_vllm = dict(external_backends=("vllm_triton",))
+    assert plan(8, tp4, **inside_vllm).backend == "vllm_triton"
+    assert plan(8, tp8, quant="fp8_tensor", **inside_vllm).backend == "vllm_triton"
+
+
 def test_shipped_tables_pick_the_measured_decode_backend():
     # measured (benches/results/tables_retune_2026-12-04/tune.txt): Mixtral M=1 swap-AB
     # 173.6 µs < cuda_generic 180.3
@@ -147,6 +170,12 @@ def test_shipped_fp8_tables_route_between_swapmoe_and_vllm():
         p = plan(m, DEEPSEEK_TP8, quant="fp8_tensor", **inside_vllm)
         assert (p.backend, p.source, p.tile["swap_gemm1_ring"], p.tile["swap_gemm2_pdl"]) == \
             ("cuda_wgmma_swap", "table", 3, True), (m, p.reasons)
+    # deepseek M = 1: the GEMM1's own ring, GEMM2 by PDL with a ring of 7 (tune of 2026-12-05:
+    # 23.6 against 24.3 with its own ring; A/B three rounds 23.4 against 24.1-24.2;
+    # benches/results/device_2026-12-05/), inside vLLM too (vLLM's Triton ~36.3)
+    p = plan(1, DEEPSEEK_TP8, quant="fp8_tensor", **inside_vllm)
+    assert (p.backend, p.source, p.tile["swap_gemm1_ring"], p.tile["swap_gemm2_pdl"], p.tile["swap_gemm2_ring"]) == \
+        ("cuda_wgmma_swap", "table", 0, True, 7), p.reasons
     # prefill: vLLM's Triton (2626 µs est.), swapmoe's fallback the e4m3 wgmma GEMMs (3205 µs)
     p = plan(4096, MIXTRAL, quant="fp8_tensor", **inside_vllm)
     assert (p.backend, p.fallback) == ("vllm_triton", "cuda_wgmma")
@@ -493,7 +522,7 @@ def test_describe_plan_reports_source_and_table():
 def test_explain_shows_source_and_table(capsys):
     assert cli.main(["explain", "--model", "mixtral-8x7b", "--device-name", H200, "--m", "1,10000"]) == 0
     out = capsys.readouterr().out
-    assert "tables: 12 loaded from" in out
+    assert f"tables: {len(SHIPPED)} loaded from" in out
     assert "M=1: cuda_wgmma_swap (table; swap_ab=True) on NVIDIA H200 sm_90" in out
     assert "table: " + os.path.join(swapmoe.TABLES_DIR, "E=8;N=14336;device_name=NVIDIA_H200;dtype=bf16.json") \
         + " entry M=1 (used)" in out
@@ -598,7 +627,7 @@ def test_explain_fp8_table_by_activation_scales(capsys):
 def test_check_lists_tables(capsys):
     assert cli.main(["check"]) == 0
     out = capsys.readouterr().out
-    assert "tuned tables: 12 loaded" in out
+    assert f"tuned tables: {len(SHIPPED)} loaded" in out
     for name in SHIPPED:
         assert f"shipped: {name}" in out
 
