@@ -487,9 +487,14 @@ pub const SWAP_FP8_HEURISTIC_MAX_TOKENS: usize = 16;
 /// the swap-AB kernels win at M = 1-8 on qwen3-30b-a3b and deepseek-v3-tp8 by 8-25%, the wgmma
 /// GEMMs from M = 16 on all three public shapes (qwen3 M = 64: 183 against 552 µs).
 pub const SWAP_FP8_BEFORE_WGMMA_MAX_TOKENS: usize = 8;
-/// The same for wide experts (N >= SWAP_WIDE_MIN_N): the wgmma GEMMs from M = 2 (mixtral-8x7b,
-/// per-tensor: 157 against 166 µs at M = 2, 320 against 340 at M = 8).
-pub const SWAP_FP8_WIDE_BEFORE_WGMMA_MAX_TOKENS: usize = 1;
+/// The same for wide experts (N >= SWAP_WIDE_MIN_N): the wgmma GEMMs from M = 32. Since the
+/// swap-AB rings and PDL (2026-12-04) the swap-AB kernels with their default launch are 2-4%
+/// faster than the wgmma GEMMs' better tile at M = 2-16 on mixtral-8x7b per tensor, in two tunes
+/// (µs, H200, shipped table / 2026-12-05: M = 2 149.6 / 150.8 against 155.5 / 155.0, M = 4
+/// 229.1 / 230.5 against 235.6 / 237.6, M = 8 310.0 / 311.1 against 314.4 / 317.4, M = 16 342.5
+/// against 351.3), 1.6% slower at M = 32 (362.6 against 357.0). It was M = 1 when the wgmma
+/// GEMMs won from M = 2 (157 against 166 µs; benches/NOTES.md "FP8 wgmma v1").
+pub const SWAP_FP8_WIDE_BEFORE_WGMMA_MAX_TOKENS: usize = 16;
 /// For per-channel and 128x128-block scales (activations quantized per token or per group by
 /// the op), where cuda_wgmma's e4m3 GEMMs can run the call: the swap-AB kernels while
 /// cuda_wgmma's GEMM1 grid (expected active experts x column blocks of WGMMA_GEMM1_COLUMNS) is
@@ -6084,20 +6089,22 @@ mod tests {
                     Some(true)
                 );
             }
-            // Wide experts (N >= 4096): cuda_wgmma's FP8 GEMMs from M = 2 per tensor, from
+            // Wide experts (N >= 4096): cuda_wgmma's FP8 GEMMs from M = 32 per tensor, from
             // M = 1 per channel or block (224 column blocks x 8 experts: 13.6 waves)
-            assert_eq!(
-                shape(1, 4096, 14336, DType::BF16, &h200).backend,
-                if q == QuantScheme::Tensor {
-                    Backend::CudaWgmmaSwap
+            for (m, tensor) in [
+                (1, Backend::CudaWgmmaSwap),
+                (2, Backend::CudaWgmmaSwap),
+                (16, Backend::CudaWgmmaSwap),
+                (32, Backend::CudaWgmma),
+            ] {
+                let p = shape(m, 4096, 14336, DType::BF16, &h200);
+                let want = if q == QuantScheme::Tensor {
+                    tensor
                 } else {
                     Backend::CudaWgmma
-                }
-            );
-            assert_eq!(
-                shape(2, 4096, 14336, DType::BF16, &h200).backend,
-                Backend::CudaWgmma
-            );
+                };
+                assert_eq!(p.backend, want, "{q:?} M = {m}: {:?}", p.reasons);
+            }
             // M = 64: the e4m3 wgmma GEMMs
             let p = shape(64, 2048, 768, DType::BF16, &h200);
             assert_eq!(p.backend, Backend::CudaWgmma, "{:?}", p.reasons);
