@@ -418,6 +418,31 @@ def test_fused_moe_mixed_libraries(libs, rng):
     assert np.array_equal(np.asarray(got), np.asarray(one_lib))
 
 
+def test_fused_moe_logits_torch_cannot_import_are_named():
+    """torch hidden states with logits whose producer refuses DLPack: a DTypeError naming
+    gating_output and the refusal; a MemoryError of the producer goes up unchanged."""
+    _need("torch")
+
+    class Refusing:
+        shape = (3, 8)
+
+        def __dlpack__(self, **kw):
+            raise BufferError("cannot export")
+
+        def __dlpack_device__(self):
+            return (1, 0)
+
+    class OutOfMemory(Refusing):
+        def __dlpack__(self, **kw):
+            raise MemoryError("producer")
+
+    x, w1, w2 = torch.randn(3, K_HID), torch.randn(8, 2 * N_FF, K_HID), torch.randn(8, K_HID, N_FF)
+    with pytest.raises(swapmoe.DTypeError, match="gating_output: .*torch can import.*cannot export"):
+        swapmoe.fused_moe(x, w1, w2, Refusing(), 2)
+    with pytest.raises(MemoryError, match="producer"):
+        swapmoe.fused_moe(x, w1, w2, OutOfMemory(), 2)
+
+
 def test_fused_moe_llama4_router_weight_on_input(rng):
     """Llama-4: top-1 sigmoid, the router weight applied to the input."""
     r = BY_NAME["llama4"]

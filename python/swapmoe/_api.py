@@ -350,6 +350,8 @@ def _torch_view(tensor: Any, name: str) -> Any:
         )
     try:
         return torch.from_dlpack(tensor)
+    except MemoryError:
+        raise
     except Exception as e:  # a producer's refusal (read-only, a dtype torch lacks, ...)
         raise DTypeError(
             f"{name}: expected a tensor that torch can import through DLPack (hidden_states is a "
