@@ -280,6 +280,20 @@ def test_plan_picks_fp8_kernels(rng):
     check_fp8_close(fp8_call(inp, case), ref, flips, "bfloat16")
 
 
+@needs_sm90
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
+@pytest.mark.parametrize("M", [2, 9, 16])
+def test_wide_experts_per_tensor_default_plan(M, static, rng):
+    """Wide experts (N >= 4096) per tensor: the oracle keeps the e4m3 swap-AB kernels up to
+    M = 16 (`SWAP_FP8_WIDE_BEFORE_WGMMA_MAX_TOKENS`, 2026-12-05; before, the wgmma GEMMs from
+    M = 2); the default plan against the reference, with an N tail past 4096."""
+    case = _case(M, (4224, 256), E=8, topk=2)
+    scales = "static" if static else "dynamic"
+    plan = swapmoe.select_backend(M, case.E, case.topk, case.K, case.N, quant="fp8_tensor", activation_scales=scales)
+    assert (plan.backend, plan.source) == ("cuda_wgmma_swap", "heuristic"), plan.reasons
+    run_fp8_case(case, "tensor", "torch", "bfloat16", rng, device=DEV, static=static)
+
+
 @pytest.mark.skipif(not has_cuda() or _fp8_capable(), reason="needs a CUDA device below sm_89")
 def test_pre_ada_device_raises(rng):
     case = _case(2, E=8, topk=2)
