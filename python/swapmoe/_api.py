@@ -287,7 +287,11 @@ def fused_moe(
     dependent launch up to M = 16; ``$SWAPMOE_ROUTER_KERNEL`` (``auto``, ``warp``, ``cta``)
     overrides that choice. ``$SWAPMOE_ROUTER_FUSION=on`` routes inside the experts' first kernel
     instead where it can (E <= 256: the decode GEMM1 at M <= 8, the align kernel at
-    M <= 16), which measured slower."""
+    M <= 16), which measured slower.
+
+    The library of ``hidden_states`` allocates the output and the routing buffers; the other
+    tensors may come from any DLPack library on the same device (torch ``hidden_states`` with
+    numpy or cupy logits: the logits are viewed through ``torch.from_dlpack``, no copy)."""
     shape = _shape(hidden_states)
     g_shape, w_shape, m_shape = _shape(gating_output), _shape(w1), _shape(expert_map)
     try:
