@@ -26,43 +26,33 @@ pub enum DType {
 /// `float64`, `complex64`, `uint16`, `float8_e5m2`, ...; a code DLPack does not define shows
 /// as `dlpack(code=.., bits=..)`.
 fn dlpack_dtype_name(code: u8, bits: u8) -> String {
-    let sized = match code {
-        0 => "int",
-        1 => "uint",
-        2 => "float",
-        4 => "bfloat",
-        5 => "complex",
-        _ => "",
-    };
-    if !sized.is_empty() {
-        return format!("{sized}{bits}");
-    }
-    let named = match code {
-        3 => "opaque handle",
-        6 => "bool",
-        7 => "float8_e3m4",
-        8 => "float8_e4m3",
-        9 => "float8_e4m3b11fnuz",
-        10 => "float8_e4m3fn",
-        11 => "float8_e4m3fnuz",
-        12 => "float8_e5m2",
-        13 => "float8_e5m2fnuz",
-        14 => "float8_e8m0fnu",
-        15 => "float6_e2m3fn",
-        16 => "float6_e3m2fn",
-        17 => "float4_e2m1fn",
+    // the codes of every width, then the fixed-width ones with their width
+    let (named, width) = match code {
+        0 => return format!("int{bits}"),
+        1 => return format!("uint{bits}"),
+        2 => return format!("float{bits}"),
+        4 => return format!("bfloat{bits}"),
+        5 => return format!("complex{bits}"),
+        3 => return "opaque handle".into(),
+        6 => ("bool", 8),
+        7 => ("float8_e3m4", 8),
+        8 => ("float8_e4m3", 8),
+        9 => ("float8_e4m3b11fnuz", 8),
+        10 => ("float8_e4m3fn", 8),
+        11 => ("float8_e4m3fnuz", 8),
+        12 => ("float8_e5m2", 8),
+        13 => ("float8_e5m2fnuz", 8),
+        14 => ("float8_e8m0fnu", 8),
+        15 => ("float6_e2m3fn", 6),
+        16 => ("float6_e3m2fn", 6),
+        17 => ("float4_e2m1fn", 4),
         _ => return format!("dlpack(code={code}, bits={bits})"),
     };
-    // The fixed-width codes name their width; a producer that sets another is shown as such.
-    let width = match code {
-        3 => None,
-        6..=14 => Some(8),
-        15 | 16 => Some(6),
-        _ => Some(4),
-    };
-    match width {
-        Some(w) if w != bits => format!("{named} ({bits} bits)"),
-        _ => named.into(),
+    // a producer that sets another width than the type's is shown as such
+    if bits == width {
+        named.into()
+    } else {
+        format!("{named} ({bits} bits)")
     }
 }
 

@@ -142,12 +142,16 @@ def fused_experts(
     )
 
 
-def _fused_experts_dlpack(hidden_states, w1, w2, topk_weights, topk_ids, *, out, **kw):
-    if not hasattr(hidden_states, "__dlpack__"):
+def _require_dlpack(tensor: Any, name: str) -> None:
+    """:class:`DTypeError` naming ``name`` unless ``tensor`` can be exported through DLPack."""
+    if not hasattr(tensor, "__dlpack__"):
         raise DTypeError(
-            "hidden_states: expected a tensor that supports DLPack (torch, numpy, cupy, ...), "
-            f"got {type(hidden_states).__name__}"
+            f"{name}: expected a tensor that supports DLPack (torch, numpy, cupy, ...), got {type(tensor).__name__}"
         )
+
+
+def _fused_experts_dlpack(hidden_states, w1, w2, topk_weights, topk_ids, *, out, **kw):
+    _require_dlpack(hidden_states, "hidden_states")
     module = type(hidden_states).__module__.split(".")[0]
     workspace = None
     stream = 0
@@ -223,11 +227,7 @@ def select_experts(
             gating_output, topk, renormalize, scoring, num_expert_group, topk_group,
             e_score_correction_bias, routed_scaling_factor, num_tokens,
         )
-    if not hasattr(gating_output, "__dlpack__"):
-        raise DTypeError(
-            "gating_output: expected a tensor that supports DLPack (torch, numpy, cupy, ...), "
-            f"got {type(gating_output).__name__}"
-        )
+    _require_dlpack(gating_output, "gating_output")
     m, k = routing_shape(_shape(gating_output) or (), topk)
     module = type(gating_output).__module__.split(".")[0]
     stream = 0
@@ -348,10 +348,7 @@ def _torch_view(tensor: Any, name: str) -> Any:
     ``hidden_states`` is a torch tensor: the outputs are allocated by torch."""
     import torch
 
-    if not hasattr(tensor, "__dlpack__"):
-        raise DTypeError(
-            f"{name}: expected a tensor that supports DLPack (torch, numpy, cupy, ...), got {type(tensor).__name__}"
-        )
+    _require_dlpack(tensor, name)
     try:
         return torch.from_dlpack(tensor)
     except MemoryError:
@@ -364,12 +361,8 @@ def _torch_view(tensor: Any, name: str) -> Any:
 
 
 def _fused_moe_dlpack(hidden_states, w1, w2, gating_output, topk, *, out, **kw):
-    for name, t in (("hidden_states", hidden_states), ("gating_output", gating_output)):
-        if not hasattr(t, "__dlpack__"):
-            raise DTypeError(
-                f"{name}: expected a tensor that supports DLPack (torch, numpy, cupy, ...), "
-                f"got {type(t).__name__}"
-            )
+    _require_dlpack(hidden_states, "hidden_states")
+    _require_dlpack(gating_output, "gating_output")
     module = type(hidden_states).__module__.split(".")[0]
     m, k = routing_shape(_shape(gating_output) or (), topk)
     workspace = None
