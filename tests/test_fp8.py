@@ -59,6 +59,7 @@ def test_round_e4m3_matches_torch():
         pytest.skip("needs torch")
     codes = np.arange(256, dtype=np.uint8)
     vals = e4m3_decode(codes)
+    assert np.array_equal(vals, torch.from_numpy(codes).view(torch.float8_e4m3fn).double().numpy(), equal_nan=True)
     finite = vals[np.isfinite(vals)]
     mids = (np.sort(finite)[1:] + np.sort(finite)[:-1]) / 2  # every tie
     rng = np.random.default_rng(0)
@@ -68,6 +69,9 @@ def test_round_e4m3_matches_torch():
     assert np.array_equal(got, want)
     assert np.array_equal(e4m3_encode(got), torch.from_numpy(v).to(torch.float8_e4m3fn).view(torch.uint8).numpy())
     assert np.array_equal(e4m3_decode(e4m3_encode(finite)), finite)
+    assert np.array_equal(e4m3_encode(finite), codes[np.isfinite(vals)])  # every code, both zeros
+    strided = np.stack([got, -got])[:, ::3]  # a view that is not contiguous
+    assert np.array_equal(e4m3_encode(strided), np.stack([e4m3_encode(got), e4m3_encode(-got)])[:, ::3])
 
 
 def test_quantize_saturates_and_keeps_nan():

@@ -98,9 +98,9 @@ def round_e4m3(v: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(v), np.nan, np.copysign(r, v))
 
 
-def e4m3_decode(codes: np.ndarray) -> np.ndarray:
-    """float64 values of e4m3fn bytes (uint8)."""
-    c = np.asarray(codes, dtype=np.uint8).astype(np.int64)
+def _e4m3_values() -> np.ndarray:
+    """float64 value of each of the 256 e4m3fn codes (NaN at 0x7F and 0xFF)."""
+    c = np.arange(256, dtype=np.int64)
     sign = np.where(c & 0x80, -1.0, 1.0)
     e = (c >> 3) & 0xF
     m = (c & 7).astype(np.float64)
@@ -108,15 +108,29 @@ def e4m3_decode(codes: np.ndarray) -> np.ndarray:
     return np.where((c & 0x7F) == 0x7F, np.nan, sign * v)
 
 
+_E4M3_VALUES = _e4m3_values()
+
+
+def e4m3_decode(codes: np.ndarray) -> np.ndarray:
+    """float64 values of e4m3fn bytes (uint8), by table."""
+    return _E4M3_VALUES[np.asarray(codes, dtype=np.uint8)]
+
+
 def e4m3_encode(values: np.ndarray) -> np.ndarray:
-    """uint8 e4m3fn bytes of values that round_e4m3 returned (exact e4m3 values or NaN)."""
-    v = np.asarray(values, dtype=np.float64)
-    a = np.abs(np.nan_to_num(v, nan=0.0))
-    _, e2 = np.frexp(np.where(a > 0, a, 1.0))
-    normal = a >= 2.0**-6
-    exp = np.where(normal, e2 - 1 + 7, 0)
-    man = np.where(normal, np.round((a / np.ldexp(1.0, e2 - 1) - 1.0) * 8), np.round(a * 512))
-    codes = (np.where(np.signbit(v), 0x80, 0) | (exp.astype(np.int64) << 3) | man.astype(np.int64)).astype(np.uint8)
+    """uint8 e4m3fn bytes of values that round_e4m3 returned (exact e4m3 values or NaN): a
+    normal value's exponent and top three mantissa bits are read from its float64 bits, a
+    subnormal's (|v| < 2^-6) mantissa is |v| / 2^-9."""
+    v = np.ascontiguousarray(values, dtype=np.float64)
+    bits = v.view(np.uint64)
+    # the float64 exponent's low 4 bits and the top 3 mantissa bits; a normal e4m3 exponent
+    # (1..15) is the float64 one minus 1016, i.e. those 4 bits minus 8 modulo 16
+    codes = ((bits >> np.uint64(49)) & np.uint64(0x7F)).astype(np.int64)
+    codes -= 8 << 3
+    codes &= 0x7F
+    small = np.flatnonzero(np.abs(v) < 2.0**-6)  # subnormals and zeros
+    codes.reshape(-1)[small] = np.rint(np.abs(v.reshape(-1)[small]) * 512).astype(np.int64)
+    codes |= (bits >> np.uint64(63)).astype(np.int64) << 7
+    codes = codes.astype(np.uint8)
     codes[np.isnan(v)] = 0x7F
     return codes
 

@@ -1,0 +1,138 @@
+"""The practical HBM floor of one decode MoE layer: how fast can any kernel read just the bytes
+the layer must read, measured the way the bench measures the op.
+
+A Triton kernel that does nothing but read the routed experts' w13 and w2 rows (16-byte loads,
+a sum kept so that the loads stay) is timed in a CUDA graph of 8 layers, each on its own copy
+of the weights, L2 flushed before each replay, per layer = replay / 8. That is the bench's
+method (swapmoe.bench), so the op's time can be set against it directly.
+
+Variants (each a column of the output):
+- ``routed``: each layer reads its own routing's experts (topk of softmax(randn), as the
+  bench), from its own weight copy: the op's bytes, the op's places.
+- ``contiguous``: the same number of bytes per layer from the start of its copy: no expert
+  scatter, so what ``routed`` loses to the scatter shows.
+- ``one launch``: one kernel reads all 8 layers' routed bytes: the graph's per-kernel cost and
+  the ramp of a short kernel are paid once, not 8 times.
+
+The bytes counted are the weights only (activations are a few KB at decode). Output: one row
+per (shape, dtype, M) with µs and TB/s per variant, and the best chunk size found.
+
+Usage (on a GPU): python benches/read_floor.py [--models qwen3-30b-a3b,...] [--m 1,2,4,8]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+from swapmoe import bench as B
+
+LAYERS = 8
+
+
+@triton.jit
+def _read_segments(base_ptr, seg_ptr, out_ptr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    """Program (c, s) reads int64 elements [c*CHUNK, (c+1)*CHUNK) of segment s (offset,
+    length in int64 elements from base_ptr) and stores their wrapping sum."""
+    c = tl.program_id(0)
+    s = tl.program_id(1)
+    off = tl.load(seg_ptr + 2 * s)
+    n = tl.load(seg_ptr + 2 * s + 1)
+    start = c.to(tl.int64) * CHUNK
+    acc = tl.zeros([BLOCK], dtype=tl.int64)
+    if start < n:
+        for i in range(0, CHUNK, BLOCK):
+            idx = start + i + tl.arange(0, BLOCK)
+            acc += tl.load(base_ptr + off + idx, mask=idx < n, other=0)
+    tl.store(out_ptr + s * tl.num_programs(0) + c, tl.sum(acc, axis=0))
+
+
+def segments_of(ids, layer: int, shape, bpw: int, copy_elems: int, contiguous: bool):
+    """[(offset, length)] in int64 elements of the bytes one layer reads: the distinct
+    experts' w13 then w2 rows of copy ``layer`` (or the same count from the copy's start)."""
+    E, K, N = shape.E, shape.K, shape.N
+    w13 = 2 * N * K * bpw // 8
+    w2 = K * N * bpw // 8
+    base = layer * copy_elems
+    experts = sorted(set(int(e) for e in ids.reshape(-1).tolist() if 0 <= int(e) < E))
+    if contiguous:
+        experts = list(range(len(experts)))
+    segs = [(base + e * w13, w13) for e in experts]
+    segs += [(base + E * w13 + e * w2, w2) for e in experts]
+    return segs
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="qwen3-30b-a3b,deepseek-v3-tp8,mixtral-8x7b")
+    ap.add_argument("--m", default="1,2,4,8")
+    ap.add_argument("--dtypes", default="fp8,bf16")
+    ap.add_argument("--chunks-kib", default="16,32,64,128")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    dev = torch.device("cuda")
+    timer = B.GpuTimer(torch, dev)
+    bw, nb = B.measure_read_bandwidth(torch, dev, timer)
+    print(f"# {torch.cuda.get_device_name(dev)}; streaming read {bw / 1e12:.2f} TB/s over {nb >> 20} MiB; "
+          f"{timer.method}; {LAYERS} layers per graph")
+    rows = []
+    print(f"{'shape':16} {'dt':4} {'M':>3} {'experts':>7} {'MB':>6} {'floor':>6} | "
+          f"{'routed':>14} {'contig':>14} {'1 launch':>14} | best chunk")
+    for model in a.models.split(","):
+        shape = B.preset_shape(model)
+        for dt in a.dtypes.split(","):
+            bpw = 1 if dt == "fp8" else 2
+            copy_elems = shape.weight_bytes(bpw) // 8
+            buf = torch.empty(LAYERS * copy_elems, dtype=torch.int64, device=dev).random_()
+            gen = torch.Generator(device=dev)
+            for M in B.parse_m_list(a.m):
+                gen.manual_seed(1234 + M)
+                routings = [B.make_routing(torch, M, shape.E, shape.topk, "uniform", gen, dev)[1].cpu()
+                            for _ in range(LAYERS)]
+                per_layer = {v: [segments_of(routings[i], i, shape, bpw, copy_elems, v == "contiguous")
+                                 for i in range(LAYERS)] for v in ("routed", "contiguous")}
+                touched = sum(len(s) for s in per_layer["routed"]) // (2 * LAYERS)
+                mbytes = sum(n for segs in per_layer["routed"] for _, n in segs) * 8 / LAYERS
+                best = {}
+                for kib in (int(k) for k in a.chunks_kib.split(",")):
+                    chunk = kib * 1024 // 8
+                    for variant in ("routed", "contiguous", "one launch"):
+                        if variant == "one launch":
+                            groups = [sum(per_layer["routed"], [])]
+                        else:
+                            groups = per_layer[variant]
+                        calls = []
+                        for segs in groups:
+                            st = torch.tensor(segs, dtype=torch.int64, device=dev)
+                            grid = (max(-(-n // chunk) for _, n in segs), len(segs))
+                            out = torch.empty(grid[0] * grid[1], dtype=torch.int64, device=dev)
+
+                            def call(st=st, grid=grid, out=out):
+                                _read_segments[grid](buf, st, out, CHUNK=chunk, BLOCK=1024, num_warps=4)
+                            calls.append(call)
+                        us, how = B.gpu_time_us(torch, calls, timer, graph=True)
+                        us = us * len(calls) / LAYERS
+                        if variant not in best or us < best[variant][0]:
+                            best[variant] = (us, kib)
+                floor = mbytes / bw * 1e6
+                cells = " ".join(f"{best[v][0]:7.2f}/{mbytes / best[v][0] / 1e6:4.2f}TB"
+                                 for v in ("routed", "contiguous", "one launch"))
+                print(f"{shape.name:16} {dt:4} {M:3d} {touched:7d} {mbytes / 1e6:6.1f} {floor:6.2f} | {cells} | "
+                      + ", ".join(f"{v} {best[v][1]}K" for v in best), flush=True)
+                rows.append({"shape": shape.name, "dtype": dt, "M": M, "experts_touched": touched,
+                             "weight_bytes": mbytes, "floor_us": floor,
+                             **{f"{v}_us": best[v][0] for v in best}, **{f"{v}_chunk_kib": best[v][1] for v in best}})
+            del buf
+            torch.cuda.empty_cache()
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"read_bw": bw, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
