@@ -74,3 +74,73 @@ def test_a_file_that_is_not_a_source_page_is_refused(tmp_path, capsys):
         ncu_source.read_page(str(no_samples))
     with pytest.raises(SystemExit):
         ncu_source.main([str(details)] * 3)
+
+
+# --------------------------------------------------------------------------- read_floor.py
+
+
+@pytest.fixture(scope="module")
+def read_floor():
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    return _load("read_floor")
+
+
+def test_read_floor_segments_are_the_distinct_experts_w13_then_w2(read_floor):
+    from swapmoe import bench as B
+
+    shape = B.preset_shape("qwen3-30b-a3b")  # E 128, K 2048, N 768
+    copy = shape.weight_bytes(1) // 8
+    ids = [[3, 5, 5, 127], [-1, 3, 128, 0]]  # a repeat, a -1 and an id past E do no work
+    w13, w2 = 2 * 768 * 2048 // 8, 2048 * 768 // 8
+    segs = read_floor.segments_of(__import__("numpy").array(ids), 2, shape, 1, copy, contiguous=False)
+    base = 2 * copy
+    assert segs == [(base + e * w13, w13) for e in (0, 3, 5, 127)] + \
+        [(base + 128 * w13 + e * w2, w2) for e in (0, 3, 5, 127)]
+    contig = read_floor.segments_of(__import__("numpy").array(ids), 0, shape, 1, copy, contiguous=True)
+    assert contig == [(e * w13, w13) for e in range(4)] + [(128 * w13 + e * w2, w2) for e in range(4)]
+
+
+@pytest.mark.parametrize("order", ["slab", "rows"])
+def test_read_floor_boxes_tile_each_segment_once(read_floor, order):
+    segs = [(1000, 256 * 64), (50000, 128 * 32)]  # rows of 64 and of 32 int64
+
+    def row_elems(off, n):
+        return 64 if off < 50000 else 32
+    boxes = read_floor.boxes_of(segs, row_elems, 128, 16, order)
+    covered = sorted(off + r * stride + c for off, stride in boxes for r in range(128) for c in range(16))
+    want = sorted(i for off, n in segs for i in range(off, off + n))
+    assert covered == want
+    first_two = boxes[:2]
+    if order == "slab":  # one row block's slabs in turn
+        assert first_two == [(1000, 64), (1016, 64)]
+    else:  # every row block's first slab first
+        assert first_two == [(1000, 64), (1000 + 128 * 64, 64)]
+    assert read_floor.boxes_of(segs, row_elems, 128, 128, order) is None  # 64 is not a multiple of 128
+
+
+def test_read_floor_kernels_sum_what_they_read(read_floor, tmp_path):
+    """Both Triton kernels under TRITON_INTERPRET=1 (on the CPU, in a subprocess: the flag is
+    read when the kernels are defined): their partial sums add up to the bytes they cover."""
+    import os
+    import subprocess
+    import sys
+
+    script = f"""
+import sys, torch
+sys.path.insert(0, {str(BENCHES)!r})
+import read_floor as R
+buf = torch.arange(64 * 256, dtype=torch.int64)
+segs = torch.tensor([[100, 3000], [5000, 2500]], dtype=torch.int64)
+out = torch.zeros(6, dtype=torch.int64)
+R._read_segments[(3, 2)](buf, segs, out, CHUNK=1024, BLOCK=256)
+assert out.view(2, 3).sum(1).tolist() == [buf[100:3100].sum().item(), buf[5000:7500].sum().item()]
+boxes = R.boxes_of([(0, 256 * 64)], lambda o, n: 64, 128, 16, "rows")
+out = torch.zeros(len(boxes), dtype=torch.int64)
+R._read_boxes[(len(boxes),)](buf, torch.tensor(boxes), out, BR=128, BW=16)
+assert out.sum().item() == buf.sum().item()
+print("ok")
+"""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]
