@@ -15,9 +15,10 @@ Variants (each a column of the output):
   the ramp of a short kernel are paid once, not 8 times.
 - ``two launches``: per layer, one kernel for the w13 bytes and then one for the w2 bytes (the
   op's two GEMMs, without PDL).
-- ``boxes`` (``--boxes``): the routed bytes read as one program per TMA-like box of ROWS rows x
-  a slab of each row, in a CTA's stage order ("slab") or every row block's first slab first
-  ("rows"): whether the weights' access pattern, not their amount, sets the rate.
+- ``boxes`` (``--boxes``): the routed w13 bytes (GEMM1's) read as one program per TMA-like box
+  of ROWS rows x a slab of each row, in a CTA's stage order ("slab"), every row block's first
+  slab first ("rows"), or as contiguous boxes of the same size ("flat", the control): whether
+  the weights' access pattern, not their amount, sets the rate.
 
 The bytes counted are the weights only (activations are a few KB at decode). Output: one row
 per (shape, dtype, M) with µs and TB/s per variant, and the best chunk size found.
@@ -72,10 +73,11 @@ def _read_boxes(base_ptr, box_ptr, out_ptr, BR: tl.constexpr, BW: tl.constexpr):
 def boxes_of(segs, row_elems_of, br: int, bw: int, order: str):
     """[(offset, row stride)] of the BR x BW boxes that tile the segments (each a matrix whose
     rows are row_elems_of(seg) int64 long), slab by slab of each row block ("slab": a CTA's
-    stages in turn) or row block by row block ("rows": every row block's first slab first)."""
+    stages in turn) or row block by row block ("rows": every row block's first slab first);
+    "flat": the segment as rows of BW (contiguous boxes of the same size, the control)."""
     out = []
     for off, n in segs:
-        re_ = row_elems_of(off, n)
+        re_ = bw if order == "flat" else row_elems_of(off, n)
         rows = n // re_
         if rows % br or re_ % bw:
             return None
@@ -108,9 +110,9 @@ def main(argv=None) -> int:
     ap.add_argument("--m", default="1,2,4,8")
     ap.add_argument("--dtypes", default="fp8,bf16")
     ap.add_argument("--chunks-kib", default="16,32,64,128")
-    ap.add_argument("--boxes", default="128x16:slab,128x16:rows,32x64:slab,16x128:slab",
-                    help="box variants ROWSxINT64S:ORDER (16 int64 = 128 B per row), each read as one "
-                         "program per box; '' for none")
+    ap.add_argument("--boxes", default="128x16:flat,128x16:slab,128x16:rows,64x32:slab,32x64:slab",
+                    help="box variants ROWSxINT64S:ORDER (16 int64 = 128 B per row; ORDER slab, rows or "
+                         "flat), one program per box, over the w13 bytes only (GEMM1's); '' for none")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     dev = torch.device("cuda")
@@ -163,11 +165,13 @@ def main(argv=None) -> int:
                         if variant not in best or us < best[variant][0]:
                             best[variant] = (us, kib)
                 box_us = {}
+                w13_bytes = sum(n for segs in per_layer["routed"] for _, n in segs[: len(segs) // 2]) * 8 / LAYERS
                 for spec in [b for b in a.boxes.split(",") if b]:
                     dims, order = spec.split(":")
                     br, bwid = (int(v) for v in dims.split("x"))
                     calls = []
                     for i, segs in enumerate(per_layer["routed"]):
+                        segs = segs[: len(segs) // 2]  # w13
                         base = i * copy_elems
                         w13_end = base + shape.E * (2 * shape.N * shape.K * bpw // 8)
 
@@ -190,8 +194,8 @@ def main(argv=None) -> int:
                 print(f"{shape.name:16} {dt:4} {M:3d} {touched:7d} {mbytes / 1e6:6.1f} {floor:6.2f} | {cells} | "
                       + ", ".join(f"{v} {best[v][1]}K" for v in best), flush=True)
                 if box_us:
-                    print("    boxes: " + "  ".join(f"{k} {u:.2f} us ({mbytes / u / 1e6:.2f} TB/s)"
-                                                  for k, u in box_us.items()), flush=True)
+                    print("    w13 boxes: " + "  ".join(f"{k} {u:.2f} us ({w13_bytes / u / 1e6:.2f} TB/s)"
+                                                      for k, u in box_us.items()), flush=True)
                 rows.append({"shape": shape.name, "dtype": dt, "M": M, "experts_touched": touched,
                              "weight_bytes": mbytes, "floor_us": floor,
                              **{f"{v}_us": best[v][0] for v in best}, **{f"{v}_chunk_kib": best[v][1] for v in best},

@@ -117,6 +117,8 @@ def test_read_floor_boxes_tile_each_segment_once(read_floor, order):
     else:  # every row block's first slab first
         assert first_two == [(1000, 64), (1000 + 128 * 64, 64)]
     assert read_floor.boxes_of(segs, row_elems, 128, 128, order) is None  # 64 is not a multiple of 128
+    flat = read_floor.boxes_of(segs, row_elems, 128, 16, "flat")  # contiguous 16-int64 rows
+    assert flat[:2] == [(1000, 16), (1000 + 128 * 16, 16)] and len(flat) == len(boxes)
 
 
 def test_read_floor_kernels_sum_what_they_read(read_floor, tmp_path):

@@ -13,7 +13,7 @@ timeout 240 python3 benches/read_floor.py --models qwen3-30b-a3b,deepseek-v3-tp8
   --json "$OUT/read_floor_boxes.json" > "$OUT/read_floor_boxes.log" 2>&1
 echo "$(el) read_floor: exit $?"
 timeout 100 python3 benches/read_floor.py --models mixtral-8x7b --m 1 --dtypes fp8 --chunks-kib 64 \
-  --boxes "128x16:slab,128x16:rows,32x64:slab" --json "$OUT/read_floor_mixtral.json" > "$OUT/read_floor_mixtral.log" 2>&1
+  --boxes "128x16:flat,128x16:slab,128x16:rows,32x64:slab" --json "$OUT/read_floor_mixtral.json" > "$OUT/read_floor_mixtral.log" 2>&1
 echo "$(el) read_floor mixtral: exit $?"
 timeout 170 python3 -m pytest -m gpu -v -p no:cacheprovider -n 12 -rfE --durations=15 --timeout=100 --timeout-method=thread \
   tests/test_fp8_gpu.py -k "test_wgmma_gemm2_block_run and N256" > "$OUT/pytest_block_run_n256.log" 2>&1
