@@ -121,8 +121,8 @@ def test_read_floor_boxes_tile_each_segment_once(read_floor, order):
     assert flat[:2] == [(1000, 16), (1000 + 128 * 16, 16)] and len(flat) == len(boxes)
 
 
-def test_read_floor_kernels_sum_what_they_read(read_floor, tmp_path):
-    """Both Triton kernels under TRITON_INTERPRET=1 (on the CPU, in a subprocess: the flag is
+def test_read_floor_box_kernel_sums_what_it_reads(read_floor, tmp_path):
+    """The box kernel under TRITON_INTERPRET=1 (on the CPU, in a subprocess: the flag is
     read when the kernels are defined): their partial sums add up to the bytes they cover."""
     import os
     import subprocess
@@ -133,10 +133,6 @@ import sys, torch
 sys.path.insert(0, {str(BENCHES)!r})
 import read_floor as R
 buf = torch.arange(64 * 256, dtype=torch.int64)
-segs = torch.tensor([[100, 3000], [5000, 2500]], dtype=torch.int64)
-out = torch.zeros(6, dtype=torch.int64)
-R._read_segments[(3, 2)](buf, segs, out, CHUNK=1024, BLOCK=256)
-assert out.view(2, 3).sum(1).tolist() == [buf[100:3100].sum().item(), buf[5000:7500].sum().item()]
 boxes = R.boxes_of([(0, 256 * 64)], lambda o, n: 64, 128, 16, "rows")
 out = torch.zeros(len(boxes), dtype=torch.int64)
 R._read_boxes[(len(boxes),)](buf, torch.tensor(boxes), out, BR=128, BW=16)
@@ -146,3 +142,97 @@ print("ok")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]
+
+
+# --------------------------------------------------------------------------- swapmoe._read_floor
+
+
+def test_weight_segments_are_w13_blocks_then_w2_blocks():
+    pytest.importorskip("triton")
+    from swapmoe import _read_floor as RF
+
+    assert RF.weight_segments([5, 2], 100, 40) == [(0, 500, 100), (0, 200, 100), (1, 200, 40), (1, 80, 40)]
+    assert RF.weight_segments([], 100, 40) == []
+
+
+def test_read_floor_refuses_weights_it_cannot_read_as_int64():
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from swapmoe import _read_floor as RF
+
+    with pytest.raises(ValueError, match=r"w1: .* multiple of 8 bytes, got 6 bytes per expert"):
+        RF.as_int64(torch, torch.zeros(4, 3, dtype=torch.int16), "w1")
+    with pytest.raises(ValueError, match=r"w2: .*contiguous: False"):
+        RF.as_int64(torch, torch.zeros(4, 8, 8).transpose(1, 2), "w2")
+    v, per = RF.as_int64(torch, torch.zeros(4, 2, 8, dtype=torch.float8_e4m3fn), "w1")
+    assert v.dtype == torch.int64 and v.numel() == 8 and per == 2
+    for bad in (1000, 12, 0):
+        with pytest.raises(ValueError, match=f"chunk_bytes: expected 8 x a power of two, got {bad}"):
+            RF.Reader(torch, v, v, [(0, 0, 2)], bad)
+
+
+def test_read_floor_reader_reads_exactly_the_routed_experts_bytes():
+    """The bench's reader under TRITON_INTERPRET=1 (CPU, subprocess): its partial sums add up to
+    the routed experts' w13 and w2 bytes (as int64), with chunks that split an expert's block
+    and a last chunk that is partly past it; no experts, no launch."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    script = """
+import torch
+from swapmoe._read_floor import make_reader
+E, N, K = 6, 24, 40                                         # w13 per expert: 48 x 40 bf16 = 3840 B
+g = torch.Generator().manual_seed(0)
+w1 = torch.randint(-2**15, 2**15, (E, 2 * N, K), generator=g, dtype=torch.int16).view(torch.bfloat16)
+w2 = torch.randint(-2**15, 2**15, (E, K, N), generator=g, dtype=torch.int16).view(torch.bfloat16)
+experts = [4, 1]
+read = make_reader(torch, w1, w2, experts, chunk_bytes=1024)  # 3.75 and 1.9 chunks per block
+read()
+def s(t):
+    return t.contiguous().view(torch.int64).sum().item()
+want = sum(s(w1[e]) + s(w2[e]) for e in experts)
+got = read.partial_sums.sum().item()
+wrap = lambda v: (v + 2**63) % 2**64 - 2**63                  # int64 sums wrap
+assert wrap(got) == wrap(want), (got, want)
+empty = make_reader(torch, w1, w2, [])
+empty()
+assert empty.partial_sums.numel() == 0
+print("ok")
+"""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]
+
+
+@pytest.mark.gpu
+def test_read_floor_on_the_gpu_reads_the_routed_bytes_and_the_bench_reports_it():
+    """On a GPU: the reader's partial sums are the routed experts' bytes (fp8 and bf16
+    weights), and a bench run carries read_floor_us and %read at every M."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from swapmoe import _read_floor as RF
+    from swapmoe import bench as B
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for dt in (torch.bfloat16, torch.float8_e4m3fn):
+        w1 = torch.randint(-100, 100, (16, 2 * 96, 256), generator=g, device="cuda", dtype=torch.int8).view(dt) \
+            if dt.itemsize == 1 else torch.randn(16, 2 * 96, 256, generator=g, device="cuda", dtype=dt)
+        w2 = torch.randn(16, 256, 96, generator=g, device="cuda").to(dt)
+        read = RF.make_reader(torch, w1, w2, [9, 0, 15])
+        read.partial_sums.fill_(-1)  # poisoned: every program must store
+        read()
+        want = sum(w[e].contiguous().view(torch.int64).sum() for e in (9, 0, 15) for w in (w1, w2))
+        assert read.partial_sums.sum().item() == want.item()
+    rec = B.run_bench(B.shard_shape("t", 16, 2, 256, 96), m_list=[1, 5], baselines=False, check=False, layers=2,
+                      progress=False)
+    for p in rec["points"]:
+        assert p["read_floor_us"] is not None and 0 < p["read_floor_us"] < 1e4, p
+        sw = p["results"]["swapmoe"]
+        assert sw["pct_read"] == pytest.approx(100 * p["read_floor_us"] / sw["time_us"])
+    assert rec["read_floor"]["chunk_bytes"] == RF.CHUNK_BYTES
+    off = B.run_bench(B.shard_shape("t", 16, 2, 256, 96), m_list=[1], baselines=False, check=False, layers=2,
+                      progress=False, read_floor=False)
+    assert off["read_floor"] is None and off["points"][0]["read_floor_us"] is None

@@ -734,6 +734,32 @@ def _fake_gpu_record(gemm=750.0):
     return rec
 
 
+def test_gpu_record_table_with_the_read_floor():
+    """Points with a read floor get read_us and %read (read_us / swapmoe_us) next to the
+    formula floor, a header line says what it is, and the CSV carries both."""
+    rec = _fake_gpu_record()
+    rec["read_floor"] = {"method": "a read-only Triton kernel over the routed experts' bytes", "chunk_bytes": 16384}
+    for p in rec["points"]:
+        p["read_floor_us"] = p["floor_us"] * 1.4
+        for r in p["results"].values():
+            r["pct_read"] = 100 * p["read_floor_us"] / r["time_us"]
+    text = cli.format_table(rec)
+    assert "read floor: a read-only Triton kernel over the routed experts' bytes; %read = read_us / swapmoe_us" in text
+    head = next(ln for ln in text.splitlines() if ln.split()[:1] == ["M"]).split()
+    assert head[:8] == ["M", "touched", "plan", "floor_us", "read_us", "swapmoe_us", "%floor", "%read"]
+    lines = text.splitlines()
+    row = lines[lines.index(next(ln for ln in lines if ln.split()[:1] == ["M"])) + 1].split()
+    p1 = rec["points"][0]
+    assert row[4] == f"{p1['read_floor_us']:.1f}" and row[7] == f"{p1['results']['swapmoe']['pct_read']:.0f}%"
+    csv = cli.csv_text(rec).splitlines()
+    cols = csv[0].split(",")
+    assert cols[-5:] == ["read_floor_us", "swapmoe_pct_read", "vllm-fused_pct_read", "torch-grouped-mm_pct_read",
+                         "torch-eager_pct_read"]
+    assert float(csv[1].split(",")[cols.index("read_floor_us")]) == pytest.approx(p1["read_floor_us"], rel=1e-5)
+    without = cli.format_table(_fake_gpu_record())  # no read floor measured: no such columns
+    assert "read_us" not in without and "%read" not in without
+
+
 def test_gpu_record_table(tmp_path):
     rec = _fake_gpu_record()
     text = cli.format_table(rec)

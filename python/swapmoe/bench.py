@@ -1238,13 +1238,16 @@ def run_bench(
     progress: bool = True,
     log: Optional[Callable[[str], None]] = None,
     with_routing: bool = False,
+    read_floor: Optional[bool] = None,
 ) -> dict:
     """Benchmarks swapmoe (and the baselines) on one shape over ``m_list``; returns the full
     record (see ``swapmoe bench --json``). Defaults depend on the device: on CUDA the shape
     is qwen3-30b-a3b, M the decode-to-prefill sweep and baselines on; on the CPU the shape
     is small, M is 1,4,16 and baselines off. An FP8 ``quant`` times swapmoe on e4m3 weights
     (see the module docstring); the torch and vLLM baselines are then skipped with the reason
-    in ``record["skipped"]``."""
+    in ``record["skipped"]``. ``read_floor`` (default: on for GPU runs, when triton imports)
+    also times a read-only kernel over each point's routed weight bytes
+    (``point["read_floor_us"]``, ``%read``; see ``swapmoe._read_floor``)."""
     check_quant(quant)
     if with_routing and routing != "uniform":
         raise BenchError("--with-routing: needs --routing uniform (fused_moe routes from logits)")
@@ -1291,6 +1294,7 @@ def run_bench(
         "routing": {"kind": routing, "seed": seed, **({"zipf_s": zipf_s} if routing == "skewed" else {})},
         "method": {},
         "read_bw": None,
+        "read_floor": None,
         "gemm_tflops": None,
         "anchor": None,
         "check": None,
@@ -1380,6 +1384,20 @@ def run_bench(
         }
         bw = None
         gemm = None
+
+    # ---- the read floor: a read-only kernel over each point's routed weight bytes -------------
+    reader: Any = None
+    if gpu and (read_floor is None or read_floor):
+        try:
+            from . import _read_floor as reader
+
+            record["read_floor"] = {
+                "method": (f"a read-only Triton kernel over the routed experts' w13 and w2 bytes of each layer "
+                           f"({reader.CHUNK_BYTES // 1024} KiB per program, one launch per layer), timed as the op"),
+                "chunk_bytes": reader.CHUNK_BYTES}
+        except ImportError as e:
+            _note(record, f"read floor not measured: {_err(e)}", log)
+            reader = None
 
     # ---- implementations ----------------------------------------------------------------
     table: Dict[str, Tuple[Callable, bool]] = dict(IMPLS)
@@ -1484,8 +1502,9 @@ def run_bench(
             touched = int(torch.unique(loc[valid]).numel())
             slots = int(valid.sum())
             point: Dict[str, Any] = {"M": M, "experts_touched": touched, "slots": slots, "floor_us": None,
-                                     "anchor_vllm_gemm_us": None, "anchor_experts_touched": None,
-                                     "anchor_floor_us": None, "results": {}, "errors": {}}
+                                     "read_floor_us": None, "anchor_vllm_gemm_us": None,
+                                     "anchor_experts_touched": None, "anchor_floor_us": None, "results": {},
+                                     "errors": {}}
             record["points"].append(point)  # partial points survive an abort
             if bw:
                 point["floor_us"] = hbm_floor_us(touched, shape.N, shape.K, M, bpe, bpe, bw, quant=quant)
@@ -1518,6 +1537,17 @@ def run_bench(
                     record["check"].setdefault("failed_M", []).append(M)
                     _note(record, f"CHECK FAILED for swapmoe at M={M}: {results[IMPL_SWAPMOE]}", log)
 
+            if reader is not None:
+                assert timer is not None
+                experts = sorted(int(e) for e in torch.unique(loc[valid]).tolist())
+                try:
+                    reads = [reader.make_reader(torch, *weights[i % copies], experts) for i in range(layers)]
+                    point["read_floor_us"] = gpu_time_us(torch, reads, timer, graph)[0]
+                except Exception as e:  # measured where it can be; the op's timing goes on
+                    _note(record, f"read floor not measured (from M={M} on): {_err(e)}", log)
+                    reader = None
+                    torch.cuda.synchronize()
+
             for name in list(impls):
                 fn, graphable = table[name]
                 outs = [None if name in RETURNS_OUTPUT else torch.empty_like(x) for _ in range(layers)]
@@ -1546,6 +1576,8 @@ def run_bench(
                 res: Dict[str, Any] = {"time_us": t_us, "how": how, "tflops": moe_tflops(slots, shape.N, shape.K, t_us)}
                 if point["floor_us"] is not None:
                     res["pct_floor"] = 100.0 * point["floor_us"] / t_us
+                if point["read_floor_us"] is not None:
+                    res["pct_read"] = 100.0 * point["read_floor_us"] / t_us
                 if gemm:
                     res["pct_gemm"] = 100.0 * res["tflops"] / gemm
                 if point["anchor_vllm_gemm_us"]:

@@ -88,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"anchor JSON (default: $SWAPMOE_ANCHORS, shared/anchors/{B.ANCHOR_FILE}, or the packaged copy)")
     b.add_argument("--read-bw", type=float, default=None, metavar="TB/s",
                    help="use this read bandwidth for the floor instead of measuring it")
+    b.add_argument("--read-floor", action=argparse.BooleanOptionalAction, default=None,
+                   help="also time a read-only kernel over each point's routed weight bytes, as the op is timed "
+                        "(read_us, %%read: what a one-kernel-per-layer reader needs; default: on for GPU runs, "
+                        "needs triton)")
     b.add_argument("--gemm-tflops", type=float, default=None, metavar="TF/s",
                    help="use this bf16 GEMM ceiling for %%gemm instead of measuring it")
     b.add_argument("--json", "--out", dest="json", metavar="PATH", help="write the full record as JSON")
@@ -243,6 +247,8 @@ def header_lines(rec: dict) -> List[str]:
         bw = rec["read_bw"]
         lines.append(f"floor: (experts_touched*3*N*K*{rec['bytes_per_weight']} + 2*M*K*{rec['bytes_per_act']}) B / "
                      f"read bw {bw['tbps']:.3f} TB/s ({bw['method']})")
+        if rec.get("read_floor"):
+            lines.append(f"read floor: {rec['read_floor']['method']}; %read = read_us / swapmoe_us")
         gemm = rec.get("gemm_tflops")
         lines.append(f"bf16 GEMM ceiling: {gemm:.0f} TF/s ({m.get('gemm_ceiling')}); %gemm = TF/s / ceiling"
                      if gemm else "bf16 GEMM ceiling: n/a (not measured)")
@@ -298,11 +304,12 @@ def table_rows(rec: dict) -> Tuple[List[str], List[List[str]]]:
     """The table: one row per M. Columns that only hold n/a in a CPU run (floor, %floor,
     %gemm) are left out there; the full record is in --json / --csv."""
     floor = rec["mode"] == "gpu" and rec.get("read_bw") is not None
+    read = any(p.get("read_floor_us") is not None for p in rec["points"])
     gemm = rec["mode"] == "gpu" and bool(rec.get("gemm_tflops"))
     anchor = bool((rec.get("anchor") or {}).get("matched"))
     baselines = baselines_shown(rec)
-    head = ["M", "touched", "plan"] + (["floor_us"] if floor else []) + ["swapmoe_us"]
-    head += (["%floor"] if floor else []) + ["TF/s"] + (["%gemm"] if gemm else [])
+    head = ["M", "touched", "plan"] + (["floor_us"] if floor else []) + (["read_us"] if read else []) + ["swapmoe_us"]
+    head += (["%floor"] if floor else []) + (["%read"] if read else []) + ["TF/s"] + (["%gemm"] if gemm else [])
     if anchor:
         head += ["anchor_us", "x_anchor"]
     for bname in baselines:
@@ -312,7 +319,9 @@ def table_rows(rec: dict) -> Tuple[List[str], List[List[str]]]:
     for p in rec["points"]:
         sw = p["results"].get(B.IMPL_SWAPMOE, {})
         row = [str(p["M"]), str(p["experts_touched"]), _plan(p)] + ([_us(p["floor_us"])] if floor else [])
-        row += [_us(sw.get("time_us"))] + ([_pct(sw.get("pct_floor"))] if floor else []) + [_tf(sw.get("tflops"))]
+        row += [_us(p.get("read_floor_us"))] if read else []
+        row += [_us(sw.get("time_us"))] + ([_pct(sw.get("pct_floor"))] if floor else [])
+        row += ([_pct(sw.get("pct_read"))] if read else []) + [_tf(sw.get("tflops"))]
         row += [_pct(sw.get("pct_gemm"))] if gemm else []
         if anchor:
             row += [_us(p.get("anchor_vllm_gemm_us")), _x(sw.get("speedup_vs_anchor"))]
@@ -365,6 +374,7 @@ def csv_text(rec: dict) -> str:
     for n in impls:
         head += [f"{n}_us", f"{n}_pct_floor", f"{n}_tflops", f"{n}_pct_gemm", f"{n}_x_anchor"]
     head += [f"swapmoe_x_{n}" for n in impls if n != B.IMPL_SWAPMOE]
+    head += ["read_floor_us"] + [f"{n}_pct_read" for n in impls]
 
     def f(v: Any) -> str:
         return "" if v is None else (f"{v:.6g}" if isinstance(v, float) else str(v))
@@ -378,6 +388,7 @@ def csv_text(rec: dict) -> str:
                     r.get("speedup_vs_anchor")]
         sw = p["results"].get(B.IMPL_SWAPMOE, {}).get("speedup_vs") or {}
         row += [sw.get(n) for n in impls if n != B.IMPL_SWAPMOE]
+        row += [p.get("read_floor_us")] + [p["results"].get(n, {}).get("pct_read") for n in impls]
         out.append(",".join(f(v) for v in row))
     return "\n".join(out) + "\n"
 
@@ -507,7 +518,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                       layers=args.layers, graph=args.graph, baselines=args.baselines, check=args.check,
                       check_all=args.check_all, device=args.device, seed=args.seed, anchors=args.anchors,
                       read_bw_tbps=args.read_bw, gemm_tflops=args.gemm_tflops, progress=args.progress, log=log,
-                      with_routing=args.with_routing)
+                      with_routing=args.with_routing, read_floor=args.read_floor)
     if args.json:
         B.write_json(rec, args.json)
     if args.plot:
