@@ -9,12 +9,20 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 t0=$(date +%s); el() { echo "[$(( $(date +%s) - t0 )) s]"; }
 rm -rf /tmp/site_head && python3 -m pip install -q --no-index --no-deps --target /tmp/site_head dist/head/*.whl || exit 1
 export PYTHONPATH=/tmp/site_head
-timeout 240 python3 benches/read_floor.py --models qwen3-30b-a3b,deepseek-v3-tp8 --m 1,2,8 --chunks-kib 16,64 \
+timeout 240 python3 benches/read_floor.py --models qwen3-30b-a3b,deepseek-v3-tp8 --m 1,8 --chunks-kib 16 \
   --json "$OUT/read_floor_boxes.json" > "$OUT/read_floor_boxes.log" 2>&1
 echo "$(el) read_floor: exit $?"
-timeout 100 python3 benches/read_floor.py --models mixtral-8x7b --m 1 --dtypes fp8 --chunks-kib 64 \
-  --boxes "128x16:flat,128x16:slab,128x16:rows,32x64:slab" --json "$OUT/read_floor_mixtral.json" > "$OUT/read_floor_mixtral.log" 2>&1
-echo "$(el) read_floor mixtral: exit $?"
-timeout 170 python3 -m pytest -m gpu -v -p no:cacheprovider -n 12 -rfE --durations=15 --timeout=100 --timeout-method=thread \
+# 4. the bench's read-floor column (swapmoe/_read_floor.py) and its GPU test
+timeout 120 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/test_bench_tools.py > "$OUT/pytest_bench_tools_gpu.log" 2>&1
+echo "$(el) pytest bench_tools gpu: exit $? ; $(tail -1 "$OUT/pytest_bench_tools_gpu.log")"
+for q in none fp8_tensor; do
+  for model in qwen3-30b-a3b deepseek-v3-tp8; do
+    timeout 60 python3 -m swapmoe bench --model $model --m 1,2,4,8 --quant $q --no-check --no-baselines \
+      --no-progress > "$OUT/bench_read_${model}_$q.txt" 2>&1
+    echo "$(el) bench $model $q: exit $?"
+  done
+done
+# 5. last (the least needed): the N256 block-run tests under xdist
+timeout 95 python3 -m pytest -m gpu -v -p no:cacheprovider -n 12 -rfE --durations=15 --timeout=70 --timeout-method=thread \
   tests/test_fp8_gpu.py -k "test_wgmma_gemm2_block_run and N256" > "$OUT/pytest_block_run_n256.log" 2>&1
 echo "$(el) block_run N256 under xdist: exit $? ; $(tail -1 "$OUT/pytest_block_run_n256.log")"
