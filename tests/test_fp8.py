@@ -552,3 +552,48 @@ def test_workspace_holds_e4m3_swap_rows_only_for_per_tensor_fp8():
     block = _core.workspace_bytes(M, topk, N, K, E, 2, "fp8_block128")
     assert channel >= 4 * S * N + S * N + 4 * S * K
     assert 0 <= block - channel <= 4 * (M * K // 128 + S * N // 128) + 2 * 256
+
+
+def _naive_refs(x, w1, w2, tw, ids, emap, on_input, E):
+    """fused_experts_ref as one product per slot (its form before 2026-12-05), silu."""
+    M, topk = ids.shape
+    n = w1.shape[1] // 2
+    out = np.zeros((M, w2.shape[1]))
+    for m in range(M):
+        for k in range(topk):
+            g = int(ids[m, k])
+            if not 0 <= g < len(emap):
+                continue
+            e = int(emap[g])
+            if not 0 <= e < E:
+                continue
+            xin = x[m] * tw[m, k] if on_input else x[m]
+            h = w1[e] @ xin
+            y = w2[e] @ (h[:n] / (1 + np.exp(-h[:n])) * h[n:])
+            out[m] += y if on_input else tw[m, k] * y
+    return out
+
+
+@pytest.mark.parametrize("on_input", [False, True])
+def test_references_by_expert_match_one_product_per_slot(on_input):
+    """The float64 references group each top-k position's tokens by expert (one product per
+    expert, so the weights are read once per k): the same result as one product per slot,
+    with repeated ids, -1, ids past E, an expert map with -1, and both router-weight modes.
+    (The FP8 reference groups the same way; every FP8 CPU and GPU test checks against it.)"""
+    from swapmoe.reference import fused_experts_ref
+
+    rng = np.random.default_rng(7)
+    E, G, M, topk, K, N = 6, 9, 23, 3, 32, 16
+    x = rng.normal(size=(M, K))
+    w1 = rng.normal(size=(E, 2 * N, K)) / K**0.5
+    w2 = rng.normal(size=(E, K, N)) / N**0.5
+    tw = rng.uniform(size=(M, topk))
+    ids = rng.integers(-1, G + 1, size=(M, topk))
+    ids[0] = [2, 2, 2]  # one token, the same expert three times
+    emap = np.array([0, 1, 2, -1, 3, 4, 5, -1, 1])  # global 3 and 7 are elsewhere
+    got = fused_experts_ref(x, w1, w2, tw, ids, apply_router_weight_on_input=on_input, global_num_experts=G,
+                            expert_map=emap)
+    want = _naive_refs(x, w1, w2, tw, ids, emap, on_input, E)
+    assert np.allclose(got, want, rtol=1e-12, atol=1e-12)
+    assert np.any(got[0] != 0) and np.all(got[[m for m in range(M) if all(
+        not 0 <= i < G or emap[i] < 0 for i in ids[m])]] == 0)

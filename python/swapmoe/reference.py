@@ -41,21 +41,37 @@ def fused_experts_ref(
     n = two_n // 2
     if global_num_experts < 0:
         global_num_experts = len(expert_map) if expert_map is not None else E
+    local = _local_experts(ids, global_num_experts, expert_map, E)
     out = np.zeros_like(x)
-    for m in range(x.shape[0]):
-        for k in range(ids.shape[1]):
-            g = int(ids[m, k])
-            if g < 0 or g >= global_num_experts:
-                continue
-            e = int(expert_map[g]) if expert_map is not None else g
-            if e < 0 or e >= E:
-                continue
-            xin = x[m] * tw[m, k] if apply_router_weight_on_input else x[m]
-            h = w1[e] @ xin
-            a = _act(activation, h[:n]) * h[n:]
-            y = w2[e] @ a
-            out[m] += y if apply_router_weight_on_input else tw[m, k] * y
+    # each token's slots in k order; at one k, the tokens of each expert as one product, so
+    # that an expert's weights are read once per k and not once per token
+    for k in range(ids.shape[1]):
+        for e, ms in _tokens_by_expert(local[:, k]):
+            xin = x[ms] * tw[ms, k, None] if apply_router_weight_on_input else x[ms]
+            h = xin @ w1[e].T
+            a = _act(activation, h[:, :n]) * h[:, n:]
+            y = a @ w2[e].T
+            out[ms] += y if apply_router_weight_on_input else tw[ms, k, None] * y
     return out
+
+
+def _local_experts(ids: np.ndarray, global_num_experts: int, expert_map: Optional[np.ndarray], E: int) -> np.ndarray:
+    """[M, topk] local expert of each slot, -1 where the slot does no work (an id outside
+    [0, global_num_experts), or one the map sends to -1 or past E)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    ok = (ids >= 0) & (ids < global_num_experts)
+    local = np.where(ok, ids, -1)
+    if expert_map is not None:
+        emap = np.asarray(expert_map, dtype=np.int64)
+        local = np.where(ok, emap[np.where(ok, ids, 0)], -1) if emap.size else np.full_like(ids, -1)
+    return np.where((local >= 0) & (local < E), local, -1)
+
+
+def _tokens_by_expert(local_k: np.ndarray):
+    """(expert, the tokens whose slot at one top-k position goes to it) in ascending expert
+    order; each token at most once."""
+    for e in np.unique(local_k[local_k >= 0]):
+        yield int(e), np.flatnonzero(local_k == e)
 
 
 def rel_error(out: np.ndarray, ref: np.ndarray) -> float:
@@ -83,9 +99,14 @@ FP8_GROUP_EPS = np.float32(1e-10)
 
 
 def _e4m3_step(a: np.ndarray) -> np.ndarray:
-    """Spacing of e4m3 values around |a| (a >= 0, float64): 2^-9 below 2^-6, else 2^(e-3)."""
-    _, e = np.frexp(np.where(a > 0, a, 1.0))  # a = m * 2^e, m in [0.5, 1)
-    return np.where(a < 2.0**-6, 2.0**-9, np.ldexp(1.0, e - 4))
+    """Spacing of e4m3 values around |a| (a >= 0 and finite, float64; callers clamp to 448
+    first): 2^-9 below 2^-6, else 2^(e-3) for a in [2^e, 2^(e+1)) (from a's float64
+    exponent bits)."""
+    a = np.asarray(a, dtype=np.float64)
+    exponent = (np.ascontiguousarray(a).view(np.uint64).reshape(a.shape) >> np.uint64(52)) & np.uint64(0x7FF)
+    normal = a >= 2.0**-6  # exponent >= 1017: the shift below stays in range
+    step = (np.where(normal, exponent, np.uint64(1023)) - np.uint64(3)) << np.uint64(52)
+    return np.where(normal, step.view(np.float64), 2.0**-9)
 
 
 def round_e4m3(v: np.ndarray) -> np.ndarray:
@@ -246,22 +267,16 @@ def fused_experts_fp8_ref(
     xq, xs = fp8_act_quant(x, scheme, a1_scale)
     xd = xq * xs.astype(np.float64)
 
-    local = np.full(M * topk, -1, np.int64)
-    for m in range(M):
-        for k in range(topk):
-            g = int(ids[m, k])
-            if 0 <= g < global_num_experts:
-                e = int(expert_map[g]) if expert_map is not None else g
-                if 0 <= e < E:
-                    local[m * topk + k] = e
+    local_mk = _local_experts(ids, global_num_experts, expert_map, E)
+    local = local_mk.reshape(-1)  # slot m * topk + k
     inter = np.zeros((M * topk, n), np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
-        for slot in np.flatnonzero(local >= 0):
-            m, k = divmod(int(slot), topk)
-            h = w1d[local[slot]] @ xd[m]
-            if apply_router_weight_on_input:
-                h = h * tw[m, k]
-            inter[slot] = _act(activation, h[:n]) * h[n:]
+        for k in range(topk):  # an expert's weights read once per k, not once per slot
+            for e, ms in _tokens_by_expert(local_mk[:, k]):
+                h = xd[ms] @ w1d[e].T
+                if apply_router_weight_on_input:
+                    h = h * tw[ms, k, None]
+                inter[ms * topk + k] = _act(activation, h[:, :n]) * h[:, n:]
     valid = local >= 0
     aq, as_ = fp8_act_quant(inter.astype(np.float32), scheme, a2_scale, rows=valid)
     ad = aq * as_.astype(np.float64)
@@ -278,15 +293,17 @@ def fused_experts_fp8_ref(
 
     out = np.zeros((M, K), np.float64)
     flips = []
+    wgt = np.ones((M, topk)) if apply_router_weight_on_input else tw
     with np.errstate(invalid="ignore", over="ignore"):
-        for slot in np.flatnonzero(valid):
+        for k in range(topk):  # each token's slots in k order
+            for e, ms in _tokens_by_expert(local_mk[:, k]):
+                out[ms] += wgt[ms, k, None] * (ad[ms * topk + k] @ w2d[e].T)
+        for slot in np.flatnonzero(valid & near.any(axis=1)):
             m, k = divmod(int(slot), topk)
             e = local[slot]
-            wgt = 1.0 if apply_router_weight_on_input else tw[m, k]
-            out[m] += wgt * (w2d[e] @ ad[slot])
             for j in np.flatnonzero(near[slot]):
                 d = (alt[slot, j] - aq[slot, j]) * float(as_[slot, j])
-                flips.append((m, wgt * d * w2d[e][:, j]))
+                flips.append((m, wgt[m, k] * d * w2d[e][:, j]))
     return out, flips
 
 
