@@ -13,6 +13,11 @@ The HBM floor of one call:
 bf16 GEMM ceiling (``torch.matmul`` of two 8192x8192 bf16 matrices, same timer) is measured
 in the same run; ``%gemm`` is a point's TF/s over it.
 
+The read floor (GPU runs with triton, ``read_floor``): a read-only kernel over exactly the
+routed experts' w13 and w2 bytes of each layer (``swapmoe._read_floor``), on the same weight
+copies and timed the same way; ``%read`` = its time over the op's. Unlike ``floor_us`` it
+includes what one kernel per layer cannot avoid (ramp-up and drain, ~2 µs at 40 MB).
+
 Baselines timed the same way (GPU default): the torch eager pipeline, the
 ``torch._grouped_mm`` pipeline and, when ``import vllm`` works, vLLM's own
 ``fused_experts`` (the whole op: align, GEMMs, activation, sum). With an FP8 ``--quant``
