@@ -1504,7 +1504,8 @@ def run_bench(
             x = torch.randn(M, shape.K, generator=gen, device=dev, dtype=tdtype)
             loc = local_ids(torch, ids, emap, shape.E)
             valid = loc < shape.E
-            touched = int(torch.unique(loc[valid]).numel())
+            experts = sorted(int(e) for e in torch.unique(loc[valid]).tolist())  # the local experts in use
+            touched = len(experts)
             slots = int(valid.sum())
             point: Dict[str, Any] = {"M": M, "experts_touched": touched, "slots": slots, "floor_us": None,
                                      "read_floor_us": None, "anchor_vllm_gemm_us": None,
@@ -1544,7 +1545,6 @@ def run_bench(
 
             if reader is not None:
                 assert timer is not None
-                experts = sorted(int(e) for e in torch.unique(loc[valid]).tolist())
                 try:
                     reads = [reader.make_reader(torch, *weights[i % copies], experts) for i in range(layers)]
                     point["read_floor_us"] = gpu_time_us(torch, reads, timer, graph)[0]
