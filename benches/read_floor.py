@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from swapmoe import bench as B
-from swapmoe._read_floor import Reader
+from swapmoe._read_floor import Reader, weight_segments
 
 LAYERS = 8
 
@@ -79,13 +79,12 @@ def segments_of(ids, layer: int, shape, bpw: int, copy_elems: int, contiguous: b
     E, K, N = shape.E, shape.K, shape.N
     w13 = 2 * N * K * bpw // 8
     w2 = K * N * bpw // 8
-    base = layer * copy_elems
     experts = sorted(set(int(e) for e in ids.reshape(-1).tolist() if 0 <= int(e) < E))
     if contiguous:
         experts = list(range(len(experts)))
-    segs = [(base + e * w13, w13) for e in experts]
-    segs += [(base + E * w13 + e * w2, w2) for e in experts]
-    return segs
+    # one buffer holds every copy, each copy w13 [E, 2N, K] then w2 [E, K, N]
+    start = (layer * copy_elems, layer * copy_elems + E * w13)
+    return [(start[t] + off, n) for t, off, n in weight_segments(experts, w13, w2)]
 
 
 def main(argv=None) -> int:
@@ -136,8 +135,7 @@ def main(argv=None) -> int:
                         # one buffer holds every copy: tensor 0 at both pointers
                         calls = [Reader(torch, buf, buf, [(0, off, n) for off, n in segs], kib * 1024)
                                  for segs in groups]
-                        us, how = B.gpu_time_us(torch, calls, timer, graph=True)
-                        us = us * len(calls) / LAYERS
+                        us = B.gpu_time_us(torch, calls, timer, graph=True)[0] * len(calls) / LAYERS
                         all_chunks[f"{variant}@{kib}K"] = us
                         if variant not in best or us < best[variant][0]:
                             best[variant] = (us, kib)
