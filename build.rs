@@ -12,6 +12,8 @@ use std::process::Command;
 
 /// (virtual arch, real arch) pairs embedded in every fatbin.
 const TARGETS: &[(&str, &str)] = &[("compute_80", "sm_80"), ("compute_90a", "sm_90a")];
+/// `SWAPMOE_CUDA_PROBE` values: "" (a release build) or a timing probe (see main).
+const PROBES: &[&str] = &["", "no_mma"];
 
 fn main() {
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
@@ -21,6 +23,7 @@ fn main() {
     println!("cargo:rerun-if-env-changed=CUDA_HOME");
     println!("cargo:rerun-if-env-changed=PYO3_PYTHON");
     println!("cargo:rerun-if-env-changed=SWAPMOE_CUDA_STAMPS");
+    println!("cargo:rerun-if-env-changed=SWAPMOE_CUDA_PROBE");
     println!("cargo:rerun-if-changed={}", cuda_dir.display());
     println!("cargo:rerun-if-changed=build.rs");
 
@@ -38,6 +41,23 @@ fn main() {
         "cargo:rustc-env=SWAPMOE_CUDA_STAMPS_BUILD={}",
         u8::from(stamps)
     );
+    // Probe builds only (`SWAPMOE_CUDA_PROBE=no_mma`): the swap-AB consumers skip their math,
+    // so the kernels move every byte a release build does and compute nothing (a timing
+    // experiment: what the memory pipeline alone costs). Such a wheel gives wrong results on
+    // purpose; `build_info()["cuda_probe"]` names it, and it refuses to open a device unless
+    // `SWAPMOE_PROBE_BUILD_OK=1` (src/cuda/mod.rs).
+    let probe = env::var("SWAPMOE_CUDA_PROBE").unwrap_or_default();
+    if !PROBES.contains(&probe.as_str()) {
+        panic!("swapmoe build: SWAPMOE_CUDA_PROBE: expected one of {PROBES:?}, got {probe:?}");
+    }
+    println!("cargo:rustc-env=SWAPMOE_CUDA_PROBE_BUILD={probe}");
+    let mut defines: Vec<String> = Vec::new();
+    if stamps {
+        defines.push("-DSWAPMOE_STAMPS=1".into());
+    }
+    if probe == "no_mma" {
+        defines.push("-DSWAPMOE_PROBE_NO_MMA=1".into());
+    }
 
     let mut sources: Vec<PathBuf> = std::fs::read_dir(&cuda_dir)
         .expect("swapmoe build: cannot read cuda/")
@@ -57,7 +77,8 @@ fn main() {
                 let nvcc = &nvcc;
                 let out_dir = &out_dir;
                 let cuda_dir = &cuda_dir;
-                scope.spawn(move || compile(nvcc, src, cuda_dir, out_dir, stamps))
+                let defines = &defines;
+                scope.spawn(move || compile(nvcc, src, cuda_dir, out_dir, defines))
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
@@ -114,7 +135,7 @@ fn compile(
     src: &Path,
     include: &Path,
     out_dir: &Path,
-    stamps: bool,
+    defines: &[String],
 ) -> (String, PathBuf) {
     let stem = src.file_stem().unwrap().to_string_lossy().to_string();
     let out = out_dir.join(format!("{stem}.fatbin"));
@@ -128,10 +149,9 @@ fn compile(
         .arg("-I")
         .arg(include);
     // Profiling builds only: SWAPMOE_CUDA_STAMPS=1 compiles the swap-AB kernels with
-    // per-CTA %globaltimer stamps recorded in a device buffer (benches/stamps.py reads it).
-    if stamps {
-        cmd.arg("-DSWAPMOE_STAMPS=1");
-    }
+    // per-CTA %globaltimer stamps recorded in a device buffer (benches/stamps.py reads it);
+    // SWAPMOE_CUDA_PROBE=no_mma compiles their consumers without the math.
+    cmd.args(defines);
     for (virt, real) in TARGETS {
         cmd.arg(format!("-gencode=arch={virt},code={real}"));
     }

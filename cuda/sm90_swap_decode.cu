@@ -75,6 +75,10 @@ struct Routing {
   int expert;                       // GEMM1: this CTA's expert, or -1
 };
 
+// Probe builds only (SWAPMOE_CUDA_PROBE=no_mma at build time, see build.rs): `consume` and
+// `consume_fp8` release each stage as soon as it is full, with no wgmma and no scales, so the
+// swap kernels stream exactly their release bytes through the same rings, barriers, clusters
+// and launches, and write zeros: what the memory pipeline alone costs (A/B: benches/ab.sh).
 // Profiling builds only (SWAPMOE_CUDA_STAMPS=1 at build time, see build.rs): thread 0 of
 // every CTA of the 16-bit swap kernels and of the FP8 swap GEMM1 and static-scale GEMM2
 // records %globaltimer at fixed points and appends a record to `swapmoe_stamps` (no printf:
@@ -295,6 +299,12 @@ __device__ __forceinline__ void consume(int items, int ring, unsigned char* stag
     const int st = stage.slot;
     mbar_wait(&full[st], stage.phase());
     SWAPMOE_STAMP_FULL(it, full, ring);
+#ifdef SWAPMOE_PROBE_NO_MMA
+    // Probe build: the stage is released unread (the memory pipeline alone).
+    if (lane == 0) mbar_arrive(&empty[st]);
+    stage.advance(ring);
+    continue;
+#endif
     const uint32_t base = smem_u32(stages + st * L::kStageBytes);
 #pragma unroll
     for (int b = 0; b < kBoxes; ++b) fence_accumulators(acc[b]);
@@ -619,6 +629,12 @@ __device__ __forceinline__ void consume_fp8(int items, int ring, unsigned char* 
     unsigned char* stage = stages + st * kStageBytes;
     mbar_wait(&full[st], ring_at.phase());
     SWAPMOE_STAMP_FULL(it, full, ring);
+#ifdef SWAPMOE_PROBE_NO_MMA
+    // Probe build: the stage is released unread (the memory pipeline alone).
+    mbar_arrive(&empty[st]);
+    ring_at.advance(ring);
+    continue;
+#endif
     const uint32_t base = smem_u32(stage);
     float tmp[kBoxes][NT / 2];
     wgmma_fence();

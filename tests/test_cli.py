@@ -51,6 +51,8 @@ def test_build_is_not_a_profiling_build():
 
     info = swapmoe.build_info()
     assert info["cuda_stamps"] is (os.environ.get("SWAPMOE_EXPECT_STAMPS_BUILD") == "1")
+    # a timing probe (SWAPMOE_CUDA_PROBE=no_mma) computes wrong results: never the tested build
+    assert info["cuda_probe"] is None
 
 
 def test_parser_defaults():
@@ -1166,3 +1168,16 @@ def test_a_reader_that_goes_away_stops_the_cli_quietly():
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141, err
     assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_gpu_record_header_names_a_probe_or_profiling_build():
+    """A table timed on a probe build (kernels without their math) or a profiling build says so
+    in its header, so that such numbers are never read as the op's; a release build's has no
+    such line."""
+    rec = _fake_gpu_record()
+    assert "build:" not in cli.format_table(rec)
+    rec["build_info"] = {"cuda_probe": "no_mma", "cuda_stamps": True}
+    text = cli.format_table(rec)
+    assert ("build: timing probe SWAPMOE_CUDA_PROBE=no_mma: the swap-AB kernels skip their math (memory "
+            "pipeline only); their results are wrong on purpose") in text
+    assert "build: profiling (SWAPMOE_CUDA_STAMPS=1)" in text

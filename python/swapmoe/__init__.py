@@ -20,8 +20,10 @@ __version__: str = _core.__version__
 
 
 def build_info() -> dict:
-    """What this build holds: version, nvcc version, embedded targets, modules and kernels, and
-    `cuda_stamps` (True for a profiling build, `SWAPMOE_CUDA_STAMPS=1`; see benches/stamps.py)."""
+    """What this build holds: version, nvcc version, embedded targets, modules and kernels,
+    `cuda_stamps` (True for a profiling build, `SWAPMOE_CUDA_STAMPS=1`; see benches/stamps.py)
+    and `cuda_probe` (None, or the timing probe it was built as, `SWAPMOE_CUDA_PROBE=no_mma`:
+    kernels that skip their math and open a device only with `SWAPMOE_PROBE_BUILD_OK=1`)."""
     return dict(_core.build_info())
 
 

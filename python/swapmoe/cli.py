@@ -230,6 +230,12 @@ def header_lines(rec: dict) -> List[str]:
     quant = rec.get("quant") or "none"
     dtype = rec["dtype"] + ("" if quant == "none" else f" {quant}")
     lines.append(f"swapmoe {v['swapmoe']} bench: {sh['name']}  {shape}  {dtype}  routing {routing}")
+    build = rec.get("build_info") or {}
+    if build.get("cuda_probe"):
+        lines.append(f"build: timing probe SWAPMOE_CUDA_PROBE={build['cuda_probe']}: the swap-AB kernels skip "
+                     "their math (memory pipeline only); their results are wrong on purpose")
+    if build.get("cuda_stamps"):
+        lines.append("build: profiling (SWAPMOE_CUDA_STAMPS=1): the swap-AB kernels record per-CTA stamps")
     m = rec["method"]
     vllm = f", vllm {v['vllm']}" if v.get("vllm") else ""
     if rec["mode"] == "cpu":
@@ -552,6 +558,11 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     info = swapmoe.build_info()
     print(f"swapmoe {swapmoe.__version__} ({info.get('profile', '?')} build)")
+    if info.get("cuda_probe"):
+        print(f"timing probe: SWAPMOE_CUDA_PROBE={info['cuda_probe']} (wrong results on purpose; "
+              "it opens a device only with SWAPMOE_PROBE_BUILD_OK=1)")
+    if info.get("cuda_stamps"):
+        print("profiling build: SWAPMOE_CUDA_STAMPS=1 (per-CTA stamps in the swap-AB kernels)")
     print(f"nvcc: {info.get('nvcc_version', '?')}")
     print(f"embedded targets: {', '.join(info.get('targets', [])) or 'none'}")
     mods = info.get("modules", [])

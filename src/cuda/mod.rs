@@ -18,6 +18,28 @@ pub mod images {
 
 const MAX_DEVICES: usize = 64;
 
+/// `SWAPMOE_CUDA_PROBE` at build time: "" for a release build (build.rs).
+const PROBE_NAME: &str = env!("SWAPMOE_CUDA_PROBE_BUILD");
+
+/// The timing probe this build was compiled as (`Some("no_mma")`: the swap kernels skip
+/// their math and return wrong results on purpose), or None for a release build.
+pub fn probe_build() -> Option<&'static str> {
+    (!PROBE_NAME.is_empty()).then_some(PROBE_NAME)
+}
+
+/// A probe build opens no device unless `SWAPMOE_PROBE_BUILD_OK=1` says its wrong results
+/// are wanted (a timing experiment), so that it cannot pass for a release wheel.
+fn check_probe_build_allowed(allowed: Option<&str>) -> Result<()> {
+    match probe_build() {
+        Some(probe) if allowed != Some("1") => Err(Error::Device(format!(
+            "this swapmoe build is a timing probe (SWAPMOE_CUDA_PROBE={probe}): its kernels skip their \
+             math and return wrong results on purpose. Set SWAPMOE_PROBE_BUILD_OK=1 to time it, or \
+             install a release build"
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// Raw driver handles are plain pointers; the driver allows their use from any thread.
 #[derive(Clone, Copy, Debug)]
 struct Handle(*mut c_void);
@@ -128,6 +150,7 @@ pub fn device(ordinal: i32) -> Result<&'static DeviceState> {
 }
 
 fn init_device(ordinal: i32) -> Result<DeviceState> {
+    check_probe_build_allowed(std::env::var("SWAPMOE_PROBE_BUILD_OK").ok().as_deref())?;
     driver_version()?;
     let count = device_count()?;
     if ordinal >= count {
@@ -325,4 +348,27 @@ pub fn stream_is_capturing(stream: usize) -> Result<bool> {
         "cuStreamIsCapturing",
     )?;
     Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_probe_build_opens_no_device_unless_told_to() {
+        match probe_build() {
+            None => {
+                assert!(check_probe_build_allowed(None).is_ok());
+                assert!(check_probe_build_allowed(Some("0")).is_ok());
+            }
+            Some(probe) => {
+                for refused in [None, Some("0"), Some("yes")] {
+                    let err = check_probe_build_allowed(refused).unwrap_err();
+                    assert!(matches!(&err, Error::Device(m) if m.contains(probe)
+                        && m.contains("SWAPMOE_PROBE_BUILD_OK=1")));
+                }
+                assert!(check_probe_build_allowed(Some("1")).is_ok());
+            }
+        }
+    }
 }

@@ -914,6 +914,8 @@ fn build_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     )?;
     // A profiling build (SWAPMOE_CUDA_STAMPS=1): the swap kernels record per-CTA timestamps.
     d.set_item("cuda_stamps", env!("SWAPMOE_CUDA_STAMPS_BUILD") == "1")?;
+    // A probe build (SWAPMOE_CUDA_PROBE=no_mma): the swap kernels skip their math on purpose.
+    d.set_item("cuda_probe", crate::cuda::probe_build())?;
     d.set_item(
         "profile",
         if cfg!(debug_assertions) {
