@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
-# The second device call: the whole GPU suite on HEAD's wheel under 16 workers (neither FP8 nor
-# the bf16 file has run whole since 2026-12-04: the per-worker CPU share and the grouped float64
-# reference should now let each finish inside one call), then the serial tests.
-#   run(command="OUT=$OUT bash benches/results/probe_2026-12-05/call2.sh", carry=["dist/head"])
+# The second device call: the block-run FP8 tests under 16 workers with the grouped float64
+# reference (never run on the GPU; before it, 8-12 at once did not finish in 70-180 s), the
+# swap tests on the l2tail wheel, then the whole FP8 GPU file on HEAD's wheel.
+#   run(command="OUT=$OUT bash benches/results/probe_2026-12-05/call2.sh", carry=["dist/head", "dist/l2tail"])
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 t0=$(date +%s); el() { echo "[$(( $(date +%s) - t0 )) s]"; }
-rm -rf /tmp/site_head && python3 -m pip install -q --no-index --no-deps --target /tmp/site_head dist/head/*.whl || exit 1
-export PYTHONPATH=/tmp/site_head
-timeout 280 python3 -m pytest -m "gpu and not serial" -q -p no:cacheprovider -n 16 -rfE --durations=15 \
-  tests/test_fp8_gpu.py > "$OUT/pytest_fp8.log" 2>&1
+for w in head l2tail; do
+  rm -rf /tmp/site_$w && python3 -m pip install -q --no-index --no-deps --target /tmp/site_$w dist/$w/*.whl || exit 1
+done
+PYTHONPATH=/tmp/site_head timeout 60 python3 -m pytest -m gpu -q -p no:cacheprovider -n 16 -rfE --durations=5 \
+  tests/test_fp8_gpu.py -k "block_run" > "$OUT/pytest_block_run.log" 2>&1
+echo "$(el) block_run: exit $? ; $(tail -1 "$OUT/pytest_block_run.log")"
+PYTHONPATH=/tmp/site_l2tail timeout 170 python3 -m pytest -m "gpu and not serial" -q -p no:cacheprovider -n 16 -rfE \
+  tests/test_fp8_gpu.py tests/test_gpu.py -k "swap" > "$OUT/pytest_swap_l2tail.log" 2>&1
+echo "$(el) swap tests (l2tail): exit $? ; $(tail -1 "$OUT/pytest_swap_l2tail.log")"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_swap_l2tail.log" | head
+PYTHONPATH=/tmp/site_head timeout 300 python3 -m pytest -m "gpu and not serial" -q -p no:cacheprovider -n 16 -rfE \
+  --durations=15 tests/test_fp8_gpu.py -k "not block_run" > "$OUT/pytest_fp8.log" 2>&1
 echo "$(el) fp8 file: exit $? ; $(tail -1 "$OUT/pytest_fp8.log")"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_fp8.log" | head
-timeout 220 python3 -m pytest -m "gpu and not serial" -q -p no:cacheprovider -n 16 -rfE --durations=15 \
-  --ignore=tests/test_fp8_gpu.py tests > "$OUT/pytest_rest.log" 2>&1
-echo "$(el) the other files: exit $? ; $(tail -1 "$OUT/pytest_rest.log")"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_rest.log" | head
-timeout 80 python3 -m pytest -m "gpu and serial" -q -p no:cacheprovider -rfE tests > "$OUT/pytest_serial.log" 2>&1
-echo "$(el) serial: exit $? ; $(tail -1 "$OUT/pytest_serial.log")"
