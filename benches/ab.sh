@@ -10,6 +10,7 @@
 # $TESTS (pytest arguments, shell-quoted: run with the last wheel, before the benches), $ROUNDS (default 2),
 # $BENCH_TIMEOUT (s per bench, default 120), $TEST_TIMEOUT (s, default 300). A table entry the oracle sets
 # aside ("cannot run") or a knob it ignores shows in ab.txt: an entry did not measure what its name says.
+# `python3 benches/ab_summary.py $OUT/ab.txt` prints each case's rounds, means and differences.
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"

@@ -76,6 +76,43 @@ def test_a_file_that_is_not_a_source_page_is_refused(tmp_path, capsys):
         ncu_source.main([str(details)] * 3)
 
 
+# --------------------------------------------------------------------------- ab_summary.py
+
+ab_summary = _load("ab_summary")
+
+AB_LOG = """=== round 1 qwen3-30b-a3b M=1,8 wheel=head --quant fp8_tensor --no-read-floor
+1        8  cuda_wgmma_swap       8.7        20.8     41%   3.7     1%       17.4     0.84x
+8       54  cuda_wgmma_swap      58.7        80.6     73%   7.2     1%       67.2     0.83x
+=== round 1 qwen3-30b-a3b M=1,8 wheel=g2tail:SWAPMOE_SWAP_GEMM2_RING=3 --quant fp8_tensor --no-read-floor
+1        8  cuda_wgmma_swap       8.7        19.2     45%   3.7     1%       17.4     0.91x
+   error: the oracle set aside the table entry (cannot run)
+=== round 2 qwen3-30b-a3b M=1,8 wheel=head --quant fp8_tensor --no-read-floor
+1        8  cuda_wgmma_swap       8.7        20.6     42%   3.7     1%       17.4     0.84x
+8       54  cuda_wgmma_swap      58.7        80.8     73%   7.2     1%       67.2     0.83x
+=== round 2 qwen3-30b-a3b M=1,8 wheel=g2tail:SWAPMOE_SWAP_GEMM2_RING=3 --quant fp8_tensor --no-read-floor
+1        8  cuda_wgmma_swap       8.7        19.4     45%   3.7     1%       17.4     0.91x
+=== round 1 qwen3-30b-a3b M=1 wheel=head
+1        8  cuda_wgmma_swap      17.1  20.3        29.3     58%  69%   3.7     1%       26.4     0.90x
+"""
+
+
+def test_ab_summary_means_rounds_per_case_and_entry_against_the_first():
+    """Each (model, arguments, M) gets every entry's rounds, their mean and the difference from
+    the run's first entry; the swapmoe column is found with and without the read-floor column;
+    lines that are not rows are listed as problems, never averaged."""
+    times, plans, problems = ab_summary.parse(AB_LOG.splitlines())
+    fp8 = ("qwen3-30b-a3b", "--quant fp8_tensor --no-read-floor", 1)
+    assert times[fp8] == {"head": [20.8, 20.6], "g2tail:SWAPMOE_SWAP_GEMM2_RING=3": [19.2, 19.4]}
+    assert times[("qwen3-30b-a3b", "--quant fp8_tensor --no-read-floor", 8)] == {"head": [80.6, 80.8]}
+    assert times[("qwen3-30b-a3b", "", 1)] == {"head": [29.3]}  # with read_us before swapmoe_us
+    assert plans[fp8]["head"] == "cuda_wgmma_swap"
+    assert len(problems) == 1 and "cannot run" in problems[0] and "g2tail" in problems[0]
+    text = ab_summary.summarize(AB_LOG.splitlines())
+    line = next(ln for ln in text.splitlines() if ln.strip().startswith("g2tail"))
+    assert "mean     19.3" in line and "-1.4 us (-6.8%)" in line
+    assert ab_summary.row_time("M touched plan floor_us swapmoe_us %floor".split()) is None
+
+
 # --------------------------------------------------------------------------- read_floor.py
 
 

@@ -64,4 +64,5 @@ st deepseek_fp8_m1_probe probe_stamps X=1 -- --shape deepseek --m 1 --quant fp8_
 OUT=$OUT/ab WHEELS="g2tail g2tail:SWAPMOE_SWAP_GEMM2_RING=3 g2tail:SWAPMOE_SWAP_GEMM2_PDL=0" CASES="qwen3-30b-a3b:1" \
   ARGS="--quant fp8_tensor --no-read-floor" ROUNDS=2 BENCH_TIMEOUT=40 timeout 80 bash benches/ab.sh > /dev/null 2>&1
 mv "$OUT/ab/ab.txt" "$OUT/ab_g2tail_ring.txt"; echo "$(el) ab g2tail ring done"
+python3 benches/ab_summary.py "$OUT"/ab_*.txt > "$OUT/ab_summary.txt" 2>&1; cat "$OUT/ab_summary.txt"
 echo "$(el) end"
