@@ -15,7 +15,13 @@ CTA entry.
 
 It also times the graph (do_bench median, per layer; the stamps cost an atomic and a few
 stores per CTA).
---json adds this case (summaries and the raw records of one replay) to a gzipped JSON file.
+--json adds this case (summaries and the raw records of one replay) to a gzipped JSON file,
+under a key of the shape, quant, M and splits, with "_probe" for a timing-probe build
+(`SWAPMOE_CUDA_PROBE=no_mma`, whose consumers skip the math) and --label's text if given.
+Builds since 2026-12-05 also record when thread 0's wait for each of a CTA's first 16 stages
+returned (`swapmoe_stage_stamps`); the run prints their cadence per kernel: the median over
+CTAs of each stage's time after the CTA's first stage (with the math that includes consuming
+the stages before it; in a probe build it is when the stage landed).
 """
 
 import argparse
@@ -39,11 +45,18 @@ FIELDS = ("kernel", "bx", "by", "rank", "sm", "expert", "items", "t0", "t1", "t2
           "ready_at_first", "ring_full")
 
 
+STAGE_STAMPS = 16
+
+
 class Stamps:
     def __init__(self):
         self.cuda = ctypes.CDLL("libcuda.so.1")
         self.buf, self.buf_bytes = _core._module_global(0, "sm90_swap_decode", "swapmoe_stamps")
         self.count, _ = _core._module_global(0, "sm90_swap_decode", "swapmoe_stamp_count")
+        try:  # builds before 2026-12-05 have no per-stage stamps
+            self.stages, _ = _core._module_global(0, "sm90_swap_decode", "swapmoe_stage_stamps")
+        except swapmoe.Error:
+            self.stages = None
 
     def reset(self):
         torch.cuda.synchronize()
@@ -58,12 +71,30 @@ class Stamps:
         host = (ctypes.c_uint64 * (n * WORDS))()
         if n:
             assert self.cuda.cuMemcpyDtoH_v2(host, ctypes.c_uint64(self.buf), ctypes.c_size_t(n * WORDS * 8)) == 0
+        stages = None
+        if self.stages is not None and n:
+            stages = (ctypes.c_uint64 * (n * STAGE_STAMPS))()
+            assert self.cuda.cuMemcpyDtoH_v2(stages, ctypes.c_uint64(self.stages),
+                                             ctypes.c_size_t(n * STAGE_STAMPS * 8)) == 0
         recs = []
         for i in range(n):
             r = dict(zip(FIELDS, host[i * WORDS : i * WORDS + len(FIELDS)]))
             r["expert"] = ctypes.c_int64(r["expert"]).value
+            r["stages"] = [t for t in stages[i * STAGE_STAMPS : (i + 1) * STAGE_STAMPS] if t] if stages else []
             recs.append(r)
         return recs
+
+
+def stage_cadence(recs, kernel):
+    """Per stage k of the CTAs of `kernel` that recorded stage stamps: the median over CTAs of
+    (stage k - stage 0) in µs, and how many CTAs reached stage k."""
+    rows = [r["stages"] for r in recs if r["kernel"] == kernel and r.get("stages")]
+    out = []
+    for k in range(STAGE_STAMPS):
+        d = [(st[k] - st[0]) / 1000.0 for st in rows if len(st) > k]
+        if d:
+            out.append((k, statistics.median(d), len(d)))
+    return out
 
 
 def instances(recs, kernel):
@@ -134,6 +165,7 @@ def main():
     ap.add_argument("--quant", default="none", choices=["none", "fp8_tensor"],
                     help="fp8_tensor: e4m3 weights with per-expert scales, static a1/a2 scales")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--label", default="", help="appended to the case's key in --json")
     a = ap.parse_args()
     if a.splits:
         os.environ["SWAPMOE_SWAP_SPLITS"] = a.splits
@@ -195,7 +227,14 @@ def main():
         vals = [row[k] for row in body if k in row and row[k] == row[k]]  # NaN: no CTA got there
         if vals:
             print(f"{k:44s} {statistics.median(vals):8.2f} {min(vals):8.2f} {max(vals):8.2f}")
-    case.update(us_per_layer=us, summaries=results, raw_fields=FIELDS, raw=[[r[f] for f in FIELDS] for r in raw])
+    probe = swapmoe.build_info().get("cuda_probe")
+    for kernel, name in ((3, "GEMM1"), (4, "GEMM2")) if fp8 else ((1, "GEMM1"), (2, "GEMM2")):
+        cad = stage_cadence(raw, kernel)
+        if cad:
+            print(f"{name} stage k - stage 0 (µs, median over CTAs{', probe: arrivals' if probe else ''}): "
+                  + " ".join(f"{k}:{t:.2f}" for k, t, _ in cad))
+    case.update(us_per_layer=us, summaries=results, raw_fields=FIELDS, raw=[[r[f] for f in FIELDS] for r in raw],
+                raw_stages=[r["stages"] for r in raw], cuda_probe=probe)
     if a.json:
         # gzip: the raw records of a multi-wave case run to megabytes
         data = {}
@@ -203,7 +242,8 @@ def main():
             with gzip.open(a.json, "rt") as f:
                 data = json.load(f)
         tag = "" if a.quant == "none" else f"_{a.quant}"
-        data[f"{a.shape}{tag}_m{a.m}_s{a.splits or 'oracle'}"] = case
+        key = f"{a.shape}{tag}_m{a.m}_s{a.splits or 'oracle'}" + ("_probe" if probe else "")
+        data[key + (f"_{a.label}" if a.label else "")] = case
         with gzip.open(a.json, "wt") as f:
             json.dump(data, f)
 

@@ -87,12 +87,17 @@ struct Routing {
 // 2 = GEMM2, 3 = FP8 GEMM1, 4 = FP8 static-scale GEMM2), blockIdx.x, blockIdx.y, cluster
 // rank, SM, expert (GEMM1) or first active index (GEMM2), items, then t0..t5 in ns (see
 // benches/stamps.py for the points; t3 is the first full stage), then the ring's other stages
-// already full at t3 and when its last first-round stage was (SWAPMOE_STAMP_FULL).
+// already full at t3 and when its last first-round stage was (SWAPMOE_STAMP_FULL); and, in
+// `swapmoe_stage_stamps` at the same index, when thread 0's wait for each of the first 16
+// stages returned (with the math, that includes consuming the stages before it; in a probe
+// build, SWAPMOE_CUDA_PROBE=no_mma, it is when the stage landed).
 #if defined(SWAPMOE_STAMPS) && defined(SWAPMOE_SM90A)
 }  // namespace
 constexpr unsigned kStampRecords = 1u << 16, kStampWords = 16;
+constexpr int kStageStamps = 16;  // per record: when thread 0's wait for stage k returned, k < 16
 }  // namespace swapmoe
 __device__ unsigned long long swapmoe_stamps[swapmoe::kStampRecords * swapmoe::kStampWords];
+__device__ unsigned long long swapmoe_stage_stamps[swapmoe::kStampRecords * swapmoe::kStageStamps];
 __device__ unsigned swapmoe_stamp_count;  // global scope: unmangled for cuModuleGetGlobal
 namespace swapmoe {
 namespace {
@@ -105,6 +110,7 @@ __shared__ unsigned long long stamp_first_full;  // thread 0's first full-barrie
 // first-round stage returned (0: the CTA has fewer items than its ring).
 __shared__ unsigned stamp_ready_at_first;
 __shared__ unsigned long long stamp_ring_full;
+__shared__ unsigned long long stamp_stage[kStageStamps];  // thread 0's full-barrier returns
 __device__ __forceinline__ void stamp_record(const Stamps& st, int kernel, int expert, int items) {
   const unsigned i = atomicAdd(&swapmoe_stamp_count, 1u);
   if (i >= kStampRecords) return;
@@ -120,6 +126,8 @@ __device__ __forceinline__ void stamp_record(const Stamps& st, int kernel, int e
   r[10] = items > 0 ? stamp_first_full : 0ull;
   r[13] = items > 0 ? stamp_ready_at_first : 0ull;
   r[14] = items > 0 ? stamp_ring_full : 0ull;
+  unsigned long long* stages = swapmoe_stage_stamps + (unsigned long long)i * kStageStamps;
+  for (int k = 0; k < kStageStamps; ++k) stages[k] = k < items ? stamp_stage[k] : 0ull;
 }
 #define SWAPMOE_STAMP(st, i)                            \
   do {                                                  \
@@ -128,6 +136,7 @@ __device__ __forceinline__ void stamp_record(const Stamps& st, int kernel, int e
 #define SWAPMOE_STAMP_FULL(it, full, ring)                                \
   do {                                                                    \
     if (threadIdx.x == 0) {                                               \
+      if ((it) < kStageStamps) stamp_stage[it] = globaltimer_ns();        \
       if ((it) == 0) {                                                    \
         stamp_first_full = globaltimer_ns();                              \
         unsigned ready = 0;                                               \

@@ -113,6 +113,31 @@ def test_ab_summary_means_rounds_per_case_and_entry_against_the_first():
     assert ab_summary.row_time("M touched plan floor_us swapmoe_us %floor".split()) is None
 
 
+# --------------------------------------------------------------------------- stamps.py
+
+
+def test_stamps_stage_cadence_is_each_stage_after_the_ctas_first():
+    """The per-stage stamps' summary: for each stage k, the median over the kernel's CTAs of
+    (stage k - stage 0) in µs and how many CTAs got that far; CTAs without stage stamps (older
+    builds, idle CTAs) and other kernels do not count."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    stamps = _load("stamps")
+    recs = [
+        {"kernel": 4, "stages": [1000, 1400, 1900]},
+        {"kernel": 4, "stages": [5000, 5600, 6000, 6500]},
+        {"kernel": 4, "stages": [9000, 9200]},
+        {"kernel": 4, "stages": []},
+        {"kernel": 3, "stages": [0, 99000]},
+    ]
+    cad = stamps.stage_cadence(recs, 4)
+    assert [k for k, _, _ in cad] == [0, 1, 2, 3]
+    assert cad[1][1] == pytest.approx(0.4) and cad[1][2] == 3  # 0.4, 0.6, 0.2 µs
+    assert cad[2][1] == pytest.approx(0.95) and cad[2][2] == 2  # 0.9, 1.0
+    assert cad[3] == (3, pytest.approx(1.5), 1)
+    assert stamps.stage_cadence(recs, 1) == []
+
+
 # --------------------------------------------------------------------------- read_floor.py
 
 

@@ -50,7 +50,7 @@ st qwen3_fp8_m1 stamps X=1 -- --shape qwen3 --m 1 --quant fp8_tensor
 st qwen3_fp8_m1_probe probe_stamps X=1 -- --shape qwen3 --m 1 --quant fp8_tensor
 # GEMM1 with no GEMM2 prefetching beside it (GEMM2 after GEMM1 has finished): GEMM1's stream alone,
 # against the w13 reader's 10.0 us
-st qwen3_fp8_m1_probe_nopdl probe_stamps SWAPMOE_SWAP_GEMM2_PDL=0 -- --shape qwen3 --m 1 --quant fp8_tensor
+st qwen3_fp8_m1_probe_nopdl probe_stamps SWAPMOE_SWAP_GEMM2_PDL=0 -- --shape qwen3 --m 1 --quant fp8_tensor --label nopdl
 # 3. bf16
 OUT=$OUT/ab WHEELS="head tails:$T=24,0 tails:$T=0,24 tails:$T=24,24" CASES="qwen3-30b-a3b:1,8" \
   ARGS="--no-read-floor" ROUNDS=2 BENCH_TIMEOUT=40 timeout 150 bash benches/ab.sh > /dev/null 2>&1
