@@ -15,13 +15,13 @@ for w in head tails; do
   rm -rf /tmp/site_$w && python3 -m pip install -q --no-index --no-deps --target /tmp/site_$w dist/$w/*.whl || exit 1
 done
 TT=tests; [ -d tests_tails ] && TT=tests_tails
-PYTHONPATH=/tmp/site_tails timeout 150 python3 -m pytest -m "gpu and not serial" -q -p no:cacheprovider -n 16 -rfE \
+PYTHONPATH=/tmp/site_tails timeout 190 python3 -m pytest -m "gpu and not serial" -q -p no:cacheprovider -n 16 -rfE \
   $TT/test_fp8_gpu.py $TT/test_gpu.py -k "swap" > "$OUT/pytest_swap_tails.log" 2>&1
 echo "$(el) swap tests (tails, $TT): exit $? ; $(tail -1 "$OUT/pytest_swap_tails.log")"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_swap_tails.log" | head
 PYTHONPATH=/tmp/site_head timeout 60 python3 -m pytest -m gpu -q -p no:cacheprovider -n 16 -rfE --durations=5 \
   tests/test_fp8_gpu.py -k "block_run" > "$OUT/pytest_block_run.log" 2>&1
 echo "$(el) block_run: exit $? ; $(tail -1 "$OUT/pytest_block_run.log")"
-PYTHONPATH=/tmp/site_head timeout 200 python3 -m pytest -m "gpu and not serial" -q -p no:cacheprovider -n 16 -rfE \
+PYTHONPATH=/tmp/site_head timeout 180 python3 -m pytest -m "gpu and not serial" -q -p no:cacheprovider -n 16 -rfE \
   --durations=15 tests/test_fp8_gpu.py -k "not block_run" > "$OUT/pytest_fp8.log" 2>&1
 echo "$(el) fp8 file: exit $? ; $(tail -1 "$OUT/pytest_fp8.log")"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_fp8.log" | head
 T=SWAPMOE_SWAP_L2_TAIL
