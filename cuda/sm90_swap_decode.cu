@@ -104,7 +104,6 @@ namespace {
 struct Stamps {
   unsigned long long t[6];
 };
-__shared__ unsigned long long stamp_first_full;  // thread 0's first full-barrier return
 // When the first stage landed, how many of the ring's other first-round stages had landed
 // too (in issue order they would not have); and when thread 0's wait for the ring's last
 // first-round stage returned (0: the CTA has fewer items than its ring).
@@ -123,7 +122,7 @@ __device__ __forceinline__ void stamp_record(const Stamps& st, int kernel, int e
   r[5] = (unsigned long long)(long long)expert;
   r[6] = items;
   for (int k = 0; k < 6; ++k) r[7 + k] = st.t[k];
-  r[10] = items > 0 ? stamp_first_full : 0ull;
+  r[10] = items > 0 ? stamp_stage[0] : 0ull;  // t3: the first full stage
   r[13] = items > 0 ? stamp_ready_at_first : 0ull;
   r[14] = items > 0 ? stamp_ring_full : 0ull;
   unsigned long long* stages = swapmoe_stage_stamps + (unsigned long long)i * kStageStamps;
@@ -138,7 +137,6 @@ __device__ __forceinline__ void stamp_record(const Stamps& st, int kernel, int e
     if (threadIdx.x == 0) {                                               \
       if ((it) < kStageStamps) stamp_stage[it] = globaltimer_ns();        \
       if ((it) == 0) {                                                    \
-        stamp_first_full = globaltimer_ns();                              \
         unsigned ready = 0;                                               \
         for (int s_ = 1; s_ < (ring); ++s_) ready += mbar_test(&(full)[s_], 0); \
         stamp_ready_at_first = ready;                                     \
