@@ -216,6 +216,19 @@ def _x(v: Optional[float]) -> str:
     return "-" if v is None else f"{v:.2f}x"
 
 
+def build_kind_lines(info: dict) -> List[str]:
+    """Lines that say a build is not a release build (`build_info()`): a timing probe, whose
+    results are wrong on purpose, or a profiling build; none for a release build."""
+    lines = []
+    if info.get("cuda_probe"):
+        lines.append(f"build: timing probe SWAPMOE_CUDA_PROBE={info['cuda_probe']}: the swap-AB kernels skip "
+                     "their math (memory pipeline only); their results are wrong on purpose (it opens a "
+                     "device only with SWAPMOE_PROBE_BUILD_OK=1)")
+    if info.get("cuda_stamps"):
+        lines.append("build: profiling (SWAPMOE_CUDA_STAMPS=1): the swap-AB kernels record per-CTA stamps")
+    return lines
+
+
 def header_lines(rec: dict) -> List[str]:
     sh = rec["shape"]
     v = rec["versions"]
@@ -230,12 +243,7 @@ def header_lines(rec: dict) -> List[str]:
     quant = rec.get("quant") or "none"
     dtype = rec["dtype"] + ("" if quant == "none" else f" {quant}")
     lines.append(f"swapmoe {v['swapmoe']} bench: {sh['name']}  {shape}  {dtype}  routing {routing}")
-    build = rec.get("build_info") or {}
-    if build.get("cuda_probe"):
-        lines.append(f"build: timing probe SWAPMOE_CUDA_PROBE={build['cuda_probe']}: the swap-AB kernels skip "
-                     "their math (memory pipeline only); their results are wrong on purpose")
-    if build.get("cuda_stamps"):
-        lines.append("build: profiling (SWAPMOE_CUDA_STAMPS=1): the swap-AB kernels record per-CTA stamps")
+    lines += build_kind_lines(rec.get("build_info") or {})
     m = rec["method"]
     vllm = f", vllm {v['vllm']}" if v.get("vllm") else ""
     if rec["mode"] == "cpu":
@@ -558,11 +566,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     info = swapmoe.build_info()
     print(f"swapmoe {swapmoe.__version__} ({info.get('profile', '?')} build)")
-    if info.get("cuda_probe"):
-        print(f"timing probe: SWAPMOE_CUDA_PROBE={info['cuda_probe']} (wrong results on purpose; "
-              "it opens a device only with SWAPMOE_PROBE_BUILD_OK=1)")
-    if info.get("cuda_stamps"):
-        print("profiling build: SWAPMOE_CUDA_STAMPS=1 (per-CTA stamps in the swap-AB kernels)")
+    for line in build_kind_lines(info):
+        print(line)
     print(f"nvcc: {info.get('nvcc_version', '?')}")
     print(f"embedded targets: {', '.join(info.get('targets', [])) or 'none'}")
     mods = info.get("modules", [])

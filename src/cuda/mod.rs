@@ -27,13 +27,16 @@ pub fn probe_build() -> Option<&'static str> {
     (!PROBE_NAME.is_empty()).then_some(PROBE_NAME)
 }
 
+/// Set to "1", lets a probe build open a device (`check_probe_build_allowed`).
+const PROBE_BUILD_OK_ENV: &str = "SWAPMOE_PROBE_BUILD_OK";
+
 /// A probe build opens no device unless `SWAPMOE_PROBE_BUILD_OK=1` says its wrong results
 /// are wanted (a timing experiment), so that it cannot pass for a release wheel.
 fn check_probe_build_allowed(allowed: Option<&str>) -> Result<()> {
     match probe_build() {
         Some(probe) if allowed != Some("1") => Err(Error::Device(format!(
             "this swapmoe build is a timing probe (SWAPMOE_CUDA_PROBE={probe}): its kernels skip their \
-             math and return wrong results on purpose. Set SWAPMOE_PROBE_BUILD_OK=1 to time it, or \
+             math and return wrong results on purpose. Set {PROBE_BUILD_OK_ENV}=1 to time it, or \
              install a release build"
         ))),
         _ => Ok(()),
@@ -150,7 +153,7 @@ pub fn device(ordinal: i32) -> Result<&'static DeviceState> {
 }
 
 fn init_device(ordinal: i32) -> Result<DeviceState> {
-    check_probe_build_allowed(std::env::var("SWAPMOE_PROBE_BUILD_OK").ok().as_deref())?;
+    check_probe_build_allowed(std::env::var(PROBE_BUILD_OK_ENV).ok().as_deref())?;
     driver_version()?;
     let count = device_count()?;
     if ordinal >= count {
