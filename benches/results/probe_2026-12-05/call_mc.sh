@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The multicast-pairs experiment (branch exp/wgmma-multicast, wheel dist/mc) first, then the
+# decode A/B that call_main.sh carries, in one call for a budget of ~800 s:
+#   run(command="OUT=$OUT bash benches/results/probe_2026-12-05/call_mc.sh",
+#       carry=["dist/head", "dist/mc", "dist/tails", "dist/sa"])
+# 1. mc's multicast GPU tests (bf16/f16 and every FP8 scheme against float64 and bit for bit
+#    against the unpaired kernels, both grids, both tiles, block runs, graphs), killed after
+#    200 s: a cluster that deadlocks shows as a timeout here, not as a lost call.
+# 2. Only if they pass: Mixtral M = 4096, fp8_tensor (HEAD, mc unpaired, mc paired) and bf16
+#    (HEAD, mc paired); the paired kernels are the experiment, mc unpaired prices its extra
+#    registers.
+# 3. The FP8 per-tensor decode A/B of call_main.sh's small form (HEAD, both L2 tails, sa at
+#    qwen3 M = 1, 2, 8), then sa's FP8 swap tests, as far as the time goes.
+set -u
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv > "$OUT/gpu.txt"
+t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
+ab() {  # name, wheels, cases, bench args, timeout: one benches/ab.sh run and its summary
+  OUT=$OUT/ab WHEELS="$2" CASES="$3" ARGS="$4" ROUNDS=2 BENCH_TIMEOUT=${BENCH_TIMEOUT:-60} timeout "$5" bash benches/ab.sh > /dev/null 2>&1
+  mv "$OUT/ab/ab.txt" "$OUT/ab_$1.txt"; echo "[$(el) s] ab $1 done"
+  python3 benches/ab_summary.py "$OUT/ab_$1.txt" | tee "$OUT/ab_$1_summary.txt"
+}
+for w in head mc tails sa; do
+  rm -rf /tmp/site_$w && python3 -m pip install -q --no-index --no-deps --target /tmp/site_$w dist/$w/*.whl || exit 1
+done
+echo "[$(el) s] installed"
+PYTHONPATH=/tmp/site_mc timeout -s KILL 200 python3 -m pytest -m gpu -q -p no:cacheprovider -n 8 -rfE \
+  tests_mc/test_gpu.py tests_mc/test_fp8_gpu.py -k multicast > "$OUT/pytest_mc.log" 2>&1
+rc=$?
+echo "[$(el) s] multicast tests: exit $rc ; $(tail -1 "$OUT/pytest_mc.log")"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_mc.log" | head -20
+if [ $rc = 0 ]; then
+  M=SWAPMOE_WGMMA_MULTICAST=on
+  BENCH_TIMEOUT=75 ab mc_fp8 "head mc mc:$M" "mixtral-8x7b:4096" "--quant fp8_tensor --no-read-floor" 200
+  BENCH_TIMEOUT=75 ab mc_bf16 "head mc:$M" "mixtral-8x7b:4096" "--no-read-floor" 140
+fi
+T=SWAPMOE_SWAP_L2_TAIL
+[ "$(el)" -lt 380 ] && ab fp8_decode "head tails:$T=24,0 tails:$T=0,24 tails:$T=24,24 sa" "qwen3-30b-a3b:1,2,8" \
+  "--quant fp8_tensor --no-read-floor" 150
+if [ "$(el)" -lt 470 ]; then
+  PYTHONPATH=/tmp/site_sa timeout 100 python3 -m pytest -m "gpu and not serial" -q -p no:cacheprovider -n 16 -rfE \
+    tests/test_fp8_gpu.py -k "swap" > "$OUT/pytest_sa_swap.log" 2>&1
+  echo "[$(el) s] fp8 swap tests (sa): exit $? ; $(tail -1 "$OUT/pytest_sa_swap.log")"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_sa_swap.log" | head
+fi
+echo "[$(el) s] end"
