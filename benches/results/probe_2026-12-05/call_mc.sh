@@ -35,9 +35,9 @@ if [ $rc = 0 ]; then
   BENCH_TIMEOUT=75 ab mc_bf16 "head mc:$M" "mixtral-8x7b:4096" "--no-read-floor" 140
 fi
 T=SWAPMOE_SWAP_L2_TAIL
-[ "$(el)" -lt 380 ] && ab fp8_decode "head tails:$T=24,0 tails:$T=0,24 tails:$T=24,24 sa" "qwen3-30b-a3b:1,2,8" \
+[ "$(el)" -lt 330 ] && ab fp8_decode "head tails:$T=24,0 tails:$T=0,24 tails:$T=24,24 sa" "qwen3-30b-a3b:1,2,8" \
   "--quant fp8_tensor --no-read-floor" 150
-if [ "$(el)" -lt 470 ]; then
+if [ "$(el)" -lt 440 ]; then
   PYTHONPATH=/tmp/site_sa timeout 100 python3 -m pytest -m "gpu and not serial" -q -p no:cacheprovider -n 16 -rfE \
     tests/test_fp8_gpu.py -k "swap" > "$OUT/pytest_sa_swap.log" 2>&1
   echo "[$(el) s] fp8 swap tests (sa): exit $? ; $(tail -1 "$OUT/pytest_sa_swap.log")"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_sa_swap.log" | head
