@@ -721,6 +721,11 @@ __device__ __forceinline__ void fp8_gemm1(const TensorMap* xq_map, const TensorM
   float acc[2][NT / 2];
   // The thread's accumulator rows (per box, h = 0/1) and token columns (c = 2j + parity).
   const int row_in = 16 * warp + (lane >> 2);
+  // The epilogue's per-tensor and per-channel scales, loaded by the consumers before their
+  // main loop so that no rank-0 CTA pays a round trip for them after the cluster sum (whose
+  // barriers no load crosses): the token columns' x scales, the rows' weight scales (gate,
+  // up; one per expert per tensor), the static intermediate scale.
+  float ep_xs[NT / 4], ep_wg[2], ep_wu[2], ep_a2 = 1.f;
   if (warp == kProducerWarp) {
     // The weights of the ring's first stages before waiting for quantize-x (the weights are
     // the caller's, not an earlier kernel's output); their x_q rows after.
@@ -755,6 +760,20 @@ __device__ __forceinline__ void fp8_gemm1(const TensorMap* xq_map, const TensorM
     pdl_wait();  // x_q's scales, the zeroed absmax; before this grid writes out
     pdl_launch_dependents();
     SWAPMOE_STAMP(stamps, 2);
+    if constexpr (SCHEME != kQBlock) {
+#pragma unroll
+      for (int c = 0; c < NT / 4; ++c) {
+        const int t = 8 * (c >> 1) + 2 * (lane & 3) + (c & 1);
+        ep_xs[c] = t < M ? x_scale[(long long)t * groups_k] : 0.f;
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int col = min(j0 + row_in + 8 * h, N - 1);
+        ep_wg[h] = w1s[scale_off(e, SCHEME == kQChannel ? col : 0, 0, w1s_e, w1s_r, 0)];
+        ep_wu[h] = w1s[scale_off(e, SCHEME == kQChannel ? N + col : 0, 0, w1s_e, w1s_r, 0)];
+      }
+      if constexpr (kQ8Out) ep_a2 = *a2_static;
+    }
     // 128x128 blocks: the weight block scale of each row, the token's group scale, per stage.
     const int last_row = 2 * N - 1;
     auto scales = [&](int it, const unsigned char*, float (&row)[2][2], float (&col)[NT / 4]) {
@@ -796,8 +815,8 @@ __device__ __forceinline__ void fp8_gemm1(const TensorMap* xq_map, const TensorM
     // value of the token's first slot on e (GEMM2 multiplies by the summed router weights),
     // 0 for a token that does not route to e. The same arithmetic as the GEMM2 producer of
     // the f32 layout, so the bytes are the same.
-    const float sc = *a2_static, inv = __frcp_rn(sc);
-    const float w1_scale = w1s[scale_off(e, 0, 0, w1s_e, w1s_r, 0)];  // gate and up: one per expert
+    const float sc = ep_a2, inv = __frcp_rn(sc);
+    const float w1_scale = ep_wg[0];  // gate and up: one per expert
     unsigned char* q8 = inter_q + (long long)blockIdx.y * M * N;
 #pragma unroll
     for (int j = 0; j < NT / 8; ++j) {
@@ -811,7 +830,7 @@ __device__ __forceinline__ void fp8_gemm1(const TensorMap* xq_map, const TensorM
           if (r.slot_expert[t * topk + k] == e) first = t * topk + k;
         __nv_fp8_storage_t b = 0;
         if (first >= 0) {
-          const float xw = x_scale[(long long)t * groups_k] * w1_scale;
+          const float xw = ep_xs[2 * j + (q & 1)] * w1_scale;
           float g = acc[0][4 * j + q] * xw;
           float u = acc[1][4 * j + q] * xw;
           if (weight_on_input) {
@@ -836,10 +855,9 @@ __device__ __forceinline__ void fp8_gemm1(const TensorMap* xq_map, const TensorM
         if (t >= M || col >= N) continue;
         float g = acc[0][4 * j + q], u = acc[1][4 * j + q];
         if constexpr (SCHEME != kQBlock) {
-          const float xs = x_scale[(long long)t * groups_k];
-          const int rg = SCHEME == kQChannel ? col : 0, ru = SCHEME == kQChannel ? N + col : 0;
-          g *= xs * w1s[scale_off(e, rg, 0, w1s_e, w1s_r, 0)];
-          u *= xs * w1s[scale_off(e, ru, 0, w1s_e, w1s_r, 0)];
+          const float xs = ep_xs[2 * j + (q & 1)];
+          g *= xs * ep_wg[q >> 1];
+          u *= xs * ep_wu[q >> 1];
         }
         for (int k = 0; k < topk; ++k) {
           const int s = t * topk + k;
