@@ -12,16 +12,8 @@
 #    decode cases (their swap GEMM1 is the kernel 3b2667f changed).
 # 3. ncu source views of the e4m3 GEMM1 at Mixtral fp8_tensor M = 4096 in multicast pairs and
 #    unpaired (dist/mc): where the paired CTAs wait (NOTES "Multicast pairs: the coupling").
-set -u
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv > "$OUT/gpu.txt"
-t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
-ab() {  # name, wheels, cases, bench args, timeout: one benches/ab.sh run and its summary
-  OUT=$OUT/ab WHEELS="$2" CASES="$3" ARGS="$4" ROUNDS=2 BENCH_TIMEOUT=40 timeout "$5" bash benches/ab.sh > /dev/null 2>&1
-  mv "$OUT/ab/ab.txt" "$OUT/ab_$1.txt"; echo "[$(el) s] ab $1 done"
-  python3 benches/ab_summary.py "$OUT/ab_$1.txt" | tee "$OUT/ab_$1_summary.txt"
-}
+export BENCH_TIMEOUT=40
+source benches/call_common.sh  # $OUT, gpu.txt, el, ab
 ab sa_tensor "pre_sa head" "qwen3-30b-a3b:1,2,8 deepseek-v3-tp8:1" "--quant fp8_tensor --no-read-floor" 150
 ab sa_channel "pre_sa head" "qwen3-30b-a3b:1,8" "--quant fp8_channel --no-read-floor" 80
 # ab.sh installed both wheels; device_run.sh installs its WHEEL_DIR into /tmp/site itself

@@ -3,6 +3,8 @@
 # decode A/B that call_main.sh carries, in one call for a budget of ~800 s:
 #   run(command="OUT=$OUT bash benches/results/probe_2026-12-05/call_mc.sh",
 #       carry=["dist/head", "dist/mc", "dist/tails", "dist/sa"])
+# tests_mc/ was the branch's tests/ copied into the checkout (untracked, so it travelled with
+# the working tree) and removed after the run.
 # 1. mc's multicast GPU tests (bf16/f16 and every FP8 scheme against float64 and bit for bit
 #    against the unpaired kernels, both grids, both tiles, block runs, graphs), killed after
 #    200 s: a cluster that deadlocks shows as a timeout here, not as a lost call.
@@ -11,16 +13,7 @@
 #    registers.
 # 3. The FP8 per-tensor decode A/B of call_main.sh's small form (HEAD, both L2 tails, sa at
 #    qwen3 M = 1, 2, 8), then sa's FP8 swap tests, as far as the time goes.
-set -u
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv > "$OUT/gpu.txt"
-t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
-ab() {  # name, wheels, cases, bench args, timeout: one benches/ab.sh run and its summary
-  OUT=$OUT/ab WHEELS="$2" CASES="$3" ARGS="$4" ROUNDS=2 BENCH_TIMEOUT=${BENCH_TIMEOUT:-60} timeout "$5" bash benches/ab.sh > /dev/null 2>&1
-  mv "$OUT/ab/ab.txt" "$OUT/ab_$1.txt"; echo "[$(el) s] ab $1 done"
-  python3 benches/ab_summary.py "$OUT/ab_$1.txt" | tee "$OUT/ab_$1_summary.txt"
-}
+source benches/call_common.sh  # $OUT, gpu.txt, el, ab
 for w in head mc tails sa; do
   rm -rf /tmp/site_$w && python3 -m pip install -q --no-index --no-deps --target /tmp/site_$w dist/$w/*.whl || exit 1
 done

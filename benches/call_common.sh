@@ -1,0 +1,19 @@
+# Sourced by the device-call scripts (benches/results/*/call_*.sh): the run's setup (strict
+# variables, unbuffered Python, $OUT, the GPU's clocks and power in $OUT/gpu.txt) and two
+# helpers:
+#   el                         seconds since the call began
+#   ab NAME WHEELS CASES ARGS TIMEOUT
+#                              one benches/ab.sh run (two rounds; $BENCH_TIMEOUT s per bench,
+#                              default 60), its log as $OUT/ab_NAME.txt and its summary
+#                              (benches/ab_summary.py) as $OUT/ab_NAME_summary.txt and on stdout
+set -u
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv > "$OUT/gpu.txt"
+t0=$(date +%s)
+el() { echo $(( $(date +%s) - t0 )); }
+ab() {
+  OUT=$OUT/ab WHEELS="$2" CASES="$3" ARGS="$4" ROUNDS=2 BENCH_TIMEOUT=${BENCH_TIMEOUT:-60} timeout "$5" bash benches/ab.sh > /dev/null 2>&1
+  mv "$OUT/ab/ab.txt" "$OUT/ab_$1.txt"; echo "[$(el) s] ab $1 done"
+  python3 benches/ab_summary.py "$OUT/ab_$1.txt" | tee "$OUT/ab_$1_summary.txt"
+}
