@@ -10,17 +10,9 @@
 # With under ~700 s of device budget left, CALL_SIZE=min (carry only dist/head, dist/tails,
 # dist/sa): step 1 at qwen3 only and without the tails' default, step 2, step 3 unless
 # MIN_BF16=0, no stamps.
-set -u
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv > "$OUT/gpu.txt"
-t0=$(date +%s); el() { echo "[$(( $(date +%s) - t0 )) s]"; }
+export BENCH_TIMEOUT=40
+source benches/call_common.sh  # $OUT, gpu.txt, el, ab
 min=0; [ "${CALL_SIZE:-full}" = min ] && min=1
-ab() {  # name, wheels, cases, bench args, timeout: one benches/ab.sh run and its summary
-  OUT=$OUT/ab WHEELS="$2" CASES="$3" ARGS="$4" ROUNDS=2 BENCH_TIMEOUT=40 timeout "$5" bash benches/ab.sh > /dev/null 2>&1
-  mv "$OUT/ab/ab.txt" "$OUT/ab_$1.txt"; echo "$(el) ab $1 done"
-  python3 benches/ab_summary.py "$OUT/ab_$1.txt" | tee "$OUT/ab_$1_summary.txt"
-}
 T=SWAPMOE_SWAP_L2_TAIL
 if [ $min = 1 ]; then
   ab fp8 "head tails:$T=24,0 tails:$T=0,24 tails:$T=24,24 sa" "qwen3-30b-a3b:1,2,8" "--quant fp8_tensor --no-read-floor" 170
@@ -31,15 +23,17 @@ fi
 # ab.sh installed every wheel of the FP8 A/B, sa's into /tmp/site_sa
 PYTHONPATH=/tmp/site_sa timeout 100 python3 -m pytest -m "gpu and not serial" -q -p no:cacheprovider -n 16 -rfE \
   tests/test_fp8_gpu.py -k "swap" > "$OUT/pytest_sa_swap.log" 2>&1
-echo "$(el) fp8 swap tests (sa): exit $? ; $(tail -1 "$OUT/pytest_sa_swap.log")"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_sa_swap.log" | head
-[ $min = 1 ] && [ "${MIN_BF16:-1}" = 0 ] && { echo "$(el) end (no bf16)"; exit 0; }
+rc=$?
+echo "[$(el) s] fp8 swap tests (sa): exit $rc ; $(tail -1 "$OUT/pytest_sa_swap.log")"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_sa_swap.log" | head
+[ $min = 1 ] && [ "${MIN_BF16:-1}" = 0 ] && { echo "[$(el) s] end (no bf16)"; exit 0; }
 ab bf16 "head tails:$T=24,24" "qwen3-30b-a3b:1,8" "--no-read-floor" 70
-[ $min = 1 ] && { echo "$(el) end (no stamps)"; exit 0; }
+[ $min = 1 ] && { echo "[$(el) s] end (no stamps)"; exit 0; }
 for site in stamps probe_stamps; do
   rm -rf /tmp/site_$site && python3 -m pip install -q --no-index --no-deps --target /tmp/site_$site dist/$site/*.whl || exit 1
   echo "=== qwen3_fp8_m1 $site" >> "$OUT/stamps.txt"
   SWAPMOE_PROBE_BUILD_OK=1 PYTHONPATH=/tmp/site_$site timeout 40 python3 benches/stamps.py --shape qwen3 --m 1 --quant fp8_tensor \
     --json "$OUT/stamps_raw.json.gz" >> "$OUT/stamps.txt" 2>&1
-  echo "$(el) stamps $site: exit $?"
+  rc=$?
+  echo "[$(el) s] stamps $site: exit $rc"
 done
-echo "$(el) end"
+echo "[$(el) s] end"

@@ -33,6 +33,7 @@ T=SWAPMOE_SWAP_L2_TAIL
 if [ "$(el)" -lt 440 ]; then
   PYTHONPATH=/tmp/site_sa timeout 100 python3 -m pytest -m "gpu and not serial" -q -p no:cacheprovider -n 16 -rfE \
     tests/test_fp8_gpu.py -k "swap" > "$OUT/pytest_sa_swap.log" 2>&1
-  echo "[$(el) s] fp8 swap tests (sa): exit $? ; $(tail -1 "$OUT/pytest_sa_swap.log")"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_sa_swap.log" | head
+  rc=$?
+  echo "[$(el) s] fp8 swap tests (sa): exit $rc ; $(tail -1 "$OUT/pytest_sa_swap.log")"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_sa_swap.log" | head
 fi
 echo "[$(el) s] end"
