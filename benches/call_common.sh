@@ -6,6 +6,9 @@
 #                              one benches/ab.sh run (two rounds; $BENCH_TIMEOUT s per bench,
 #                              default 60), its log as $OUT/ab_NAME.txt and its summary
 #                              (benches/ab_summary.py) as $OUT/ab_NAME_summary.txt and on stdout
+#   pack PATTERN...            every file under $OUT but gpu.txt and those matching a PATTERN
+#                              (bash patterns on paths relative to $OUT, `*` crossing folders)
+#                              into $OUT/raw.tgz, so that a call returns at most 8 files
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -16,4 +19,22 @@ ab() {
   OUT=$OUT/ab WHEELS="$2" CASES="$3" ARGS="$4" ROUNDS=2 BENCH_TIMEOUT=${BENCH_TIMEOUT:-60} timeout "$5" bash benches/ab.sh > /dev/null 2>&1
   mv "$OUT/ab/ab.txt" "$OUT/ab_$1.txt"; echo "[$(el) s] ab $1 done"
   python3 benches/ab_summary.py "$OUT/ab_$1.txt" | tee "$OUT/ab_$1_summary.txt"
+}
+pack() {
+  (
+    cd "$OUT" || exit 1
+    local list=/tmp/pack.list f p keep
+    : > "$list"
+    while IFS= read -r f; do
+      keep=0
+      for p in gpu.txt "$@"; do [[ $f == $p ]] && keep=1; done
+      [ $keep = 1 ] || echo "$f" >> "$list"
+    done < <(find . -type f -printf '%P\n')
+    [ -s "$list" ] || exit 0
+    tar czf /tmp/raw.tgz -T "$list" || exit 1
+    xargs -d '\n' rm -f < "$list"
+    find . -mindepth 1 -type d -empty -delete
+    mv /tmp/raw.tgz raw.tgz
+  )
+  ls -R "$OUT"
 }
