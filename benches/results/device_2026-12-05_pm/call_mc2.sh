@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The second call of 2026-12-05 pm, ~8 minutes:
+#   run(command="OUT=$OUT bash benches/results/device_2026-12-05_pm/call_mc2.sh",
+#       carry=["dist/head", "dist/mc2", "dist/ct"])
+# dist/head: main's kernels (3b2667f); dist/mc2: exp/wgmma-multicast e3e5d09 (the consumers'
+# stage handoff to the partner without the GPU-scope fence); dist/ct: exp/column-token 4d6fbe9
+# (accumulator_token, a SASS change in 24 of the 80 swap kernels' epilogues).
+# tests_mc/ is mc2's tests/ copied into the checkout (untracked, so it travels with the
+# working tree); remove it after the run.
+# 1. mc2's multicast GPU tests, killed after 150 s (a deadlocked cluster shows as a timeout).
+# 2. Only if they pass: the whole op at Mixtral M = 4096 (fp8_tensor, bf16) and qwen3 M = 4096
+#    (fp8_tensor), HEAD against mc2 paired; then ncu kernel times of mc2 paired at Mixtral
+#    fp8_tensor M = 4096 (HEAD's: 1673 / 831 µs on the H100 of 13:35).
+# 3. ct against HEAD at decode (qwen3 fp8_tensor and bf16 M = 1, 8), then ct's swap GPU tests.
+source benches/call_common.sh  # $OUT, gpu.txt, el, ab, pack
+for w in head mc2 ct; do
+  rm -rf /tmp/site_$w && python3 -m pip install -q --no-index --no-deps --target /tmp/site_$w dist/$w/*.whl || exit 1
+done
+echo "[$(el) s] installed"
+PYTHONPATH=/tmp/site_mc2 timeout -s KILL 150 python3 -m pytest -m gpu -q -p no:cacheprovider -n 8 -rfE \
+  tests_mc/test_gpu.py tests_mc/test_fp8_gpu.py -k multicast > "$OUT/pytest_mc2.log" 2>&1
+rc=$?
+echo "[$(el) s] multicast tests: exit $rc ; $(tail -1 "$OUT/pytest_mc2.log")"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_mc2.log" | head -20
+if [ $rc = 0 ]; then
+  M=SWAPMOE_WGMMA_MULTICAST=on
+  BENCH_TIMEOUT=75 ab mc_fp8 "head mc2:$M" "mixtral-8x7b:4096 qwen3-30b-a3b:4096" "--quant fp8_tensor --no-read-floor" 200
+  BENCH_TIMEOUT=75 ab mc_bf16 "head mc2:$M" "mixtral-8x7b:4096" "--no-read-floor" 120
+  [ "$(el)" -lt 330 ] && SWAPMOE_WGMMA_MULTICAST=on OUT=$OUT/k_mc2 WHEEL_DIR=dist/mc2 KTIMES_CASES="mixtral:4096:fp8_tensor" \
+    timeout 60 bash benches/device_run.sh ktimes 2>&1 | grep -vE "^(===|name)"
+fi
+[ "$(el)" -lt 400 ] && ab ct "head ct" "qwen3-30b-a3b:1,8" "--quant fp8_tensor --no-read-floor" 60
+[ "$(el)" -lt 440 ] && ab ct_bf16 "head ct" "qwen3-30b-a3b:1,8" "--no-read-floor" 60
+if [ "$(el)" -lt 480 ]; then
+  PYTHONPATH=/tmp/site_ct timeout 120 python3 -m pytest -m "gpu and not serial" -q -p no:cacheprovider -n 16 -rfE \
+    tests/test_fp8_gpu.py tests/test_gpu.py -k "swap" > "$OUT/pytest_ct_swap.log" 2>&1
+  rc=$?
+  echo "[$(el) s] swap tests (ct): exit $rc ; $(tail -1 "$OUT/pytest_ct_swap.log")"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_ct_swap.log" | head
+fi
+pack '*_summary.txt'
+echo "[$(el) s] end"
