@@ -46,6 +46,11 @@ constexpr int kThreads = 160;            // `SWAP_THREADS`: a consumer warpgroup
 constexpr int kMaxSlots = 512;           // `SWAP_MAX_SLOTS`
 constexpr int kMaxExperts = 8192;        // `MAX_GPU_LOCAL_EXPERTS`
 
+// The token (B row) that register 4j + q of a thread's m64nNk16 accumulator holds: n8 block j,
+// token 8j + 2 * (lane % 4) + (q & 1). Callers that count a thread's columns c = 2j + parity
+// pass (c >> 1, c).
+__device__ __forceinline__ int accumulator_token(int j, int q, int lane) { return 8 * j + 2 * (lane & 3) + (q & 1); }
+
 // A stage: for each of kSub consecutive 64-wide K slices, kBoxes boxes of 64 weight rows x 64
 // (so each weight row is read as kSub * 128 contiguous bytes at once), then the NT token
 // rows x 64 of each slice (`swap_smem_bytes`). As many stages as fit 102 KiB (two CTAs per
@@ -443,7 +448,7 @@ __device__ __forceinline__ void gemm1_act(const TensorMap* x_map, const TensorMa
   for (int j = 0; j < NT / 8; ++j) {
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      const int t = 8 * j + 2 * (lane & 3) + (q & 1);
+      const int t = accumulator_token(j, q, lane);
       const int col = j0 + 16 * warp + (lane >> 2) + 8 * (q >> 1);
       if (t >= M || col >= N) continue;
       const float g = acc[0][4 * j + q], u = acc[1][4 * j + q];
@@ -474,7 +479,7 @@ __device__ __forceinline__ void store_gemm2_out(const float (&acc)[NT / 2], T* _
   for (int j = 0; j < NT / 8; ++j) {
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      const int t = 8 * j + 2 * (lane & 3) + (q & 1);
+      const int t = accumulator_token(j, q, lane);
       const int row = r0 + 16 * warp + (lane >> 2) + 8 * (q >> 1);
       if (t < M && row < K) out[(long long)t * out_row_stride + row] = from_f32<T>(acc[4 * j + q]);
     }
@@ -763,7 +768,7 @@ __device__ __forceinline__ void fp8_gemm1(const TensorMap* xq_map, const TensorM
     if constexpr (SCHEME != kQBlock) {
 #pragma unroll
       for (int c = 0; c < NT / 4; ++c) {
-        const int t = 8 * (c >> 1) + 2 * (lane & 3) + (c & 1);
+        const int t = accumulator_token(c >> 1, c, lane);
         ep_xs[c] = t < M ? x_scale[(long long)t * groups_k] : 0.f;
       }
 #pragma unroll
@@ -788,7 +793,7 @@ __device__ __forceinline__ void fp8_gemm1(const TensorMap* xq_map, const TensorM
         }
 #pragma unroll
         for (int c = 0; c < NT / 4; ++c) {
-          const int t = 8 * (c >> 1) + 2 * (lane & 3) + (c & 1);
+          const int t = accumulator_token(c >> 1, c, lane);
           col[c] = t < M ? x_scale[(long long)t * groups_k + kb] : 0.f;
         }
       } else {
@@ -822,7 +827,7 @@ __device__ __forceinline__ void fp8_gemm1(const TensorMap* xq_map, const TensorM
     for (int j = 0; j < NT / 8; ++j) {
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        const int t = 8 * j + 2 * (lane & 3) + (q & 1);
+        const int t = accumulator_token(j, q, lane);
         const int col = j0 + row_in + 8 * (q >> 1);
         if (t >= M || col >= N) continue;
         int first = -1;
@@ -850,7 +855,7 @@ __device__ __forceinline__ void fp8_gemm1(const TensorMap* xq_map, const TensorM
     for (int j = 0; j < NT / 8; ++j) {
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        const int t = 8 * j + 2 * (lane & 3) + (q & 1);
+        const int t = accumulator_token(j, q, lane);
         const int col = j0 + row_in + 8 * (q >> 1);
         if (t >= M || col >= N) continue;
         float g = acc[0][4 * j + q], u = acc[1][4 * j + q];
@@ -880,7 +885,7 @@ __device__ __forceinline__ void fp8_gemm1(const TensorMap* xq_map, const TensorM
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
-      const int t = 8 * (c >> 1) + 2 * (lane & 3) + (c & 1);
+      const int t = accumulator_token(c >> 1, c, lane);
       if (lane < 4 && t < M && m > 0.f) atomicMax(&token_amax[t], __float_as_uint(m));
     }
     consumer_sync();
@@ -1109,7 +1114,7 @@ __device__ __forceinline__ void fp8_gemm2(const TensorMap* w2_map, const float* 
         else row[0][h] = w2s[scale_off(e, rr / kFp8Block, kt, w2s_e, w2s_r, w2s_c)];
       }
 #pragma unroll
-      for (int c = 0; c < NT / 4; ++c) col[c] = cs[8 * (c >> 1) + 2 * (lane & 3) + (c & 1)];
+      for (int c = 0; c < NT / 4; ++c) col[c] = cs[accumulator_token(c >> 1, c, lane)];
       if (++kt == w.ktiles) {
         kt = 0;
         e = next_active(r.bits, words, e);
@@ -1203,7 +1208,7 @@ __device__ __forceinline__ void fp8_gemm2_q8(const TensorMap* hq_map, const Tens
         w2_scale = w2s[scale_off(e, 0, 0, w2s_e, 0, 0)];
 #pragma unroll
         for (int c = 0; c < NT / 4; ++c) {
-          const int t = 8 * (c >> 1) + 2 * (lane & 3) + (c & 1);
+          const int t = accumulator_token(c >> 1, c, lane);
           float wsum = 0.f;
           if (t < M)
             for (int k = 0; k < topk; ++k) {
