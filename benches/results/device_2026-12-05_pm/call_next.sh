@@ -2,8 +2,9 @@
 # The first call of the next device session, ~9 minutes (say which card answered):
 #   run(command="OUT=$OUT bash benches/results/device_2026-12-05_pm/call_next.sh",
 #       carry=["dist/head", "dist/pre_sa"])
-# dist/head: a wheel of main (build it: `maturin build --release -o dist/head`; the kernels
-# of c1eb4c8 = 4d6fbe9's); dist/pre_sa: 94b15a6's kernels (main before 3b2667f).
+# dist/head: a wheel of main (on this machine it is dist/ct's wheel, built from 4d6fbe9, whose
+# src/, cuda/ and python/ are main's at dedc882; rebuild with `maturin build --release -o
+# dist/head` if they change); dist/pre_sa: 94b15a6's kernels (main before 3b2667f).
 # 1. If the card is an H200: the A/B of 3b2667f that so far ran on H100s only (qwen3
 #    fp8_tensor M = 1, 2, 8, deepseek fp8_tensor M = 1, qwen3 fp8_channel M = 1).
 # 2. The shared-memory hypothesis (NOTES "How much an epilogue overlap could win"): ncu's
