@@ -1,7 +1,9 @@
 # Sourced by the device-call scripts (benches/results/*/call_*.sh): the run's setup (strict
-# variables, unbuffered Python, $OUT, the GPU's clocks and power in $OUT/gpu.txt) and two
+# variables, unbuffered Python, $OUT, the GPU's clocks and power in $OUT/gpu.txt) and its
 # helpers:
 #   el                         seconds since the call began
+#   install_wheels NAME...     the wheel of each dist/NAME into its own /tmp/site_NAME (fails
+#                              at the first that does not install)
 #   ab NAME WHEELS CASES ARGS TIMEOUT
 #                              one benches/ab.sh run (two rounds; $BENCH_TIMEOUT s per bench,
 #                              default 60), its log as $OUT/ab_NAME.txt and its summary
@@ -15,6 +17,12 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv > "$OUT/gpu.txt"
 t0=$(date +%s)
 el() { echo $(( $(date +%s) - t0 )); }
+install_wheels() {
+  local w
+  for w in "$@"; do
+    rm -rf "/tmp/site_$w" && python3 -m pip install -q --no-index --no-deps --target "/tmp/site_$w" dist/"$w"/*.whl || return 1
+  done
+}
 ab() {
   OUT=$OUT/ab WHEELS="$2" CASES="$3" ARGS="$4" ROUNDS=2 BENCH_TIMEOUT=${BENCH_TIMEOUT:-60} timeout "$5" bash benches/ab.sh > /dev/null 2>&1
   mv "$OUT/ab/ab.txt" "$OUT/ab_$1.txt"; echo "[$(el) s] ab $1 done"

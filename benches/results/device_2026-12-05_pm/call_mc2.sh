@@ -13,9 +13,7 @@
 #    fp8_tensor M = 4096 (HEAD's: 1673 / 831 µs on the H100 of 13:35).
 # 3. ct against HEAD at decode (qwen3 fp8_tensor and bf16 M = 1, 8), then ct's swap GPU tests.
 source benches/call_common.sh  # $OUT, gpu.txt, el, ab, pack
-for w in head mc2 ct; do
-  rm -rf /tmp/site_$w && python3 -m pip install -q --no-index --no-deps --target /tmp/site_$w dist/$w/*.whl || exit 1
-done
+install_wheels head mc2 ct || exit 1
 echo "[$(el) s] installed"
 PYTHONPATH=/tmp/site_mc2 timeout -s KILL 150 python3 -m pytest -m gpu -q -p no:cacheprovider -n 8 -rfE \
   tests_mc/test_gpu.py tests_mc/test_fp8_gpu.py -k multicast > "$OUT/pytest_mc2.log" 2>&1

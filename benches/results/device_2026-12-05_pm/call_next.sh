@@ -18,10 +18,10 @@ if grep -q H200 "$OUT/gpu.txt"; then
   ab sa_tensor "pre_sa head" "qwen3-30b-a3b:1,2,8 deepseek-v3-tp8:1" "--quant fp8_tensor --no-read-floor" 150
   ab sa_channel "pre_sa head" "qwen3-30b-a3b:1" "--quant fp8_channel --no-read-floor" 60
 fi
-rm -rf /tmp/site && python3 -m pip install -q --no-index --no-deps --target /tmp/site dist/head/*.whl || exit 1
+install_wheels head || exit 1
 for c in "fp8_tensor wgmma_moe_fp8_gemm1" "none wgmma_moe_gemm1"; do
   read -r quant kernel <<< "$c"
-  env PYTHONPATH=/tmp/site $( [ "$quant" != none ] && echo PROFILE_QUANT=$quant ) PROFILE_BACKENDS=oracle PROFILE_ROUTER=0 \
+  env PYTHONPATH=/tmp/site_head $( [ "$quant" != none ] && echo PROFILE_QUANT=$quant ) PROFILE_BACKENDS=oracle PROFILE_ROUTER=0 \
     timeout 90 ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
     --section MemoryWorkloadAnalysis_Tables --section ComputeWorkloadAnalysis -k regex:"$kernel" -c 1 \
     python3 benches/profile_case.py 4096 mixtral > "$OUT/sections_${quant}.txt" 2>&1

@@ -29,7 +29,7 @@ echo "[$(el) s] fp8 swap tests (sa): exit $rc ; $(tail -1 "$OUT/pytest_sa_swap.l
 ab bf16 "head tails:$T=24,24" "qwen3-30b-a3b:1,8" "--no-read-floor" 70
 [ $min = 1 ] && { echo "[$(el) s] end (no stamps)"; exit 0; }
 for site in stamps probe_stamps; do
-  rm -rf /tmp/site_$site && python3 -m pip install -q --no-index --no-deps --target /tmp/site_$site dist/$site/*.whl || exit 1
+  install_wheels $site || exit 1
   echo "=== qwen3_fp8_m1 $site" >> "$OUT/stamps.txt"
   SWAPMOE_PROBE_BUILD_OK=1 PYTHONPATH=/tmp/site_$site timeout 40 python3 benches/stamps.py --shape qwen3 --m 1 --quant fp8_tensor \
     --json "$OUT/stamps_raw.json.gz" >> "$OUT/stamps.txt" 2>&1

@@ -14,9 +14,7 @@
 # 3. The FP8 per-tensor decode A/B of call_main.sh's small form (HEAD, both L2 tails, sa at
 #    qwen3 M = 1, 2, 8), then sa's FP8 swap tests, as far as the time goes.
 source benches/call_common.sh  # $OUT, gpu.txt, el, ab
-for w in head mc tails sa; do
-  rm -rf /tmp/site_$w && python3 -m pip install -q --no-index --no-deps --target /tmp/site_$w dist/$w/*.whl || exit 1
-done
+install_wheels head mc tails sa || exit 1
 echo "[$(el) s] installed"
 PYTHONPATH=/tmp/site_mc timeout -s KILL 200 python3 -m pytest -m gpu -q -p no:cacheprovider -n 8 -rfE \
   tests_mc/test_gpu.py tests_mc/test_fp8_gpu.py -k multicast > "$OUT/pytest_mc.log" 2>&1
