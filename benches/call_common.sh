@@ -4,6 +4,11 @@
 #   el                         seconds since the call began
 #   install_wheels NAME...     the wheel of each dist/NAME into its own /tmp/site_NAME (fails
 #                              at the first that does not install)
+#   gpu_pytest LOG WHEEL SECONDS PYTEST_ARGS...
+#                              pytest with dist/WHEEL's install (install_wheels, or ab.sh's),
+#                              killed after SECONDS ($TIMEOUT_SIGNAL, default TERM; KILL where a
+#                              deadlock may ignore TERM), its log as $OUT/pytest_LOG.log; prints
+#                              its exit status, last line and failures, and returns the status
 #   ab NAME WHEELS CASES ARGS TIMEOUT
 #                              one benches/ab.sh run (two rounds; $BENCH_TIMEOUT s per bench,
 #                              default 60), its log as $OUT/ab_NAME.txt and its summary
@@ -22,6 +27,16 @@ install_wheels() {
   for w in "$@"; do
     rm -rf "/tmp/site_$w" && python3 -m pip install -q --no-index --no-deps --target "/tmp/site_$w" dist/"$w"/*.whl || return 1
   done
+}
+gpu_pytest() {
+  local name=$1 log="$OUT/pytest_$1.log" wheel=$2 seconds=$3 rc
+  shift 3
+  PYTHONPATH=/tmp/site_$wheel timeout -s "${TIMEOUT_SIGNAL:-TERM}" "$seconds" python3 -m pytest -q -p no:cacheprovider -rfE \
+    "$@" > "$log" 2>&1
+  rc=$?
+  echo "[$(el) s] pytest $name ($wheel): exit $rc ; $(tail -1 "$log")"
+  grep -E "^(FAILED|ERROR)" "$log" | head -20
+  return $rc
 }
 ab() {
   OUT=$OUT/ab WHEELS="$2" CASES="$3" ARGS="$4" ROUNDS=2 BENCH_TIMEOUT=${BENCH_TIMEOUT:-60} timeout "$5" bash benches/ab.sh > /dev/null 2>&1

@@ -15,10 +15,8 @@
 source benches/call_common.sh  # $OUT, gpu.txt, el, ab, pack
 install_wheels head mc2 ct || exit 1
 echo "[$(el) s] installed"
-PYTHONPATH=/tmp/site_mc2 timeout -s KILL 150 python3 -m pytest -m gpu -q -p no:cacheprovider -n 8 -rfE \
-  tests_mc/test_gpu.py tests_mc/test_fp8_gpu.py -k multicast > "$OUT/pytest_mc2.log" 2>&1
+TIMEOUT_SIGNAL=KILL gpu_pytest mc2 mc2 150 -m gpu -n 8 tests_mc/test_gpu.py tests_mc/test_fp8_gpu.py -k multicast
 rc=$?
-echo "[$(el) s] multicast tests: exit $rc ; $(tail -1 "$OUT/pytest_mc2.log")"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_mc2.log" | head -20
 if [ $rc = 0 ]; then
   M=SWAPMOE_WGMMA_MULTICAST=on
   BENCH_TIMEOUT=75 ab mc_fp8 "head mc2:$M" "mixtral-8x7b:4096 qwen3-30b-a3b:4096" "--quant fp8_tensor --no-read-floor" 200
@@ -29,10 +27,7 @@ fi
 [ "$(el)" -lt 400 ] && ab ct "head ct" "qwen3-30b-a3b:1,8" "--quant fp8_tensor --no-read-floor" 60
 [ "$(el)" -lt 440 ] && ab ct_bf16 "head ct" "qwen3-30b-a3b:1,8" "--no-read-floor" 60
 if [ "$(el)" -lt 480 ]; then
-  PYTHONPATH=/tmp/site_ct timeout 120 python3 -m pytest -m "gpu and not serial" -q -p no:cacheprovider -n 16 -rfE \
-    tests/test_fp8_gpu.py tests/test_gpu.py -k "swap" > "$OUT/pytest_ct_swap.log" 2>&1
-  rc=$?
-  echo "[$(el) s] swap tests (ct): exit $rc ; $(tail -1 "$OUT/pytest_ct_swap.log")"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_ct_swap.log" | head
+  gpu_pytest ct_swap ct 120 -m "gpu and not serial" -n 16 tests/test_fp8_gpu.py tests/test_gpu.py -k "swap"
 fi
 pack '*_summary.txt'
 echo "[$(el) s] end"

@@ -21,10 +21,7 @@ else
     "--quant fp8_tensor --no-read-floor" 290
 fi
 # ab.sh installed every wheel of the FP8 A/B, sa's into /tmp/site_sa
-PYTHONPATH=/tmp/site_sa timeout 100 python3 -m pytest -m "gpu and not serial" -q -p no:cacheprovider -n 16 -rfE \
-  tests/test_fp8_gpu.py -k "swap" > "$OUT/pytest_sa_swap.log" 2>&1
-rc=$?
-echo "[$(el) s] fp8 swap tests (sa): exit $rc ; $(tail -1 "$OUT/pytest_sa_swap.log")"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_sa_swap.log" | head
+gpu_pytest sa_swap sa 100 -m "gpu and not serial" -n 16 tests/test_fp8_gpu.py -k "swap"
 [ $min = 1 ] && [ "${MIN_BF16:-1}" = 0 ] && { echo "[$(el) s] end (no bf16)"; exit 0; }
 ab bf16 "head tails:$T=24,24" "qwen3-30b-a3b:1,8" "--no-read-floor" 70
 [ $min = 1 ] && { echo "[$(el) s] end (no stamps)"; exit 0; }

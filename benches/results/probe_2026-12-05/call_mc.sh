@@ -16,10 +16,8 @@
 source benches/call_common.sh  # $OUT, gpu.txt, el, ab
 install_wheels head mc tails sa || exit 1
 echo "[$(el) s] installed"
-PYTHONPATH=/tmp/site_mc timeout -s KILL 200 python3 -m pytest -m gpu -q -p no:cacheprovider -n 8 -rfE \
-  tests_mc/test_gpu.py tests_mc/test_fp8_gpu.py -k multicast > "$OUT/pytest_mc.log" 2>&1
+TIMEOUT_SIGNAL=KILL gpu_pytest mc mc 200 -m gpu -n 8 tests_mc/test_gpu.py tests_mc/test_fp8_gpu.py -k multicast
 rc=$?
-echo "[$(el) s] multicast tests: exit $rc ; $(tail -1 "$OUT/pytest_mc.log")"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_mc.log" | head -20
 if [ $rc = 0 ]; then
   M=SWAPMOE_WGMMA_MULTICAST=on
   BENCH_TIMEOUT=75 ab mc_fp8 "head mc mc:$M" "mixtral-8x7b:4096" "--quant fp8_tensor --no-read-floor" 200
@@ -29,9 +27,6 @@ T=SWAPMOE_SWAP_L2_TAIL
 [ "$(el)" -lt 330 ] && ab fp8_decode "head tails:$T=24,0 tails:$T=0,24 tails:$T=24,24 sa" "qwen3-30b-a3b:1,2,8" \
   "--quant fp8_tensor --no-read-floor" 150
 if [ "$(el)" -lt 440 ]; then
-  PYTHONPATH=/tmp/site_sa timeout 100 python3 -m pytest -m "gpu and not serial" -q -p no:cacheprovider -n 16 -rfE \
-    tests/test_fp8_gpu.py -k "swap" > "$OUT/pytest_sa_swap.log" 2>&1
-  rc=$?
-  echo "[$(el) s] fp8 swap tests (sa): exit $rc ; $(tail -1 "$OUT/pytest_sa_swap.log")"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_sa_swap.log" | head
+  gpu_pytest sa_swap sa 100 -m "gpu and not serial" -n 16 tests/test_fp8_gpu.py -k "swap"
 fi
 echo "[$(el) s] end"
