@@ -2,6 +2,8 @@
 # variables, unbuffered Python, $OUT, the GPU's clocks and power in $OUT/gpu.txt) and its
 # helpers:
 #   el                         seconds since the call began
+#   status NAME RC             prints "[el s] NAME: exit RC"; call it as `cmd; status NAME $?`
+#                              (`echo "[$(el) s] NAME: exit $?"` prints the status of $(el), 0)
 #   install_wheels NAME...     the wheel of each dist/NAME into its own /tmp/site_NAME (fails
 #                              at the first that does not install)
 #   gpu_pytest LOG WHEEL SECONDS PYTEST_ARGS...
@@ -22,6 +24,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv > "$OUT/gpu.txt"
 t0=$(date +%s)
 el() { echo $(( $(date +%s) - t0 )); }
+status() { echo "[$(el) s] $1: exit $2"; }
 install_wheels() {
   local w
   for w in "$@"; do
