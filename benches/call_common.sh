@@ -37,7 +37,7 @@ gpu_pytest() {
   PYTHONPATH=/tmp/site_$wheel timeout -s "${TIMEOUT_SIGNAL:-TERM}" "$seconds" python3 -m pytest -q -p no:cacheprovider -rfE \
     "$@" > "$log" 2>&1
   rc=$?
-  echo "[$(el) s] pytest $name ($wheel): exit $rc ; $(tail -1 "$log")"
+  echo "$(status "pytest $name ($wheel)" $rc) ; $(tail -1 "$log")"
   grep -E "^(FAILED|ERROR)" "$log" | head -20
   return $rc
 }
