@@ -10,8 +10,9 @@
 // (`oracle::router_kernel` says when). The warp router spends most of its time in serial
 // picks over 8 keys per lane plus the group stage; here every stage is a few parallel
 // steps: the group's top-2 by shuffles, each group's rank among the groups, each expert's
-// rank inside its warp (31 shuffles, no dependent reductions), then one rank over the
-// warps' top-k candidates. Same semantics and the same floating-point operations as the
+// rank inside its warp (`rank_in_warp`: 31 butterfly shuffles and one match), then one rank
+// over the warps' top-k candidates (in one warp by `rank_in_warp` when they fit 32 lanes,
+// as DeepSeek-V3's 4 x 8 do). Same semantics and the same floating-point operations as the
 // warp router (sigmoid, group scores, the renormalizing warp sum), so its outputs are
 // bitwise equal to route_token_warp's.
 #include "common/router.cuh"
@@ -19,6 +20,19 @@
 namespace {
 constexpr int kWarps = 4;              // tokens per CTA (`ROUTER_TOKENS_PER_CTA`)
 constexpr int kGroupedThreads = 256;   // experts per CTA at most (`ROUTER_CTA_MAX_EXPERTS`)
+}  // namespace
+
+namespace {
+// The rank of `key` among its warp's 32 keys, largest first, ties to the lower lane: the
+// keys above it (31 butterfly shuffles: every other lane once, no index arithmetic) plus the
+// equal keys of lower lanes (one match). Four partial counts, so that the 31 additions are
+// four short dependency chains instead of one long one.
+__device__ __forceinline__ int rank_in_warp(unsigned key, int lane) {
+  int part[4] = {__popc(__match_any_sync(0xffffffffu, key) & ((1u << lane) - 1u)), 0, 0, 0};
+#pragma unroll
+  for (int o = 1; o < 32; ++o) part[o & 3] += __shfl_xor_sync(0xffffffffu, key, o) > key;
+  return (part[0] + part[1]) + (part[2] + part[3]);
+}
 }  // namespace
 
 #define SWAPMOE_ROUTE(PMAX)                                                                           \
@@ -90,13 +104,7 @@ extern "C" __global__ void __launch_bounds__(kGroupedThreads) swapmoe_route_grou
   // topk of them: the ranks are a permutation of 0..31) and mark themselves.
   if (__ballot_sync(0xffffffffu, key != 0u) != 0u) {
     if (lane == 0) atomicOr(&warps_with_candidates, 1u << warp);
-    int rank = 0;
-#pragma unroll
-    for (int o = 1; o < 32; ++o) {
-      const int src = (lane + o) & 31;
-      const unsigned other = __shfl_sync(0xffffffffu, key, src);
-      rank += (other > key) | ((other == key) & (src < lane));
-    }
+    const int rank = rank_in_warp(key, lane);
     if (rank < topk) {
       const int slot = warp * topk + rank;
       cand_key[slot] = key;
@@ -113,7 +121,25 @@ extern "C" __global__ void __launch_bounds__(kGroupedThreads) swapmoe_route_grou
   // at least topk experts (validated), so slots with key 0 never rank below topk.
   const int candidates = (blockDim.x >> 5) * topk;
   const unsigned written = warps_with_candidates;
-  if (e < candidates && ((written >> (e / topk)) & 1u)) {
+  if (__popc(written) * topk <= 32) {
+    // Every written slot fits one warp: lane j takes the j-th written slot (warp-major, so
+    // lane order is slot order) and ranks it among the others as the warps ranked their keys.
+    if (warp == 0) {
+      int j = lane;
+      unsigned rest = written;
+      while (rest && j >= topk) {
+        j -= topk;
+        rest &= rest - 1;
+      }
+      const int slot = rest ? (__ffs(rest) - 1) * topk + j : -1;
+      const unsigned mine = slot >= 0 ? cand_key[slot] : 0u;
+      const int rank = rank_in_warp(mine, lane);
+      if (slot >= 0 && rank < topk) {
+        pick_id[rank] = cand_id[slot];
+        pick_score[rank] = cand_score[slot];
+      }
+    }
+  } else if (e < candidates && ((written >> (e / topk)) & 1u)) {
     const unsigned mine = cand_key[e];
     int beaten_by = 0;
     for (unsigned rest = written; rest; rest &= rest - 1) {
