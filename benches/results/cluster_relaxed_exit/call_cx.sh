@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The swap kernels' cluster sum with a relaxed second barrier (branch exp/cluster-relaxed-exit),
-# ~4 minutes with the start:
+# The swap kernels' cluster sum without GPU membars on rank 0's path (branch exp/cluster-relaxed-exit:
+# the second barrier relaxed; rank 0 arrives relaxed at the first and writes no scratch), ~4 minutes:
 #   maturin build --release -o dist/cx (the branch); dist/head (main)
 #   run(command="OUT=$OUT bash benches/results/cluster_relaxed_exit/call_cx.sh", carry=["dist/head", "dist/cx"])
 # 1. cx's swap GPU tests with splits (bf16 and FP8, a short selection), then
