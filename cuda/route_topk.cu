@@ -20,9 +20,7 @@
 namespace {
 constexpr int kWarps = 4;              // tokens per CTA (`ROUTER_TOKENS_PER_CTA`)
 constexpr int kGroupedThreads = 256;   // experts per CTA at most (`ROUTER_CTA_MAX_EXPERTS`)
-}  // namespace
 
-namespace {
 // The rank of `key` among its warp's 32 keys, largest first, ties to the lower lane: the
 // keys above it (31 butterfly shuffles: every other lane once, no index arithmetic) plus the
 // equal keys of lower lanes (one match). Four partial counts, so that the 31 additions are
