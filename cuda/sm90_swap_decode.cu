@@ -257,6 +257,12 @@ __device__ __forceinline__ int next_active(const unsigned* bits, int words, int 
   return w * 32 + __ffs(m) - 1;
 }
 
+#ifdef SWAPMOE_SM90A
+// The barrier on which a split cluster's rank 0 receives its peers' sums (cluster_sum); set up
+// with the ring's barriers (init_barriers, the FP8 GEMM2's own), used once per launch.
+__shared__ __align__(8) uint64_t cluster_sum_bar;
+#endif
+
 __device__ __forceinline__ unsigned char* aligned_stages(unsigned char* smem) {
   const uint32_t base = smem_u32(smem);
   return smem + (((base + 1023u) & ~1023u) - base);
@@ -272,6 +278,7 @@ __device__ __forceinline__ void init_barriers(uint64_t* full, uint64_t* empty, c
       mbar_init(&full[i], 1);
       mbar_init(&empty[i], empty_arrivals);
     }
+    mbar_init(&cluster_sum_bar, 1);
     mbar_init_fence();
     tma_prefetch_map(a);
     tma_prefetch_map(b);
@@ -351,28 +358,81 @@ __device__ __forceinline__ void consume(int items, int ring, unsigned char* stag
 }
 
 // Every thread of the cluster: rank 0's consumers end with the sum over the cluster's ranks,
-// in rank order, of acc. `scratch` (kBoxes * NT / 2 * 128 floats) is this CTA's drained
-// stage memory.
+// in rank order, of acc. `scratch` is this CTA's drained stage memory.
+// Push form, where rank 0's stage memory holds every peer's sums ((ranks - 1) x kBoxes x NT / 2
+// floats per consumer thread): once every CTA's ring is drained (a relaxed barrier: nothing is
+// published by it), each peer stores its sums into rank 0's stage memory by st.async, counted
+// on rank 0's cluster_sum_bar, and rank 0 waits for those bytes and adds them from its own
+// shared memory. No memory barrier and one one-way trip, against the pull form's release
+// (a MEMBAR.ALL.GPU on sm_90a) and one remote round trip per peer. Otherwise the pull form:
+// the peers publish their sums in their own stage memory (a release) and rank 0 reads them.
+// Either way a last relaxed barrier keeps every CTA until rank 0 has what it reads.
 template <int NT, int kBoxes>
 __device__ __forceinline__ void cluster_sum(float (&acc)[kBoxes][NT / 2], float* scratch, bool consumer) {
+  static_assert((NT / 2) % 4 == 0, "a thread's sums go as 16-byte vectors");
+  constexpr uint32_t kPeerFloats = kBoxes * (NT / 2) * kConsumerThreads;  // one peer's sums
   const uint32_t rank = cluster_ctarank(), ranks = cluster_nctarank();
-  if (consumer) {
-#pragma unroll
-    for (int b = 0; b < kBoxes; ++b)
-#pragma unroll
-      for (int i = 0; i < NT / 2; ++i) scratch[(b * (NT / 2) + i) * kConsumerThreads + threadIdx.x] = acc[b][i];
-  }
-  cluster_sync();
-  if (consumer && rank == 0) {
-    for (uint32_t q = 1; q < ranks; ++q)
+  uint32_t smem_bytes;
+  asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(smem_bytes));
+  const bool push = (ranks - 1) * kPeerFloats * 4u <= smem_bytes - 1024u;  // the same in every rank
+  // Peer q's sums at rank 0: scratch[(q - 1) * kPeerFloats + (b * kConsumerThreads + thread) *
+  // NT / 2 + i] (a thread's NT / 2 sums of a box are contiguous: one 16-byte store per 4).
+  auto slot = [&](uint32_t q, int b, int i) {
+    return (q - 1) * kPeerFloats + (uint32_t)(b * kConsumerThreads + (int)threadIdx.x) * (NT / 2) + i;
+  };
+  // A peer's own sums for the pull form, thread-minor (scalar accesses without bank conflicts).
+  auto own = [&](int b, int i) { return (b * (NT / 2) + i) * kConsumerThreads + (int)threadIdx.x; };
+  if (push) {
+    cluster_arrive_relaxed();
+    cluster_wait();  // every ring drained: rank 0's stage memory is free
+    if (consumer && rank != 0) {
 #pragma unroll
       for (int b = 0; b < kBoxes; ++b)
 #pragma unroll
-        for (int i = 0; i < NT / 2; ++i)
-          acc[b][i] += ld_shared_cluster_f32(
-              smem_u32(&scratch[(b * (NT / 2) + i) * kConsumerThreads + threadIdx.x]), q);
+        for (int i = 0; i < NT / 2; i += 4) {
+          const float v[4] = {acc[b][i], acc[b][i + 1], acc[b][i + 2], acc[b][i + 3]};
+          st_async_cluster_v4(smem_u32(&scratch[slot(rank, b, i)]), smem_u32(&cluster_sum_bar), 0, v);
+        }
+    } else if (consumer) {
+      if (threadIdx.x == 0) mbar_arrive_expect(&cluster_sum_bar, (ranks - 1) * kPeerFloats * 4u);
+      mbar_wait(&cluster_sum_bar, 0);
+      for (uint32_t q = 1; q < ranks; ++q)  // in rank order
+#pragma unroll
+        for (int b = 0; b < kBoxes; ++b)
+#pragma unroll
+          for (int i = 0; i < NT / 2; ++i) acc[b][i] += scratch[slot(q, b, i)];
+    }
+  } else {
+    // The peers publish their sums (a release); rank 0 has nothing to publish, so its arrive is
+    // relaxed and its path to the sum carries no memory barrier.
+    if (rank != 0) {
+      if (consumer) {
+#pragma unroll
+        for (int b = 0; b < kBoxes; ++b)
+#pragma unroll
+          for (int i = 0; i < NT / 2; ++i) scratch[own(b, i)] = acc[b][i];
+      }
+      cluster_arrive_release();
+    } else {
+      cluster_arrive_relaxed();
+    }
+    cluster_wait();
+    if (consumer && rank == 0) {
+      for (uint32_t q = 1; q < ranks; ++q)  // in rank order
+#pragma unroll
+        for (int b = 0; b < kBoxes; ++b)
+#pragma unroll
+          for (int i = 0; i < NT / 2; ++i) acc[b][i] += ld_shared_cluster_f32(smem_u32(&scratch[own(b, i)]), q);
+    }
   }
-  cluster_sync();  // the peers' scratch stays alive until rank 0 has read it
+  // Every CTA stays until rank 0 has its peers' sums (pull: has read their stage memory; push:
+  // has received their stores). A relaxed arrive: rank 0's reads have returned (the fence keeps
+  // the adds that use them ahead of it) and nothing else needs ordering, while the release form
+  // costs every CTA a MEMBAR.ALL.GPU (and a MEMBAR.ALL.CTA) on its way out.
+#pragma unroll
+  for (int b = 0; b < kBoxes; ++b) fence_accumulators(acc[b]);
+  cluster_arrive_relaxed();
+  cluster_wait();
 }
 #endif
 
@@ -1035,6 +1095,7 @@ __device__ __forceinline__ void fp8_gemm2(const TensorMap* w2_map, const float* 
       mbar_init(&full[i], 1 + kFp8ProducerThreads);
       mbar_init(&empty[i], kConsumerThreads);
     }
+    mbar_init(&cluster_sum_bar, 1);
     mbar_init_fence();
     tma_prefetch_map(w2_map);
   }

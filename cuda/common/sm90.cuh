@@ -188,6 +188,15 @@ __device__ __forceinline__ float ld_shared_cluster_f32(uint32_t addr, uint32_t r
   asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(cluster_shared_address(addr, rank)) : "memory");
   return v;
 }
+// Stores v into the shared memory of cluster CTA `rank` at the address `addr` has in this CTA,
+// and counts its 16 bytes on that CTA's mbarrier at `bar`'s address (the receiver waits on it
+// with the bytes expected; no fence on either side).
+__device__ __forceinline__ void st_async_cluster_v4(uint32_t addr, uint32_t bar, uint32_t rank, const float (&v)[4]) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];"
+               ::"r"(cluster_shared_address(addr, rank)), "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3]),
+               "r"(cluster_shared_address(bar, rank))
+               : "memory");
+}
 __device__ __forceinline__ int ld_shared_cluster_s32(uint32_t addr, uint32_t rank) {
   int v;
   asm volatile("ld.shared::cluster.s32 %0, [%1];" : "=r"(v) : "r"(cluster_shared_address(addr, rank)) : "memory");
@@ -200,6 +209,11 @@ __device__ __forceinline__ void cluster_arrive_relaxed() {
   asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory");
 }
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait;" ::: "memory"); }
+// The release half alone: this thread's earlier writes (shared memory included) are visible to
+// the cluster once the barrier completes. On sm_90a it costs a MEMBAR.ALL.GPU.
+__device__ __forceinline__ void cluster_arrive_release() {
+  asm volatile("barrier.cluster.arrive.release;" ::: "memory");
+}
 #endif  // SWAPMOE_SM90
 
 #ifdef SWAPMOE_SM90A
