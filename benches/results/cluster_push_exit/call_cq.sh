@@ -11,7 +11,8 @@
 # 2. Decode A/B head / main / cxq, two rounds.
 # 3. The swap splits with the cheaper cluster sum: each decode point's default (the oracle's,
 #    H200 tables) against GEMM1's and GEMM2's cluster doubled, forced by SWAPMOE_SWAP_SPLITS.
-# 4. compute-sanitizer memcheck and racecheck on cxq; then the routing bench on main if time is left.
+# 4. compute-sanitizer memcheck and racecheck on cxq.
+# 5. On an H200 (then the sweep is FP8 only): call_tables.sh's decode tables and routing bench on main.
 source benches/call_common.sh
 cat "$OUT/gpu.txt"
 export TIMEOUT_SIGNAL=KILL
@@ -25,9 +26,10 @@ BENCH_TIMEOUT=40 ab cq_fp8 "$ENTRIES" "qwen3-30b-a3b:1,2,8 deepseek-v3-tp8:1,8" 
 BENCH_TIMEOUT=40 ab cq_bf16 "$ENTRIES" "qwen3-30b-a3b:1,8 deepseek-v3-tp8:1,8" "--no-read-floor" 110
 S=SWAPMOE_SWAP_SPLITS
 # defaults (the oracle, H200, bf16 and fp8 alike): qwen3 M=1 (2,4), M=2-8 (1,4); deepseek M=1 (4,2), M=2 (2,2), M=4-8 (1,2)
-for q in fp8_tensor bf16; do
+QS="fp8_tensor bf16"; grep -q H200 "$OUT/gpu.txt" && QS=fp8_tensor
+for q in $QS; do
   args="--no-read-floor"; [ $q = fp8_tensor ] && args="--quant fp8_tensor --no-read-floor"
-  [ $(el) -gt 470 ] && break
+  [ $(el) -gt 400 ] && break
   BENCH_TIMEOUT=30 ab sw_${q}_q1 "main main:$S=4,4 main:$S=2,8" "qwen3-30b-a3b:1" "$args" 60
   BENCH_TIMEOUT=30 ab sw_${q}_q2 "main main:$S=2,4 main:$S=1,8" "qwen3-30b-a3b:2,4,8" "$args" 70
   BENCH_TIMEOUT=30 ab sw_${q}_d1 "main main:$S=8,2 main:$S=4,4" "deepseek-v3-tp8:1" "$args" 60
@@ -35,10 +37,30 @@ for q in fp8_tensor bf16; do
 done
 for tool in memcheck racecheck; do
   [ $cxq_ok = 0 ] || break
-  [ $(el) -gt 540 ] && break
+  [ $(el) -gt 430 ] && break
   PYTHONPATH=/tmp/site_cxq timeout 40 compute-sanitizer --tool $tool --error-exitcode 9 python3 benches/sanitize_case.py > "$OUT/sanitize_$tool.txt" 2>&1
   status "sanitize $tool (cxq)" $?
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY|DIFFERENT|ALL OK" "$OUT/sanitize_$tool.txt"
 done
-pack 'ab_*_summary.txt' 'pytest_*.log'
+# On an H200: the README's decode tables and issue 3's routing table with main (call_tables.sh's steps)
+if grep -q H200 "$OUT/gpu.txt"; then
+  export PYTHONPATH=/tmp/site_main
+  mkdir -p "$OUT/bench"
+  for q in none fp8_tensor; do
+    for model in qwen3-30b-a3b deepseek-v3-tp8 mixtral-8x7b; do
+      [ $(el) -gt 540 ] && break
+      tag=""; qa=""; [ $q != none ] && tag="_$q" && qa="--quant $q"
+      timeout 60 python3 -m swapmoe bench --model $model --m 1,2,4,8,16,32,64 $qa --no-progress \
+        --json "$OUT/bench/bench_$model$tag.json" > "$OUT/bench/bench_$model$tag.txt" 2>&1
+      status "bench $model $q" $?
+      grep -E "^ +[0-9]+ " "$OUT/bench/bench_$model$tag.txt" | cut -c1-150
+    done
+  done
+  if [ $(el) -lt 530 ]; then
+    timeout 60 python3 benches/routing_bench.py --m 1,8,64 --rounds 2 > "$OUT/routing_main.txt" 2>&1
+    status "routing main" $?
+    grep -E "^(shape|qwen3|deepseek)" "$OUT/routing_main.txt" | cut -c1-110
+  fi
+fi
+pack 'ab_*_summary.txt' 'pytest_*.log' 'bench/*.txt' 'routing_main.txt'
 echo "[$(el) s] end"
