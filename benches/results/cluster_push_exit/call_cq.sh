@@ -50,7 +50,7 @@ if grep -q H200 "$OUT/gpu.txt"; then
     for model in qwen3-30b-a3b deepseek-v3-tp8 mixtral-8x7b; do
       [ $(el) -gt 540 ] && break
       tag=""; qa=""; [ $q != none ] && tag="_$q" && qa="--quant $q"
-      timeout 60 python3 -m swapmoe bench --model $model --m 1,2,4,8,16,32,64 $qa --no-progress \
+      timeout 60 python3 -m swapmoe bench --model $model --m 1,2,4,8,16,32,64 $qa --no-progress --no-read-floor \
         --json "$OUT/bench/bench_$model$tag.json" > "$OUT/bench/bench_$model$tag.txt" 2>&1
       status "bench $model $q" $?
       grep -E "^ +[0-9]+ " "$OUT/bench/bench_$model$tag.txt" | cut -c1-150
