@@ -14,6 +14,7 @@
 # 4. compute-sanitizer memcheck and racecheck on cxq.
 # 5. On an H200 (then the sweep is FP8 only): call_tables.sh's decode tables and routing bench on main.
 source benches/call_common.sh
+D=${DEADLINE:-540}  # the call packs and ends by about D seconds
 cat "$OUT/gpu.txt"
 export TIMEOUT_SIGNAL=KILL
 install_wheels head main cxq || exit 1
@@ -29,7 +30,7 @@ S=SWAPMOE_SWAP_SPLITS
 QS="fp8_tensor bf16"; grep -q H200 "$OUT/gpu.txt" && QS=fp8_tensor
 for q in $QS; do
   args="--no-read-floor"; [ $q = fp8_tensor ] && args="--quant fp8_tensor --no-read-floor"
-  [ $(el) -gt 400 ] && break
+  [ $(el) -gt $((D - 140)) ] && break
   BENCH_TIMEOUT=30 ab sw_${q}_q1 "main main:$S=4,4 main:$S=2,8" "qwen3-30b-a3b:1" "$args" 60
   BENCH_TIMEOUT=30 ab sw_${q}_q2 "main main:$S=2,4 main:$S=1,8" "qwen3-30b-a3b:2,4,8" "$args" 70
   BENCH_TIMEOUT=30 ab sw_${q}_d1 "main main:$S=8,2 main:$S=4,4" "deepseek-v3-tp8:1" "$args" 60
@@ -37,7 +38,7 @@ for q in $QS; do
 done
 for tool in memcheck racecheck; do
   [ $cxq_ok = 0 ] || break
-  [ $(el) -gt 430 ] && break
+  [ $(el) -gt $((D - 110)) ] && break
   PYTHONPATH=/tmp/site_cxq timeout 40 compute-sanitizer --tool $tool --error-exitcode 9 python3 benches/sanitize_case.py > "$OUT/sanitize_$tool.txt" 2>&1
   status "sanitize $tool (cxq)" $?
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY|DIFFERENT|ALL OK" "$OUT/sanitize_$tool.txt"
@@ -48,16 +49,16 @@ if grep -q H200 "$OUT/gpu.txt"; then
   mkdir -p "$OUT/bench"
   for q in none fp8_tensor; do
     for model in qwen3-30b-a3b deepseek-v3-tp8 mixtral-8x7b; do
-      [ $(el) -gt 540 ] && break
+      [ $(el) -gt $((D - 45)) ] && break
       tag=""; qa=""; [ $q != none ] && tag="_$q" && qa="--quant $q"
-      timeout 60 python3 -m swapmoe bench --model $model --m 1,2,4,8,16,32,64 $qa --no-progress --no-read-floor \
+      timeout 45 python3 -m swapmoe bench --model $model --m 1,2,4,8,16,32,64 $qa --no-progress --no-read-floor \
         --json "$OUT/bench/bench_$model$tag.json" > "$OUT/bench/bench_$model$tag.txt" 2>&1
       status "bench $model $q" $?
       grep -E "^ +[0-9]+ " "$OUT/bench/bench_$model$tag.txt" | cut -c1-150
     done
   done
-  if [ $(el) -lt 530 ]; then
-    timeout 60 python3 benches/routing_bench.py --m 1,8,64 --rounds 2 > "$OUT/routing_main.txt" 2>&1
+  if [ $(el) -lt $((D - 40)) ]; then
+    timeout 40 python3 benches/routing_bench.py --m 1,8,64 --rounds 2 > "$OUT/routing_main.txt" 2>&1
     status "routing main" $?
     grep -E "^(shape|qwen3|deepseek)" "$OUT/routing_main.txt" | cut -c1-110
   fi
