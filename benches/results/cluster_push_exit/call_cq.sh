@@ -63,5 +63,5 @@ if grep -q H200 "$OUT/gpu.txt"; then
     grep -E "^(shape|qwen3|deepseek)" "$OUT/routing_main.txt" | cut -c1-110
   fi
 fi
-pack 'ab_*_summary.txt' 'pytest_*.log' 'bench/*.txt' 'routing_main.txt'
+pack 'ab_cq_*_summary.txt' 'pytest_*.log'  # at most 8 files come back: the rest goes in raw.tgz
 echo "[$(el) s] end"
