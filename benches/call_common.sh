@@ -15,9 +15,10 @@
 #                              one benches/ab.sh run (two rounds; $BENCH_TIMEOUT s per bench,
 #                              default 60), its log as $OUT/ab_NAME.txt and its summary
 #                              (benches/ab_summary.py) as $OUT/ab_NAME_summary.txt and on stdout
-#   pack PATTERN...            every file under $OUT but gpu.txt and those matching a PATTERN
-#                              (bash patterns on paths relative to $OUT, `*` crossing folders)
-#                              into $OUT/raw.tgz, so that a call returns at most 8 files
+#   pack PATTERN...            every file under $OUT but gpu.txt and the first 6 (sorted) that
+#                              match a PATTERN (bash patterns on paths relative to $OUT, `*`
+#                              crossing folders) into $OUT/raw.tgz, so that a call returns at
+#                              most 8 files
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -49,13 +50,18 @@ ab() {
 pack() {
   (
     cd "$OUT" || exit 1
-    local list=/tmp/pack.list f p keep
+    local list=/tmp/pack.list f p keep kept=0
     : > "$list"
+    # gpu.txt and at most 6 more files stay out, in find's order (the device returns 8 files:
+    # those 7 and raw.tgz); every other file goes into raw.tgz
     while IFS= read -r f; do
       keep=0
       for p in gpu.txt "$@"; do [[ $f == $p ]] && keep=1; done
+      if [ $keep = 1 ] && [ "$f" != gpu.txt ]; then
+        kept=$((kept + 1)); [ $kept -le 6 ] || keep=0
+      fi
       [ $keep = 1 ] || echo "$f" >> "$list"
-    done < <(find . -type f -printf '%P\n')
+    done < <(find . -type f -printf '%P\n' | sort)
     [ -s "$list" ] || exit 0
     tar czf /tmp/raw.tgz -T "$list" || exit 1
     xargs -d '\n' rm -f < "$list"
