@@ -15,6 +15,11 @@
 #                              one benches/ab.sh run (two rounds; $BENCH_TIMEOUT s per bench,
 #                              default 60), its log as $OUT/ab_NAME.txt and its summary
 #                              (benches/ab_summary.py) as $OUT/ab_NAME_summary.txt and on stdout
+#   bench_shapes QUANT MS [STOP]
+#                              `swapmoe bench` of the three public shapes at token counts MS
+#                              (none = bf16, else a --quant), each as $OUT/bench/bench_MODEL[_QUANT].txt
+#                              and .json, with the wheel on $PYTHONPATH; skipped past STOP
+#                              seconds (default 520)
 #   pack PATTERN...            every file under $OUT but gpu.txt and the first 6 (sorted) that
 #                              match a PATTERN (bash patterns on paths relative to $OUT, `*`
 #                              crossing folders) into $OUT/raw.tgz, so that a call returns at
@@ -47,12 +52,24 @@ ab() {
   mv "$OUT/ab/ab.txt" "$OUT/ab_$1.txt"; echo "[$(el) s] ab $1 done"
   python3 benches/ab_summary.py "$OUT/ab_$1.txt" | tee "$OUT/ab_$1_summary.txt"
 }
+bench_shapes() {
+  local q="" tag="" model
+  [ "$1" != none ] && q="--quant $1" && tag="_$1"
+  mkdir -p "$OUT/bench"
+  for model in qwen3-30b-a3b deepseek-v3-tp8 mixtral-8x7b; do
+    [ $(el) -gt ${3:-520} ] && break
+    timeout 90 python3 -m swapmoe bench --model $model --m $2 $q --no-progress \
+      --json "$OUT/bench/bench_$model$tag.json" > "$OUT/bench/bench_$model$tag.txt" 2>&1
+    status "bench $model $1" $?
+    grep -E "^ +[0-9]+ " "$OUT/bench/bench_$model$tag.txt"
+  done
+}
 pack() {
   (
     cd "$OUT" || exit 1
     local list=/tmp/pack.list f p keep kept=0
     : > "$list"
-    # gpu.txt and at most 6 more files stay out, in find's order (the device returns 8 files:
+    # gpu.txt and at most 6 more files stay out, in sorted order (the device returns 8 files:
     # those 7 and raw.tgz); every other file goes into raw.tgz
     while IFS= read -r f; do
       keep=0
