@@ -426,9 +426,11 @@ __device__ __forceinline__ void cluster_sum(float (&acc)[kBoxes][NT / 2], float*
     }
   }
   // Every CTA stays until rank 0 has its peers' sums (pull: has read their stage memory; push:
-  // has received their stores). A relaxed arrive: rank 0's reads have returned (the fence keeps
-  // the adds that use them ahead of it) and nothing else needs ordering, while the release form
-  // costs every CTA a MEMBAR.ALL.GPU (and a MEMBAR.ALL.CTA) on its way out.
+  // has received their stores; without this barrier in the push form the split tests did not
+  // finish on an H100, 2026-12-05, read as a CTA leaving with its st.async in flight). A
+  // relaxed arrive: rank 0's reads have returned (the fence keeps the adds that use them ahead
+  // of it) and nothing else needs ordering, while the release form costs every CTA a
+  // MEMBAR.ALL.GPU (and a MEMBAR.ALL.CTA) on its way out.
 #pragma unroll
   for (int b = 0; b < kBoxes; ++b) fence_accumulators(acc[b]);
   cluster_arrive_relaxed();
