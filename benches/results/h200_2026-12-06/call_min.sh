@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# main (134bfa3's kernels: the push-form cluster sum) on an H200 in one call, ~9.5 minutes with
+# the start, in order of value; each later step runs only while time is left (ends by ~$DEADLINE s):
+#   run(command="OUT=$OUT bash benches/results/h200_2026-12-06/call_min.sh", carry=["dist/main"], kind="nvidia-h200")
+# 1. `swapmoe bench` of the three public shapes at decode, bf16 and FP8 per tensor (README tables).
+# 2. The routing bench (fused_moe - fused_experts, issue 3).
+# 3. The swap split GPU tests (bf16 and FP8, the kernels the push form changed).
+# 4. compute-sanitizer memcheck and racecheck of every kernel variant (sanitize_case.py).
+# 5. The routing GPU tests.
+source benches/call_common.sh
+D=${DEADLINE:-565}
+cat "$OUT/gpu.txt"
+export TIMEOUT_SIGNAL=KILL
+install_wheels main || exit 1
+DECODE=1,2,4,8,16,32,64
+PYTHONPATH=/tmp/site_main bench_shapes none $DECODE
+PYTHONPATH=/tmp/site_main bench_shapes fp8_tensor $DECODE
+PYTHONPATH=/tmp/site_main timeout 80 python3 benches/routing_bench.py --m 1,8,64 --rounds 3 > "$OUT/routing_main.txt" 2>&1
+status "routing bench" $?
+grep -E "^(shape|qwen3|deepseek)" "$OUT/routing_main.txt" | cut -c1-110
+SPLIT_TESTS="test_swap_gemm1_ring or test_swap_gemm2_ring or test_wgmma_swap_backend or test_wgmma_swap_gemm2_launch"
+left=$((D - $(el) - 10))
+[ $left -gt 70 ] && gpu_pytest swap_splits main $((left < 90 ? left : 90)) -m "gpu and not serial" -k "$SPLIT_TESTS" -n 16 tests/test_gpu.py tests/test_fp8_gpu.py
+for tool in memcheck racecheck; do
+  [ $(el) -gt $((D - 60)) ] && break
+  PYTHONPATH=/tmp/site_main timeout 50 compute-sanitizer --tool $tool --error-exitcode 9 python3 benches/sanitize_case.py > "$OUT/sanitize_$tool.txt" 2>&1
+  status "sanitize $tool" $?
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|DIFFERENT|ALL OK" "$OUT/sanitize_$tool.txt"
+done
+left=$((D - $(el) - 8))
+[ $left -gt 25 ] && gpu_pytest routing main $((left < 60 ? left : 60)) -m gpu -n 16 tests/test_routing_gpu.py tests/test_routing_fused_gpu.py
+pack 'pytest_*.log' 'routing_main.txt' 'sanitize_*.txt' 'bench/*_fp8_tensor.txt'
+echo "[$(el) s] end"
