@@ -20,6 +20,12 @@
 #                              (none = bf16, else a --quant), each as $OUT/bench/bench_MODEL[_QUANT].txt
 #                              and .json, with the wheel on $PYTHONPATH; skipped past STOP
 #                              seconds (default 520)
+#   sanitize_variants WHEEL SECONDS [STOP]
+#                              compute-sanitizer memcheck, then racecheck, of every kernel variant
+#                              (benches/sanitize_case.py) with dist/WHEEL's install, each killed
+#                              after SECONDS, as $OUT/sanitize_TOOL.txt; racecheck skipped past STOP
+#                              seconds of the call (default: never). Racecheck's 3 known bulk-copy
+#                              hazards (NOTES) make its exit status 9
 #   pack PATTERN...            every file under $OUT but gpu.txt and the first 6 (sorted) that
 #                              match a PATTERN (bash patterns on paths relative to $OUT, `*`
 #                              crossing folders) into $OUT/raw.tgz, so that a call returns at
@@ -62,6 +68,16 @@ bench_shapes() {
       --json "$OUT/bench/bench_$model$tag.json" > "$OUT/bench/bench_$model$tag.txt" 2>&1
     status "bench $model $1" $?
     grep -E "^ +[0-9]+ " "$OUT/bench/bench_$model$tag.txt"
+  done
+}
+sanitize_variants() {
+  local tool
+  for tool in memcheck racecheck; do
+    [ $tool = racecheck ] && [ $(el) -gt ${3:-999999} ] && break
+    PYTHONPATH=/tmp/site_$1 timeout "$2" compute-sanitizer --tool $tool --error-exitcode 9 python3 benches/sanitize_case.py \
+      > "$OUT/sanitize_$tool.txt" 2>&1
+    status "sanitize $tool ($1)" $?
+    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|DIFFERENT|ALL OK" "$OUT/sanitize_$tool.txt"
   done
 }
 pack() {

@@ -21,12 +21,7 @@ grep -E "^(shape|qwen3|deepseek)" "$OUT/routing_main.txt" | cut -c1-110
 SPLIT_TESTS="test_swap_gemm1_ring or test_swap_gemm2_ring or test_wgmma_swap_backend or test_wgmma_swap_gemm2_launch"
 left=$((D - $(el) - 10))
 [ $left -gt 70 ] && gpu_pytest swap_splits main $((left < 90 ? left : 90)) -m "gpu and not serial" -k "$SPLIT_TESTS" -n 16 tests/test_gpu.py tests/test_fp8_gpu.py
-for tool in memcheck racecheck; do
-  [ $(el) -gt $((D - 60)) ] && break
-  PYTHONPATH=/tmp/site_main timeout 50 compute-sanitizer --tool $tool --error-exitcode 9 python3 benches/sanitize_case.py > "$OUT/sanitize_$tool.txt" 2>&1
-  status "sanitize $tool" $?
-  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|DIFFERENT|ALL OK" "$OUT/sanitize_$tool.txt"
-done
+[ $(el) -lt $((D - 60)) ] && sanitize_variants main 50 $((D - 60))
 left=$((D - $(el) - 8))
 [ $left -gt 25 ] && gpu_pytest routing main $((left < 60 ? left : 60)) -m gpu -n 16 tests/test_routing_gpu.py tests/test_routing_fused_gpu.py
 pack 'pytest_*.log' 'routing_main.txt' 'sanitize_*.txt' 'bench/*_fp8_tensor.txt'
