@@ -18,7 +18,9 @@ for q in none fp8_tensor fp8_channel fp8_block128; do
   echo "=== tune --quant $q ($left s left)" >> "$OUT/tune.txt"
   WHEEL_DIR=dist/main TUNE_ARGS="--quant $q --no-vllm" TUNE_RESUME=$resume TUNE_TIMEOUT=$left \
     bash benches/device_run.sh tune > /dev/null 2>&1
-  status "tune $q" $?
+  # device_run.sh's tune step pipes tune through tee, so its exit status is not tune's: count
+  # the measured points instead
+  echo "[$(el) s] tune $q: $(grep -c '^  M=' "$OUT/tune.txt") M points measured so far; last line: $(tail -1 "$OUT/tune.txt")"
   resume=$OUT/tables.tgz
 done
 tail -c 5000 "$OUT/tune.txt"
