@@ -23,9 +23,14 @@
 #   sanitize_variants WHEEL SECONDS [STOP]
 #                              compute-sanitizer memcheck, then racecheck, of every kernel variant
 #                              (benches/sanitize_case.py) with dist/WHEEL's install, each killed
-#                              after SECONDS, as $OUT/sanitize_TOOL.txt; racecheck skipped past STOP
+#                              after SECONDS, as $OUT/sanitize_TOOL.txt; a tool is skipped past STOP
 #                              seconds of the call (default: never). Racecheck's 3 known bulk-copy
 #                              hazards (NOTES) make its exit status 9
+#   routing_bench WHEEL SECONDS ROUNDS
+#                              benches/routing_bench.py (fused_moe - fused_experts, issue 3) at
+#                              M = 1, 8, 64 with dist/WHEEL's install, as $OUT/routing_WHEEL.txt
+#   $SPLIT_TESTS               pytest -k selection of the swap split GPU tests (bf16 and FP8,
+#                              splits 1,1 to 8,8; in tests/test_gpu.py and tests/test_fp8_gpu.py)
 #   pack PATTERN...            every file under $OUT but gpu.txt and the first 6 (sorted) that
 #                              match a PATTERN (bash patterns on paths relative to $OUT, `*`
 #                              crossing folders) into $OUT/raw.tgz, so that a call returns at
@@ -73,13 +78,19 @@ bench_shapes() {
 sanitize_variants() {
   local tool
   for tool in memcheck racecheck; do
-    [ $tool = racecheck ] && [ $(el) -gt ${3:-999999} ] && break
+    [ $(el) -gt ${3:-999999} ] && break
     PYTHONPATH=/tmp/site_$1 timeout "$2" compute-sanitizer --tool $tool --error-exitcode 9 python3 benches/sanitize_case.py \
       > "$OUT/sanitize_$tool.txt" 2>&1
     status "sanitize $tool ($1)" $?
     grep -E "ERROR SUMMARY|RACECHECK SUMMARY|DIFFERENT|ALL OK" "$OUT/sanitize_$tool.txt"
   done
 }
+routing_bench() {
+  PYTHONPATH=/tmp/site_$1 timeout "$2" python3 benches/routing_bench.py --m 1,8,64 --rounds "$3" > "$OUT/routing_$1.txt" 2>&1
+  status "routing bench ($1)" $?
+  grep -E "^(shape|qwen3|deepseek)" "$OUT/routing_$1.txt" | cut -c1-110
+}
+SPLIT_TESTS="test_swap_gemm1_ring or test_swap_gemm2_ring or test_wgmma_swap_backend or test_wgmma_swap_gemm2_launch"
 pack() {
   (
     cd "$OUT" || exit 1

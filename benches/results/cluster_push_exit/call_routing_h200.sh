@@ -6,7 +6,5 @@ source benches/call_common.sh
 cat "$OUT/gpu.txt"
 install_wheels main || exit 1
 gpu_pytest main_routing main 60 -m gpu -n 16 tests/test_routing_gpu.py tests/test_routing_fused_gpu.py
-PYTHONPATH=/tmp/site_main timeout 50 python3 benches/routing_bench.py --m 1,8,64 --rounds 2 > "$OUT/routing_main.txt" 2>&1
-status "routing main" $?
-grep -E "^(shape|qwen3|deepseek)" "$OUT/routing_main.txt" | cut -c1-110
+routing_bench main 50 2
 echo "[$(el) s] end"

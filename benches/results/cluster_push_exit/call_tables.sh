@@ -14,9 +14,7 @@ export PYTHONPATH=/tmp/site_$W
 DECODE=1,2,4,8,16,32,64
 bench_shapes none $DECODE
 bench_shapes fp8_tensor $DECODE
-timeout 80 python3 benches/routing_bench.py --m 1,8,64 --rounds 3 > "$OUT/routing_$W.txt" 2>&1
-status "routing $W" $?
-grep -E "^(shape|qwen3|deepseek)" "$OUT/routing_$W.txt" | cut -c1-110
+routing_bench "$W" 80 3
 bench_shapes fp8_block128 $DECODE 470
 pack 'bench/*.txt' "routing_$W.txt"
 echo "[$(el) s] end"

@@ -15,13 +15,10 @@ install_wheels main || exit 1
 DECODE=1,2,4,8,16,32,64
 PYTHONPATH=/tmp/site_main bench_shapes none $DECODE
 PYTHONPATH=/tmp/site_main bench_shapes fp8_tensor $DECODE
-PYTHONPATH=/tmp/site_main timeout 80 python3 benches/routing_bench.py --m 1,8,64 --rounds 3 > "$OUT/routing_main.txt" 2>&1
-status "routing bench" $?
-grep -E "^(shape|qwen3|deepseek)" "$OUT/routing_main.txt" | cut -c1-110
-SPLIT_TESTS="test_swap_gemm1_ring or test_swap_gemm2_ring or test_wgmma_swap_backend or test_wgmma_swap_gemm2_launch"
+routing_bench main 80 3
 left=$((D - $(el) - 10))
 [ $left -gt 70 ] && gpu_pytest swap_splits main $((left < 90 ? left : 90)) -m "gpu and not serial" -k "$SPLIT_TESTS" -n 16 tests/test_gpu.py tests/test_fp8_gpu.py
-[ $(el) -lt $((D - 60)) ] && sanitize_variants main 50 $((D - 60))
+sanitize_variants main 50 $((D - 60))
 left=$((D - $(el) - 8))
 [ $left -gt 25 ] && gpu_pytest routing main $((left < 60 ? left : 60)) -m gpu -n 16 tests/test_routing_gpu.py tests/test_routing_fused_gpu.py
 pack 'pytest_*.log' 'routing_main.txt' 'sanitize_*.txt' 'bench/*_fp8_tensor.txt'
