@@ -39,6 +39,15 @@ SHIPPED = {
     "E=128,N=192,device_name=NVIDIA_H200,dtype=fp8_w8a8.json",
     "E=128,N=384,device_name=NVIDIA_H200,dtype=fp8_w8a8.json",
 }
+# The H100 SXM's: the three public shapes, bf16 and the three FP8 schemes, M = 1-4096, measured
+# by `swapmoe tune --no-vllm` on an H100 (2026-12-06; no vLLM times, no anchor for the H100).
+H100 = "NVIDIA H100 80GB HBM3"
+SHIPPED_H100 = {
+    f"E={e},N={n},device_name=NVIDIA_H100_80GB_HBM3,dtype={d}.json"
+    for e, n in ((128, 768), (256, 256), (8, 14336))
+    for d in ("bf16", "fp8_w8a8", "fp8_w8a8,block_shape=[128,128]", "fp8_w8a8,per_channel=true")
+}
+SHIPPED_ALL = SHIPPED | SHIPPED_H100
 
 
 @pytest.fixture(autouse=True)
@@ -68,15 +77,45 @@ def test_shipped_tables_are_in_the_package_and_found_by_the_oracle():
     folder = swapmoe.TABLES_DIR
     assert os.path.isdir(folder) and os.path.dirname(folder) == os.path.dirname(swapmoe.__file__)
     # on disk the separators are ';' (a wheel's RECORD is CSV); the oracle's names are vLLM's
-    assert {n.replace(",", ";") for n in SHIPPED} <= set(os.listdir(folder))
+    assert {n.replace(",", ";") for n in SHIPPED_ALL} == set(os.listdir(folder))
     info = _core.tables_info()
     assert info["shipped_dir"] == folder and info["user_dir"] is None
     found = {f["file"]: f for f in info["files"]}
-    assert SHIPPED <= set(found)
-    for name in SHIPPED:
+    assert SHIPPED_ALL <= set(found)
+    for name in SHIPPED_ALL:
         assert found[name]["ok"] and found[name]["origin"] == "shipped" and found[name]["entries"] >= 5
         t = _core.read_table(found[name]["path"])
         assert t["metadata"]["K"] and t["metadata"]["topk"]
+
+
+def test_shipped_h100_tables_are_measured_and_picked_on_an_h100_only():
+    """The H100's tables: every entry measured by `swapmoe tune` on the H100 (its pick the
+    fastest of its times, swapmoe's kernels only), 13 M points each; the oracle takes them for
+    that device name and not for the H200's; inside vLLM (no vllm_triton times) their calls
+    are decided as untabled ones, with the entry's pick as the fallback."""
+    for name in SHIPPED_H100:
+        table = shipped_table(name)
+        meta = table["metadata"]
+        assert meta["generated_by"] == "swapmoe tune" and meta["device_name"] == H100
+        entries = T.table_entries(table)
+        assert sorted(entries) == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096], name
+        for m, e in entries.items():
+            assert e["source"].startswith("swapmoe tune"), (name, m)
+            assert e["time_us"] > 0 and e["time_us"] == min(e["times_us"].values()), (name, m)
+            assert "vllm_triton" not in e["times_us"], (name, m)
+    # deepseek-v3-tp8 bf16 M = 32: the H100 table measured cuda_wgmma_swap fastest
+    table = shipped_table("E=256,N=256,device_name=NVIDIA_H100_80GB_HBM3,dtype=bf16.json")
+    assert T.table_entries(table)[32]["backend"] == "cuda_wgmma_swap"
+    p = swapmoe.select_backend(32, 256, 8, 7168, 256, device_name=H100, device_capability=(9, 0))
+    assert p.source == "table" and p.backend == "cuda_wgmma_swap", p.reasons
+    assert any("NVIDIA_H100_80GB_HBM3" in r for r in p.reasons), p.reasons
+    # not for another device name
+    other = swapmoe.select_backend(32, 256, 8, 7168, 256, device_name="NVIDIA H100 PCIe", device_capability=(9, 0))
+    assert other.source == "heuristic"
+    # inside vLLM: no vllm_triton time, so vLLM's Triton runs it with the table's pick as fallback
+    v = swapmoe.select_backend(32, 256, 8, 7168, 256, device_name=H100, device_capability=(9, 0),
+                               external_backends=("vllm_triton",))
+    assert v.backend == "vllm_triton" and v.fallback == "cuda_wgmma_swap", v.reasons
 
 
 def shipped_table(name):
@@ -522,7 +561,7 @@ def test_describe_plan_reports_source_and_table():
 def test_explain_shows_source_and_table(capsys):
     assert cli.main(["explain", "--model", "mixtral-8x7b", "--device-name", H200, "--m", "1,10000"]) == 0
     out = capsys.readouterr().out
-    assert f"tables: {len(SHIPPED)} loaded from" in out
+    assert f"tables: {len(SHIPPED_ALL)} loaded from" in out
     assert "M=1: cuda_wgmma_swap (table; swap_ab=True) on NVIDIA H200 sm_90" in out
     assert "table: " + os.path.join(swapmoe.TABLES_DIR, "E=8;N=14336;device_name=NVIDIA_H200;dtype=bf16.json") \
         + " entry M=1 (used)" in out
@@ -627,7 +666,7 @@ def test_explain_fp8_table_by_activation_scales(capsys):
 def test_check_lists_tables(capsys):
     assert cli.main(["check"]) == 0
     out = capsys.readouterr().out
-    assert f"tuned tables: {len(SHIPPED)} loaded" in out
+    assert f"tuned tables: {len(SHIPPED_ALL)} loaded" in out
     for name in SHIPPED:
         assert f"shipped: {name}" in out
 
