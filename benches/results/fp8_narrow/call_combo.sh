@@ -2,9 +2,12 @@
 # One call for both open device items of 2026-12-06 (a start is scarce today), ~9 minutes:
 #   run(command="OUT=$OUT bash benches/results/fp8_narrow/call_combo.sh", carry=["dist/main", "dist/n192"])
 # On an H200 first main's README tables (decode, bf16 and FP8 per tensor: the push form has not
-# run on an H200) and issue 3's routing bench; on any card then call_n192.sh's steps (the
-# narrow e4m3 GEMMs: tests, memcheck, A/B), each while time is left (ends by ~$DEADLINE s,
-# default 400: a start costs device time too, and 749 s were left when this ran).
+# run on an H200) and issue 3's routing bench; on any card then the narrow e4m3 GEMMs of
+# branch exp/fp8-n192 (wheel dist/n192; `fp8_narrow_rejected.patch`): their GPU tests,
+# memcheck of the tile-edge tests, and an A/B in one wheel of $SWAPMOE_EXP_FP8_NARROW off /
+# gemm1 / on. Each step runs while time is left (ends by ~$DEADLINE s, default 400: a start
+# costs device time too, and 749 s were left when this ran). This is the script that ran
+# (2026-12-06 03:52, H100); an earlier draft with the same steps and a longer deadline never ran.
 source benches/call_common.sh
 cat "$OUT/gpu.txt"
 export TIMEOUT_SIGNAL=KILL
