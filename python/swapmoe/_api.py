@@ -158,11 +158,12 @@ def _fused_experts_dlpack(hidden_states, w1, w2, topk_weights, topk_ids, *, out,
     if module == "cupy":
         import cupy  # type: ignore[import-not-found]
 
-        if out is None:
-            out = cupy.empty(hidden_states.shape, dtype=hidden_states.dtype)
         quant = _quant_name(kw.get("use_fp8_w8a8", False), kw.get("per_channel_quant", False), kw.get("block_shape"))
-        workspace = cupy.empty(workspace_bytes(hidden_states, w1, topk_ids, quant), dtype=cupy.uint8)
-        stream = cupy.cuda.get_current_stream().ptr
+        with hidden_states.device:  # the inputs' GPU, whichever is CuPy's current one
+            if out is None:
+                out = cupy.empty(hidden_states.shape, dtype=hidden_states.dtype)
+            workspace = cupy.empty(workspace_bytes(hidden_states, w1, topk_ids, quant), dtype=cupy.uint8)
+            stream = cupy.cuda.get_current_stream().ptr
     elif out is None:
         if module != "numpy":
             raise ArgumentError(
@@ -234,8 +235,9 @@ def select_experts(
     if module == "cupy":
         import cupy  # type: ignore[import-not-found]
 
-        weights, ids = cupy.empty((m, k), cupy.float32), cupy.empty((m, k), cupy.int32)
-        stream = cupy.cuda.get_current_stream().ptr
+        with gating_output.device:
+            weights, ids = cupy.empty((m, k), cupy.float32), cupy.empty((m, k), cupy.int32)
+            stream = cupy.cuda.get_current_stream().ptr
     else:
         import numpy as np
 
@@ -370,12 +372,13 @@ def _fused_moe_dlpack(hidden_states, w1, w2, gating_output, topk, *, out, **kw):
     if module == "cupy":
         import cupy  # type: ignore[import-not-found]
 
-        if out is None:
-            out = cupy.empty(hidden_states.shape, dtype=hidden_states.dtype)
-        weights, ids = cupy.empty((m, k), cupy.float32), cupy.empty((m, k), cupy.int32)
         quant = _quant_name(kw["use_fp8_w8a8"], kw["per_channel_quant"], kw["block_shape"])
-        workspace = cupy.empty(workspace_bytes(hidden_states, w1, ids, quant), dtype=cupy.uint8)
-        stream = cupy.cuda.get_current_stream().ptr
+        with hidden_states.device:
+            if out is None:
+                out = cupy.empty(hidden_states.shape, dtype=hidden_states.dtype)
+            weights, ids = cupy.empty((m, k), cupy.float32), cupy.empty((m, k), cupy.int32)
+            workspace = cupy.empty(workspace_bytes(hidden_states, w1, ids, quant), dtype=cupy.uint8)
+            stream = cupy.cuda.get_current_stream().ptr
     else:
         if out is None and module != "numpy":
             raise ArgumentError(

@@ -1,0 +1,276 @@
+"""CuPy arrays on the GPU: ``swapmoe.fused_experts``, ``select_experts`` and ``fused_moe``
+with CuPy inputs allocate their outputs and workspace with CuPy and launch on CuPy's current
+stream. Checked against the float64 references: every CUDA backend, FP8 weights from torch
+beside CuPy activations, a non-blocking CuPy stream whose earlier work the op must wait for,
+and the typed errors. Every test is marked ``gpu``; the module is skipped without CuPy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import swapmoe
+from conftest import (
+    Case,
+    call,
+    check_close,
+    check_fp8_close,
+    fp8_call,
+    fp8_reference,
+    has_cuda,
+    make_fp8_problem,
+    make_problem,
+    reference,
+    same_bits,
+    to_fp8_inputs,
+    to_inputs,
+    torch,
+)
+from test_routing import (
+    BY_NAME,
+    VARIANT_IDS,
+    VARIANTS,
+    check_routing,
+    draw_bias,
+    draw_logits,
+    moe_call,
+    moe_inputs,
+    moe_problem,
+    moe_ref,
+    route,
+    route_ref,
+)
+
+cupy = pytest.importorskip("cupy")
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch is None, reason="needs torch")]
+
+DTYPES = ["float16", "float32"]
+
+
+@pytest.fixture(autouse=True)
+def _cuda_sync():
+    yield
+    if has_cuda():
+        cupy.cuda.Device().synchronize()  # surfaces asynchronous faults in the test that caused them
+
+
+def to_cupy(inp: dict) -> dict:
+    """The numpy tensors of a to_inputs() dict as CuPy arrays (same values, contiguous)."""
+    return {n: (None if v is None else cupy.asarray(v)) for n, v in inp.items() if n != "buffers"}
+
+
+def capability() -> tuple:
+    cc = int(cupy.cuda.Device().compute_capability)
+    return cc // 10, cc % 10
+
+
+# --------------------------------------------------------------------------- fused_experts
+
+CUPY_CASES = [
+    Case(1, 8, 2, 64, 128),  # M = 1
+    Case(5, 16, 4, 64, 128, ep=True),  # expert_map with -1 entries
+    Case(17, 128, 8, 64, 256, ids="concentrated"),  # most experts get no token
+    Case(64, 32, 6, 40, 48, "gelu"),  # N and K not multiples of 16
+    Case(300, 8, 2, 96, 200, ids="invalid", id_dtype="int64"),  # past every token tile; bad ids dropped
+]
+
+
+@pytest.mark.parametrize("out_mode", ["allocated", "given"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CUPY_CASES, ids=lambda c: c.id)
+def test_fused_experts_cupy_matches_reference(case, dtype, out_mode, rng):
+    """The oracle's pick on CuPy arrays: the output is a CuPy array on the inputs' device
+    (allocated, or the poisoned ``out=`` given), within the dtype's tolerance of the float64
+    reference, and the inputs are untouched."""
+    host = to_inputs(make_problem(rng, case), case, "numpy", dtype)
+    ref = reference(host, case)
+    dev = to_cupy(host)
+    kw = {}
+    if out_mode == "given":
+        kw["out"] = cupy.full(dev["x"].shape, np.nan, dtype=dev["x"].dtype)
+    out = call(dev, case, **kw)
+    assert isinstance(out, cupy.ndarray), type(out)
+    assert out.device.id == dev["x"].device.id
+    if out_mode == "given":
+        assert out is kw["out"], "fused_experts must return the out= array it was given"
+    check_close(out.get(), ref, dtype, what=f"{case.id} cupy")
+    for name in ("x", "w1", "w2", "tw", "ids"):
+        assert same_bits(dev[name].get(), host[name]), f"{name} was modified"
+
+
+BACKEND_CASE = Case(9, 64, 6, 64, 128, "gelu", ids="invalid", ep=True)  # 54 slots: every decode kernel takes it
+
+
+@pytest.mark.parametrize(
+    "backend", ["cuda_generic", "cuda_decode", "cuda_mma", "cuda_bulk_decode", "cuda_wgmma_swap", "cuda_wgmma"]
+)
+def test_every_cuda_backend_runs_on_cupy_arrays(backend, rng):
+    """Each kernel family's workspace (sized from the CuPy arrays' shapes in Python) and
+    launch work with CuPy inputs."""
+    if backend in ("cuda_bulk_decode", "cuda_wgmma_swap", "cuda_wgmma") and capability() != (9, 0):
+        pytest.skip(f"{backend} runs on sm_90 only")
+    host = to_inputs(make_problem(rng, BACKEND_CASE), BACKEND_CASE, "numpy", "float16")
+    out = call(to_cupy(host), BACKEND_CASE, backend=backend)
+    check_close(out.get(), reference(host, BACKEND_CASE), "float16", what=backend)
+
+
+@pytest.mark.parametrize("M", [3, 300])
+@pytest.mark.parametrize("scheme", ["tensor", "channel", "block"])
+def test_fp8_torch_weights_with_cupy_activations(scheme, M, rng):
+    """FP8 (e4m3 weights exported by torch: CuPy has no float8 dtype) beside CuPy float16
+    activations, routing and output: the workspace includes the scheme's quantization buffers."""
+    if capability() < (8, 9):
+        pytest.skip("FP8 needs sm_89+")
+    case = Case(M, 16, 4, 128, 256, ep=True)
+    inp = to_fp8_inputs(make_fp8_problem(rng, case, scheme), case, "torch", "float16", "cuda")
+    ref, flips = fp8_reference(inp, case)
+    torch.cuda.synchronize()  # torch's copies are done before CuPy's stream reads them
+    mixed = dict(inp)
+    for name in ("x", "tw", "ids", "expert_map"):
+        mixed[name] = cupy.from_dlpack(inp[name])
+    out = fp8_call(mixed, case)
+    assert isinstance(out, cupy.ndarray)
+    check_fp8_close(out.get(), ref, flips, "float16", what=f"{case.id}-{scheme} cupy")
+
+
+def test_bfloat16_cupy_arrays_if_cupy_has_them(rng):
+    """bf16 through CuPy where this CuPy imports torch's bfloat16 tensors."""
+    case = Case(7, 16, 4, 64, 128, ep=True)
+    inp = to_inputs(make_problem(rng, case), case, "torch", "bfloat16", "cuda")
+    try:
+        dev = {n: (None if v is None else cupy.from_dlpack(v)) for n, v in inp.items() if n != "buffers"}
+    except (TypeError, ValueError, RuntimeError, BufferError) as e:
+        pytest.skip(f"this CuPy ({cupy.__version__}) does not import bfloat16: {e}")
+    ref = reference(inp, case)
+    torch.cuda.synchronize()
+    out = call(dev, case)
+    assert isinstance(out, cupy.ndarray) and out.dtype == dev["x"].dtype
+    cupy.cuda.Device().synchronize()
+    check_close(torch.from_dlpack(out), ref, "bfloat16", what="cupy bf16")
+
+
+# --------------------------------------------------------------------------- streams
+
+
+SLEEP_CYCLES = 200_000_000  # ~0.1 s of device time: far longer than queueing the op takes
+
+
+def _sleep_on(stream, cycles: int = SLEEP_CYCLES) -> None:
+    """Device time queued on a CuPy stream (torch's sleep kernel, launched on the same CUDA
+    stream through torch.cuda.ExternalStream)."""
+    with torch.cuda.stream(torch.cuda.ExternalStream(stream.ptr)):
+        torch.cuda._sleep(cycles)
+
+
+def _copy_async(dst, src, stream) -> None:
+    dst.data.copy_from_device_async(src.data, src.nbytes, stream)
+
+
+def _warm_up(side, op) -> None:
+    """Runs ``op`` once on ``side`` and waits: its module loads and the memory pool's first
+    cudaMalloc for that stream (either may synchronize the device, which would order a launch
+    on the wrong stream after the sleep by accident) happen before the race is set up."""
+    with side:
+        _sleep_on(side, 1000)
+        op()
+    side.synchronize()
+
+
+def _assert_still_sleeping(side) -> None:
+    """The race is armed: the side stream's sleep had not finished when the op was queued."""
+    assert not side.done, "the side stream finished before the op was queued: lengthen the sleep"
+
+
+@pytest.mark.parametrize("M", [4, 300])
+def test_fused_experts_runs_on_cupy_current_stream(M, rng):
+    """On a non-blocking CuPy stream (no implicit ordering with the default stream), work
+    queued before the call (a long sleep, then the input's write) must come first: the op
+    launches on CuPy's current stream, and its output is ready when that stream is. (Checked
+    to fail when the op launches on the legacy default stream instead:
+    benches/results/cupy_2026-12-06/mutation_stream0.sh.)"""
+    case = Case(M, 16, 4, 64, 128)
+    host = to_inputs(make_problem(rng, case), case, "numpy", "float16")
+    ref = reference(host, case)
+    dev = to_cupy(host)
+    staged = dev["x"].copy()
+    dev["x"].fill(0)
+    cupy.cuda.Device().synchronize()
+    side = cupy.cuda.Stream(non_blocking=True)
+    _warm_up(side, lambda: call(dev, case))
+    with side:
+        _sleep_on(side)
+        _copy_async(dev["x"], staged, side)
+        out = call(dev, case)
+    _assert_still_sleeping(side)
+    side.synchronize()
+    check_close(out.get(), ref, "float16", what="side stream")
+
+
+def test_fused_moe_runs_on_cupy_current_stream(rng):
+    """The router reads logits written on the side stream after the sleep; the experts read
+    hidden states written there too."""
+    r = BY_NAME["deepseek_v3"]
+    prob = moe_problem(rng, r, 64, ep=False)
+    host = moe_inputs(prob, "numpy", "float16", "float32")
+    ref = moe_ref(r, host)
+    dev = {n: (None if v is None else cupy.asarray(v)) for n, v in host.items()}
+    staged_x, staged_g = dev["x"].copy(), dev["logits"].copy()
+    dev["x"].fill(0)
+    dev["logits"].fill(0)
+    cupy.cuda.Device().synchronize()
+    side = cupy.cuda.Stream(non_blocking=True)
+    _warm_up(side, lambda: moe_call(r, dev))
+    with side:
+        _sleep_on(side)
+        _copy_async(dev["x"], staged_x, side)
+        _copy_async(dev["logits"], staged_g, side)
+        out = moe_call(r, dev)
+    _assert_still_sleeping(side)
+    side.synchronize()
+    check_close(out.get(), ref, "float16", what="fused_moe side stream")
+
+
+# --------------------------------------------------------------------------- routers
+
+
+@pytest.mark.parametrize("M", [1, 64])
+@pytest.mark.parametrize("r", VARIANTS, ids=VARIANT_IDS)
+def test_select_experts_cupy_matches_reference(r, M, rng):
+    bias = draw_bias(rng, r)
+    logits = draw_logits(rng, r, M, bias)
+    b = None if bias is None else cupy.asarray(bias)
+    w, ids = route(r, cupy.asarray(logits), b)
+    assert isinstance(w, cupy.ndarray) and isinstance(ids, cupy.ndarray)
+    check_routing(r, (w.get(), ids.get()), route_ref(r, logits, bias), what=f"{r.name} cupy M={M}")
+
+
+@pytest.mark.parametrize("ep", [False, True], ids=["no_map", "ep"])
+@pytest.mark.parametrize("r", VARIANTS, ids=VARIANT_IDS)
+def test_fused_moe_cupy_matches_reference(r, ep, rng):
+    prob = moe_problem(rng, r, 24, ep)
+    host = moe_inputs(prob, "numpy", "float16", "float32")
+    ref = moe_ref(r, host)
+    assert np.linalg.norm(ref) > 0, "degenerate case: the reference is all zeros"
+    dev = {n: (None if v is None else cupy.asarray(v)) for n, v in host.items()}
+    out = moe_call(r, dev)
+    assert isinstance(out, cupy.ndarray)
+    check_close(out.get(), ref, "float16", what=f"{r.name} cupy ep={ep}")
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def test_cupy_out_of_the_wrong_dtype_is_named(rng):
+    case = Case(4, 8, 2, 64, 64)
+    dev = to_cupy(to_inputs(make_problem(rng, case), case, "numpy", "float16"))
+    with pytest.raises(swapmoe.DTypeError, match="out"):
+        call(dev, case, out=cupy.zeros(dev["x"].shape, cupy.float32))
+
+
+def test_cupy_activations_with_host_weights_are_named(rng):
+    case = Case(4, 8, 2, 64, 64)
+    host = to_inputs(make_problem(rng, case), case, "numpy", "float16")
+    dev = dict(to_cupy(host), w1=host["w1"])
+    with pytest.raises(swapmoe.DeviceError, match="w1"):
+        call(dev, case)
