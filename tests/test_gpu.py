@@ -725,11 +725,16 @@ def test_launches_on_current_stream(M, rng):
     out = torch.empty_like(staged_x)
     torch.cuda.synchronize()
     side = torch.cuda.Stream()
+    with torch.cuda.stream(side):  # warm-up: module loads and the allocator's first cudaMalloc
+        torch.cuda._sleep(1000)
+        call(inp, case, out=out)  # for this stream may synchronize the device, hiding the race
+    side.synchronize()
     with torch.cuda.stream(side):
-        torch.cuda._sleep(50_000_000)  # tens of ms of device time on the side stream
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of device time on the side stream
         inp["x"].copy_(staged_x)
         out.fill_(math.nan)
         got = call(inp, case, out=out)
+    assert not side.query(), "the side stream finished before the op was queued: lengthen the sleep"
     side.synchronize()
     assert got is out
     check_close(out, ref, "bfloat16", what="side stream")

@@ -258,10 +258,15 @@ def test_cuda_runs_on_current_stream(rng):
     b = torch.from_numpy(bias).to(DEV)
     torch.cuda.synchronize()
     side = torch.cuda.Stream()
+    with torch.cuda.stream(side):  # warm-up: module loads and first allocations for this stream
+        torch.cuda._sleep(1000)
+        route(r, g, b)  # may synchronize the device, which would hide the race
+    side.synchronize()
     with torch.cuda.stream(side):
-        torch.cuda._sleep(50_000_000)
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of device time
         g.copy_(src)
         w, ids = route(r, g, b)
+    assert not side.query(), "the side stream finished before the router was queued: lengthen the sleep"
     side.synchronize()
     check_routing(r, (w, ids), route_ref(r, logits, bias))
 
