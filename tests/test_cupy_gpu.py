@@ -231,6 +231,44 @@ def test_fused_moe_runs_on_cupy_current_stream(rng):
     check_close(out.get(), ref, "float16", what="fused_moe side stream")
 
 
+@pytest.mark.parametrize("op", ["fused_experts", "fused_moe"])
+def test_cupy_graph_capture_is_refused(op, rng):
+    """Capturing a CuPy call in a CUDA graph raises ArgumentError before anything is queued
+    (the call's CuPy workspace would return to CuPy's pool while replays still use it), and the
+    capture itself stays valid. select_experts is allowed: its outputs are the caller's arrays."""
+    r = BY_NAME["qwen3"]
+    prob = moe_problem(rng, r, 4, ep=False)
+    dev = {n: (None if v is None else cupy.asarray(v)) for n, v in moe_inputs(prob, "numpy", "float16").items()}
+    out = cupy.empty_like(dev["x"])
+    if op == "fused_experts":
+        w, ids = route(r, dev["logits"])
+        run = lambda: swapmoe.fused_experts(dev["x"], dev["w1"], dev["w2"], w, ids, out=out)  # noqa: E731
+    else:
+        run = lambda: moe_call(r, dev, out=out)  # noqa: E731
+    side = cupy.cuda.Stream(non_blocking=True)
+    _warm_up(side, run)
+    with side:
+        side.begin_capture()
+        try:
+            with pytest.raises(swapmoe.ArgumentError, match="stream: expected CuPy's current stream not to be capturing"):
+                run()
+        finally:
+            graph = side.end_capture()
+    graph.launch(side)  # an empty graph: the refused call queued nothing
+    side.synchronize()
+    with side:
+        side.begin_capture()
+        try:
+            w, ids = route(r, dev["logits"])
+        finally:
+            graph = side.end_capture()
+    dev["logits"][...] = cupy.asarray(draw_logits(rng, r, 4))  # new logits, on the default stream
+    cupy.cuda.Device().synchronize()
+    graph.launch(side)
+    side.synchronize()
+    check_routing(r, (w.get(), ids.get()), route_ref(r, dev["logits"].get()), what="select_experts replayed")
+
+
 # --------------------------------------------------------------------------- routers
 
 

@@ -110,7 +110,10 @@ def fused_experts(
       every absmax: it reaches exactly the output rows of its token. CUDA needs sm_89+.
 
     torch tensors go through ``torch.ops.swapmoe`` under ``torch.compile``; CUDA tensors
-    launch on ``torch.cuda.current_stream()``. numpy arrays run the CPU path.
+    launch on ``torch.cuda.current_stream()``. numpy arrays run the CPU path. CuPy arrays
+    launch on CuPy's current stream of their device, with the output and workspace from CuPy's
+    pool; a CuPy stream that is capturing a CUDA graph raises :class:`ArgumentError` (the
+    workspace would return to the pool while replays still use it).
     """
     if not isinstance(activation, str):
         raise ArgumentError(f"activation: expected one of 'silu', 'gelu', got {shown(activation)}")
@@ -150,6 +153,21 @@ def _require_dlpack(tensor: Any, name: str) -> None:
         )
 
 
+def _cupy_launch_stream(cupy: Any) -> int:
+    """CuPy's current stream (of the current device) as a raw pointer, for a call that
+    allocates its workspace from CuPy's pool. A stream capturing a CUDA graph is refused: the
+    workspace goes back to the pool when the call returns, while every replay would still use
+    it. (torch's graphs keep it: their private pool lives as long as the graph.)"""
+    stream = cupy.cuda.get_current_stream()
+    if stream.is_capturing():
+        raise ArgumentError(
+            "stream: expected CuPy's current stream not to be capturing a CUDA graph (the call's "
+            "CuPy workspace returns to CuPy's pool when the call returns, while a replay would still "
+            "use it; capture with torch tensors instead), got a stream that is capturing"
+        )
+    return stream.ptr
+
+
 def _fused_experts_dlpack(hidden_states, w1, w2, topk_weights, topk_ids, *, out, **kw):
     _require_dlpack(hidden_states, "hidden_states")
     module = type(hidden_states).__module__.split(".")[0]
@@ -160,10 +178,10 @@ def _fused_experts_dlpack(hidden_states, w1, w2, topk_weights, topk_ids, *, out,
 
         quant = _quant_name(kw.get("use_fp8_w8a8", False), kw.get("per_channel_quant", False), kw.get("block_shape"))
         with hidden_states.device:  # the inputs' GPU, whichever is CuPy's current one
+            stream = _cupy_launch_stream(cupy)
             if out is None:
                 out = cupy.empty(hidden_states.shape, dtype=hidden_states.dtype)
             workspace = cupy.empty(workspace_bytes(hidden_states, w1, topk_ids, quant), dtype=cupy.uint8)
-            stream = cupy.cuda.get_current_stream().ptr
     elif out is None:
         if module != "numpy":
             raise ArgumentError(
@@ -374,11 +392,11 @@ def _fused_moe_dlpack(hidden_states, w1, w2, gating_output, topk, *, out, **kw):
 
         quant = _quant_name(kw["use_fp8_w8a8"], kw["per_channel_quant"], kw["block_shape"])
         with hidden_states.device:
+            stream = _cupy_launch_stream(cupy)
             if out is None:
                 out = cupy.empty(hidden_states.shape, dtype=hidden_states.dtype)
             weights, ids = cupy.empty((m, k), cupy.float32), cupy.empty((m, k), cupy.int32)
             workspace = cupy.empty(workspace_bytes(hidden_states, w1, ids, quant), dtype=cupy.uint8)
-            stream = cupy.cuda.get_current_stream().ptr
     else:
         if out is None and module != "numpy":
             raise ArgumentError(
