@@ -90,7 +90,7 @@ routing_bench() {
   status "routing bench ($1)" $?
   grep -E "^(shape|qwen3|deepseek)" "$OUT/routing_$1.txt" | cut -c1-110
 }
-SPLIT_TESTS="test_swap_gemm1_ring or test_swap_gemm2_ring or test_wgmma_swap_backend or test_wgmma_swap_gemm2_launch"
+SPLIT_TESTS="swap_gemm1_ring or swap_gemm2_ring or test_wgmma_swap_backend or test_wgmma_swap_gemm2_launch"
 pack() {
   (
     cd "$OUT" || exit 1

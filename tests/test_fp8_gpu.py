@@ -15,11 +15,13 @@ from conftest import (
     FP8_SCHEMES,
     FP8_TOLERANCE,
     Case,
+    call_with_workspace,
     check_fp8_close,
     fp8_call,
     fp8_kwargs,
     fp8_reference,
     has_cuda,
+    junk_workspace,
     make_fp8_problem,
     poison,
     run_fp8_case,
@@ -59,6 +61,9 @@ def _cuda_sync():
 # (N, K): 16-byte e4m3 vectors (multiples of 16) and scalar loads with partial 128-blocks.
 VEC_SHAPE = (128, 256)
 ODD_SHAPE = (72, 200)
+# Two 128-column groups of the intermediate and two x four 128x128 weight blocks per expert:
+# with N <= 128 a block scheme has one group, so a wrong group or block index goes unseen.
+BLOCKS_SHAPE = (256, 512)
 
 
 def _case(M, shape=VEC_SHAPE, **kw):
@@ -79,13 +84,25 @@ def test_decode_sizes(scheme, M, ids, rng):
 
 @needs_sm89
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
-@pytest.mark.parametrize("shape", [VEC_SHAPE, ODD_SHAPE], ids=["vec16", "scalar"])
+@pytest.mark.parametrize("shape", [VEC_SHAPE, ODD_SHAPE, BLOCKS_SHAPE], ids=["vec16", "scalar", "blocks2x4"])
 @pytest.mark.parametrize("backend", ["cuda_decode", "cuda_generic"])
 @pytest.mark.parametrize("scheme", FP8_SCHEMES)
 def test_backends_shapes_dtypes(scheme, backend, shape, dtype, rng):
-    """Both CUDA FP8 backends, 16-byte and scalar loads, every output dtype."""
+    """Both CUDA FP8 backends, 16-byte and scalar loads, several scale blocks, every output dtype."""
     case = _case(9, shape, E=16, topk=4, ids="concentrated")
     run_fp8_case(case, scheme, "torch", dtype, rng, device=DEV, backend=backend)
+
+
+@needs_sm89
+@pytest.mark.parametrize("shape", [VEC_SHAPE, BLOCKS_SHAPE], ids=["vec16", "blocks2x4"])
+@pytest.mark.parametrize("M,topk", [(1, 1), (1, 2), (2, 2), (3, 2)])
+@pytest.mark.parametrize("backend", ["cuda_decode", "cuda_generic"])
+@pytest.mark.parametrize("scheme", FP8_SCHEMES)
+def test_backends_with_fewer_slots_than_a_row_group(scheme, backend, M, topk, shape, rng):
+    """1 to 6 (token, expert) slots, forced: on Hopper the oracle gives FP8 calls to the
+    tensor-core kernels, so only a forced backend runs the SIMT kernels' few-slot paths (the
+    decode GEMM2 splits each output row over several parts when S < its 8 rows)."""
+    run_fp8_case(_case(M, shape, E=8, topk=topk), scheme, "torch", "bfloat16", rng, device=DEV, backend=backend)
 
 
 PREFILL = [
@@ -268,8 +285,10 @@ def test_mma_backend_refuses_fp8(rng):
 
 @needs_sm89
 def test_plan_picks_fp8_kernels(rng):
+    """The plan select_backend gives (per tensor, static activation scales by default) and the
+    call it describes: static scales here too, so the kernels asserted are the ones that run."""
     case = _case(1)
-    inp = to_fp8_inputs(make_fp8_problem(rng, case, "tensor"), case, "torch", "bfloat16", DEV)
+    inp = to_fp8_inputs(make_fp8_problem(rng, case, "tensor", static=True), case, "torch", "bfloat16", DEV)
     p = swapmoe.select_backend(1, 128, 8, 256, 128, quant="fp8_tensor")
     if torch.cuda.get_device_capability() == (9, 0):
         # select_backend plans per-tensor FP8 with static activation scales
@@ -324,6 +343,7 @@ SWAP_CASES = [
     _case(3, E=16, topk=1, on_input=True),
     _case(40, E=256, topk=8, ids="concentrated", out="inplace"),
     _case(64, E=64, topk=6),
+    _case(3, BLOCKS_SHAPE, E=16, topk=4, ep=True),  # several intermediate groups and weight blocks
 ]
 SWAP_SPLITS = [None, "1,1", "2,4", "8,8"]  # None: the oracle's clusters
 
@@ -461,13 +481,13 @@ def test_quantize_x_vector_and_scalar_paths_agree(scheme, case, layout, rng):
                          ids=lambda c: c.id)
 def test_swap_static_does_not_read_stale_workspace(case, rng):
     """GEMM1 writes every e4m3 row GEMM2 reads (0 for tokens that skip the expert); the
-    copy zero-fills rows past M. A workspace left full of e4m3 NaN (0xFF) must not leak in."""
+    copy zero-fills rows past M. A workspace full of e4m3 NaN (0xFF), passed to the core as
+    the call's workspace, must not leak in."""
     inp = to_fp8_inputs(make_fp8_problem(rng, case, "tensor", static=True), case, "torch", "bfloat16", DEV)
     ref, flips = fp8_reference(inp, case)
-    for _ in range(3):
-        junk = torch.full((256 << 20,), 0xFF, dtype=torch.uint8, device=DEV)
-        del junk  # the caching allocator hands this block out again
-        out = fp8_call(inp, case, backend="cuda_wgmma_swap")
+    for _ in range(2):
+        out = call_with_workspace(inp, case, junk_workspace(inp, "fp8_tensor"), poison(inp["x"]),
+                                  backend="cuda_wgmma_swap", **fp8_kwargs(inp))
         torch.cuda.synchronize()
         check_fp8_close(out, ref, flips, "bfloat16", what=case.id)
 
@@ -488,13 +508,23 @@ def test_swap_dtypes_and_static_scales(scheme, M, dtype, static, rng):
 @pytest.mark.parametrize("splits", ["1,1", "4,4"])
 @pytest.mark.parametrize("scheme", SWAP_SCHEMES, ids=_scheme_id)
 def test_swap_is_deterministic(scheme, splits, rng, monkeypatch):
-    """Cluster sums go in rank order and nothing is atomic but the absmax (order-free)."""
+    """Cluster sums go in rank order and nothing is atomic but the absmax (order-free). Each
+    rerun gets a NaN output and a 0xFF workspace, so a value left over from the previous
+    rerun cannot stand in for one a kernel failed to write."""
     monkeypatch.setenv("SWAPMOE_SWAP_SPLITS", splits)
     case = _case(12, E=16, topk=4, ids="concentrated")
     inp = to_fp8_inputs(make_fp8_problem(rng, case, scheme[0], static=scheme[1]), case, "torch", "bfloat16", DEV)
-    first = snapshot(fp8_call(inp, case, backend="cuda_wgmma_swap"))
+    quant = {"tensor": "fp8_tensor", "channel": "fp8_channel", "block": "fp8_block128"}[scheme[0]]
+
+    def rerun():
+        return snapshot(call_with_workspace(inp, case, junk_workspace(inp, quant), poison(inp["x"]),
+                                            backend="cuda_wgmma_swap", **fp8_kwargs(inp)))
+
+    first = rerun()
+    ref, flips = fp8_reference(inp, case)
+    check_fp8_close(torch.from_numpy(first).view(torch.bfloat16), ref, flips, "bfloat16")
     for _ in range(10):
-        assert same_bits(snapshot(fp8_call(inp, case, backend="cuda_wgmma_swap")), first)
+        assert same_bits(rerun(), first)
 
 
 @needs_sm90
@@ -560,6 +590,31 @@ def test_first_kernel_without_pdl_gives_the_same_bits(scheme, backend, rng, monk
     on = snapshot(fp8_call(inp, case, backend=backend))
     monkeypatch.setenv("SWAPMOE_FIRST_KERNEL_PDL", "off")
     assert same_bits(snapshot(fp8_call(inp, case, backend=backend)), on)
+
+
+@needs_sm90
+@pytest.mark.parametrize("backend", ["cuda_wgmma_swap", "cuda_wgmma", "cuda_decode", "cuda_generic"])
+@pytest.mark.parametrize("scheme", SWAP_SCHEMES, ids=_scheme_id)
+def test_back_to_back_calls_feed_each_other(scheme, backend, rng, monkeypatch):
+    """Three calls queued with no sync between them, each on the previous one's output (NaN
+    until written), every kernel after the first launched with PDL: a first kernel that reads
+    its input, or rewrites the workspace block the previous call's last kernel still reads,
+    before its griddepcontrol.wait gets NaN or corrupts the previous output. (The test before
+    this one compares PDL on and off on one call, which no such race can change.) Each output
+    against the reference on the input that call had."""
+    monkeypatch.setenv("SWAPMOE_FIRST_KERNEL_PDL", "on")
+    case = _case(12, BLOCKS_SHAPE, E=16, topk=4, ids="concentrated")
+    inp = to_fp8_inputs(make_fp8_problem(rng, case, scheme[0], static=scheme[1]), case, "torch", "bfloat16", DEV)
+    outs = [poison(inp["x"]) for _ in range(3)]
+    torch.cuda.synchronize()  # nothing but the three calls between them on the stream
+    xs = [inp["x"]]
+    for out in outs:
+        xs.append(fp8_call(dict(inp, x=xs[-1]), case, out=out, backend=backend))
+    torch.cuda.synchronize()
+    for i in range(3):
+        ref, flips = fp8_reference(dict(inp, x=xs[i]), case)
+        assert np.linalg.norm(ref) > 0, f"call {i + 1}: degenerate chain (zero reference)"
+        check_fp8_close(xs[i + 1], ref, flips, "bfloat16", what=f"call {i + 1} of 3, {backend}")
 
 
 # The FP8 Hopper wgmma GEMMs (cuda_wgmma with use_fp8_w8a8; tokens in wgmma's 64-row slot,

@@ -15,8 +15,10 @@ from conftest import (
     TOLERANCE,
     Case,
     call,
+    call_with_workspace,
     check_close,
     has_cuda,
+    junk_workspace,
     make_problem,
     poison,
     reference,
@@ -135,13 +137,21 @@ def test_bulk_decode_backend(case, dtype, rng):
     run_case(case, "torch", dtype, rng, device=DEV, backend="cuda_bulk_decode")
 
 
+def _rerun(inp, case, **kw):
+    """One call with a NaN output and a 0xFF workspace (bits of the call's own, not the
+    previous rerun's leftovers): a value a kernel failed to write, or read before writing,
+    cannot match by accident."""
+    return snapshot(call_with_workspace(inp, case, junk_workspace(inp), poison(inp["x"]), **kw))
+
+
 def _assert_deterministic(backend, case, rng, reruns=20):
     """A moving result would be a race: ``reruns`` calls of ``backend`` on the same inputs
-    must be bit-identical to the first."""
+    must be bit-identical to the first, which matches the reference."""
     inp = to_inputs(make_problem(rng, case), case, "torch", "bfloat16", DEV)
-    first = snapshot(call(inp, case, backend=backend))
+    first = _rerun(inp, case, backend=backend)
+    check_close(torch.from_numpy(first).view(torch.bfloat16), reference(inp, case), "bfloat16", what=backend)
     for _ in range(reruns):
-        assert same_bits(snapshot(call(inp, case, backend=backend)), first)
+        assert same_bits(_rerun(inp, case, backend=backend), first)
 
 
 @pytest.mark.skipif(not HAS_BACKEND_ARG, reason="this build has no backend= argument")
@@ -225,6 +235,7 @@ def test_wgmma_l2_hints(tile, pregather, hints, rng, monkeypatch):
     monkeypatch.setenv("SWAPMOE_WGMMA_PREGATHER", pregather)
     plan = _run_wgmma_tile(TILE_EDGE_CASES[0], "bfloat16", tile, rng, monkeypatch)
     assert plan["wgmma_l2_hints"] == hints
+    assert ("wgmma_moe_gather" in plan["kernels"]) == (pregather == "on"), plan["kernels"]
 
 
 # GEMM2 in runs of column blocks per token tile ($SWAPMOE_WGMMA_GEMM2_BLOCK_RUN): the producer
@@ -623,7 +634,7 @@ def test_deterministic_cuda(M, dtype, rng):
     inp = to_inputs(make_problem(rng, case), case, "torch", dtype, DEV)
     first = snapshot(call(inp, case))
     for _ in range(3):
-        assert same_bits(snapshot(call(inp, case)), first)
+        assert same_bits(_rerun(inp, case), first)
 
 
 def test_cuda_matches_cpu_path(rng):
@@ -738,6 +749,32 @@ def test_launches_on_current_stream(M, rng):
     side.synchronize()
     assert got is out
     check_close(out, ref, "bfloat16", what="side stream")
+
+
+@pytest.mark.parametrize(
+    "backend", ["cuda_generic", "cuda_decode", "cuda_mma", "cuda_bulk_decode", "cuda_wgmma_swap", "cuda_wgmma"]
+)
+def test_back_to_back_calls_feed_each_other(backend, rng, monkeypatch):
+    """Three calls queued with no sync between them, each on the previous one's output (NaN
+    until written), the first kernel of each launched with PDL: a first kernel that reads its
+    input, or rewrites the workspace block the previous call's last kernel still reads, before
+    its griddepcontrol.wait gets NaN or corrupts the previous output. Each output against the
+    reference on the input that call had."""
+    if backend in ("cuda_bulk_decode", "cuda_wgmma_swap", "cuda_wgmma"):
+        _needs_hopper()
+    monkeypatch.setenv("SWAPMOE_FIRST_KERNEL_PDL", "on")
+    case = Case(12, 16, 4, 128, 256, ids="concentrated")
+    inp = to_inputs(make_problem(rng, case), case, "torch", "bfloat16", DEV)
+    outs = [poison(inp["x"]) for _ in range(3)]
+    torch.cuda.synchronize()  # nothing but the three calls between them on the stream
+    xs = [inp["x"]]
+    for out in outs:
+        xs.append(call(dict(inp, x=xs[-1]), case, out=out, backend=backend))
+    torch.cuda.synchronize()
+    for i in range(3):
+        ref = reference(dict(inp, x=xs[i]), case)
+        assert np.linalg.norm(ref) > 0, f"call {i + 1}: degenerate chain (zero reference)"
+        check_close(xs[i + 1], ref, "bfloat16", what=f"call {i + 1} of 3, {backend}")
 
 
 # --------------------------------------------------------------------------- errors

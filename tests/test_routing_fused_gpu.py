@@ -207,6 +207,33 @@ def test_first_kernel_without_pdl_gives_the_same_output(backend, M, rng, monkeyp
     check_close(runs["off"][1], moe_ref(r, inp), "bfloat16", what=f"{backend} M={M}")
 
 
+@pytest.mark.parametrize("backend,M", BACKENDS_FIRST_PDL, ids=[f"{b}-{m}" for b, m in BACKENDS_FIRST_PDL])
+def test_back_to_back_fused_moe_calls_feed_each_other(backend, M, rng, monkeypatch):
+    """Three fused_moe calls queued with no sync between them, each on the previous one's
+    output (NaN until written) and its own logits, the router launched with PDL: a router or
+    first kernel that rewrites the routing and workspace blocks the previous call's last kernel
+    still reads, or reads its input before its griddepcontrol.wait, corrupts an output. (The
+    test above compares PDL on and off on one call, which no such race can change.)"""
+    if backend in ("cuda_wgmma_swap", "cuda_wgmma", "cuda_bulk_decode") and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip(f"{backend} runs on sm_90 only")
+    r = next(v for v in VARIANTS if v.name == "deepseek_v3")
+    monkeypatch.setenv("SWAPMOE_BACKEND", backend)
+    monkeypatch.setenv("SWAPMOE_FIRST_KERNEL_PDL", "on")
+    prob = moe_problem(rng, r, M, ep=True)
+    inp = moe_inputs(prob, "torch", "bfloat16", "float32", device=DEV)
+    logits = [torch.from_numpy(draw_logits(rng, r, M, prob["bias"])).to(DEV) for _ in range(3)]
+    outs = [torch.full_like(inp["x"], math.nan) for _ in range(3)]
+    torch.cuda.synchronize()  # nothing but the three calls between them on the stream
+    xs = [inp["x"]]
+    for g, out in zip(logits, outs):
+        xs.append(moe_call(r, dict(inp, x=xs[-1], logits=g), out=out))
+    torch.cuda.synchronize()
+    for i in range(3):
+        ref = moe_ref(r, dict(inp, x=xs[i], logits=logits[i]))
+        assert np.linalg.norm(ref) > 0, f"call {i + 1}: degenerate chain (zero reference)"
+        check_close(xs[i + 1], ref, "bfloat16", what=f"call {i + 1} of 3, {backend} M={M}")
+
+
 @pytest.mark.parametrize("name,M", [("deepseek_v3", 1), ("deepseek_v3", 8), ("qwen3", 1)])
 def test_router_starts_with_pdl_before_a_one_wave_swap_gemm1(name, M, rng, monkeypatch):
     """Where the swap-AB GEMM1 fits one wave, fused_experts starts it without PDL, but
