@@ -416,6 +416,20 @@ def call_with_workspace(inp: dict, case: Case, workspace, out, **kw):
     return out
 
 
+def chain_three(inp: dict, step) -> list:
+    """Three calls queued back to back, each on the previous one's output: ``step(inp, out)``
+    runs the op on ``inp`` into ``out``. The outputs (NaN until written) are allocated first and
+    nothing else is queued between the calls, so each call's first kernel follows the previous
+    call's last one directly (with PDL, possibly before it ends). Returns [x, y1, y2, y3]."""
+    outs = [poison(inp["x"]) for _ in range(3)]
+    torch.cuda.synchronize()
+    xs = [inp["x"]]
+    for out in outs:
+        xs.append(step(dict(inp, x=xs[-1]), out))
+    torch.cuda.synchronize()
+    return xs
+
+
 def check_close(out, ref: np.ndarray, dtype: str, *, what: str = "") -> float:
     """Shape, dtype, no NaN/inf, and relative error within the dtype's tolerance."""
     assert tuple(out.shape) == ref.shape, (tuple(out.shape), ref.shape)

@@ -177,9 +177,25 @@ def _warm_up(side, op) -> None:
     side.synchronize()
 
 
-def _assert_still_sleeping(side) -> None:
-    """The race is armed: the side stream's sleep had not finished when the op was queued."""
+def _run_after_late_writes(dev: dict, names, op):
+    """Zeroes ``dev[name]`` for each name, then on a non-blocking side stream (after a warm-up
+    there): a long sleep, the arrays' real values written back, and ``op()``. Asserts that the
+    sleep was still running when ``op`` was queued (the race is armed), waits, and returns
+    ``op``'s result: right only if ``op`` ran on the side stream after the writes."""
+    staged = {n: dev[n].copy() for n in names}
+    for n in names:
+        dev[n].fill(0)
+    cupy.cuda.Device().synchronize()
+    side = cupy.cuda.Stream(non_blocking=True)
+    _warm_up(side, op)
+    with side:
+        _sleep_on(side)
+        for n in names:
+            _copy_async(dev[n], staged[n], side)
+        out = op()
     assert not side.done, "the side stream finished before the op was queued: lengthen the sleep"
+    side.synchronize()
+    return out
 
 
 @pytest.mark.parametrize("M", [4, 300])
@@ -193,17 +209,7 @@ def test_fused_experts_runs_on_cupy_current_stream(M, rng):
     host = to_inputs(make_problem(rng, case), case, "numpy", "float16")
     ref = reference(host, case)
     dev = to_cupy(host)
-    staged = dev["x"].copy()
-    dev["x"].fill(0)
-    cupy.cuda.Device().synchronize()
-    side = cupy.cuda.Stream(non_blocking=True)
-    _warm_up(side, lambda: call(dev, case))
-    with side:
-        _sleep_on(side)
-        _copy_async(dev["x"], staged, side)
-        out = call(dev, case)
-    _assert_still_sleeping(side)
-    side.synchronize()
+    out = _run_after_late_writes(dev, ["x"], lambda: call(dev, case))
     check_close(out.get(), ref, "float16", what="side stream")
 
 
@@ -215,19 +221,7 @@ def test_fused_moe_runs_on_cupy_current_stream(rng):
     host = moe_inputs(prob, "numpy", "float16", "float32")
     ref = moe_ref(r, host)
     dev = {n: (None if v is None else cupy.asarray(v)) for n, v in host.items()}
-    staged_x, staged_g = dev["x"].copy(), dev["logits"].copy()
-    dev["x"].fill(0)
-    dev["logits"].fill(0)
-    cupy.cuda.Device().synchronize()
-    side = cupy.cuda.Stream(non_blocking=True)
-    _warm_up(side, lambda: moe_call(r, dev))
-    with side:
-        _sleep_on(side)
-        _copy_async(dev["x"], staged_x, side)
-        _copy_async(dev["logits"], staged_g, side)
-        out = moe_call(r, dev)
-    _assert_still_sleeping(side)
-    side.synchronize()
+    out = _run_after_late_writes(dev, ["x", "logits"], lambda: moe_call(r, dev))
     check_close(out.get(), ref, "float16", what="fused_moe side stream")
 
 

@@ -16,6 +16,7 @@ from conftest import (
     FP8_TOLERANCE,
     Case,
     call_with_workspace,
+    chain_three,
     check_fp8_close,
     fp8_call,
     fp8_kwargs,
@@ -605,12 +606,7 @@ def test_back_to_back_calls_feed_each_other(scheme, backend, rng, monkeypatch):
     monkeypatch.setenv("SWAPMOE_FIRST_KERNEL_PDL", "on")
     case = _case(12, BLOCKS_SHAPE, E=16, topk=4, ids="concentrated")
     inp = to_fp8_inputs(make_fp8_problem(rng, case, scheme[0], static=scheme[1]), case, "torch", "bfloat16", DEV)
-    outs = [poison(inp["x"]) for _ in range(3)]
-    torch.cuda.synchronize()  # nothing but the three calls between them on the stream
-    xs = [inp["x"]]
-    for out in outs:
-        xs.append(fp8_call(dict(inp, x=xs[-1]), case, out=out, backend=backend))
-    torch.cuda.synchronize()
+    xs = chain_three(inp, lambda step, out: fp8_call(step, case, out=out, backend=backend))
     for i in range(3):
         ref, flips = fp8_reference(dict(inp, x=xs[i]), case)
         assert np.linalg.norm(ref) > 0, f"call {i + 1}: degenerate chain (zero reference)"

@@ -16,6 +16,7 @@ from conftest import (
     Case,
     call,
     call_with_workspace,
+    chain_three,
     check_close,
     has_cuda,
     junk_workspace,
@@ -765,12 +766,7 @@ def test_back_to_back_calls_feed_each_other(backend, rng, monkeypatch):
     monkeypatch.setenv("SWAPMOE_FIRST_KERNEL_PDL", "on")
     case = Case(12, 16, 4, 128, 256, ids="concentrated")
     inp = to_inputs(make_problem(rng, case), case, "torch", "bfloat16", DEV)
-    outs = [poison(inp["x"]) for _ in range(3)]
-    torch.cuda.synchronize()  # nothing but the three calls between them on the stream
-    xs = [inp["x"]]
-    for out in outs:
-        xs.append(call(dict(inp, x=xs[-1]), case, out=out, backend=backend))
-    torch.cuda.synchronize()
+    xs = chain_three(inp, lambda step, out: call(step, case, out=out, backend=backend))
     for i in range(3):
         ref = reference(dict(inp, x=xs[i]), case)
         assert np.linalg.norm(ref) > 0, f"call {i + 1}: degenerate chain (zero reference)"
