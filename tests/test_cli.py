@@ -505,6 +505,92 @@ def test_default_cpu_bench_subprocess():
     assert [ln.split()[0] for ln in r.stdout.splitlines()[-3:]] == ["1", "4", "16"]
 
 
+def test_aborted_run_exits_1_and_says_so(monkeypatch, capsys):
+    """A run that ends early (a sticky CUDA error raises out of the M loop) keeps the points
+    measured so far, prints RUN ABORTED and exits 1 although the check passed."""
+    real = B.make_routing
+
+    def routing(torch, M, *a, **kw):
+        if M == 4:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered (fake)")
+        return real(torch, M, *a, **kw)
+
+    monkeypatch.setattr(B, "make_routing", routing)
+    rc = cli.main(["bench", "--device", "cpu", "--shape", "4,2,64,32", "--m", "1,4", "--layers", "2",
+                   "--no-progress"])
+    out = capsys.readouterr().out
+    assert "RUN ABORTED at M=4: " in out and "illegal memory access" in out
+    assert "check at M=1" in out and " ok" in out  # the check passed: the abort alone sets rc
+    lines = out.splitlines()
+    i = [ln.split()[:1] for ln in lines].index(["M"])
+    assert lines[i + 1].split()[0] == "1"  # the point measured before the abort is kept
+    assert rc == 1
+
+
+def _bench_argv_all_flags(tmp_path):
+    return ["bench", "--shape", "8,2,64,32", "--tp", "2", "--ep", "2", "--dtype", "fp16", "--quant", "fp8_channel",
+            "--m", "3,1", "--routing", "skewed", "--zipf-s", "1.7", "--layers", "3", "--no-graph", "--baselines",
+            "--no-check", "--check-all", "--device", "cpu", "--seed", "11", "--anchors", str(tmp_path / "a.json"),
+            "--read-bw", "3.25", "--read-floor", "--gemm-tflops", "612.5", "--no-progress", "--with-routing"]
+
+
+def test_bench_passes_every_flag_to_run_bench(monkeypatch, tmp_path, capsys):
+    """Each bench flag reaches run_bench with its value (run_bench itself is faked: the
+    record printed is a GPU-shaped one)."""
+    got = {}
+
+    def fake_run_bench(shape, **kw):
+        got["shape"] = shape
+        got.update(kw)
+        return _fake_gpu_record()
+
+    monkeypatch.setattr(B, "run_bench", fake_run_bench)
+    assert cli.main(_bench_argv_all_flags(tmp_path)) == 0
+    assert "swapmoe_us" in capsys.readouterr().out
+    sh = got.pop("shape")
+    assert (sh.E, sh.E_global, sh.topk, sh.K, sh.N, sh.tp, sh.ep) == (4, 8, 2, 64, 16, 2, 2)
+    assert callable(got.pop("log"))
+    assert got == {"dtype": "fp16", "quant": "fp8_channel", "m_list": [1, 3], "routing": "skewed", "zipf_s": 1.7,
+                   "layers": 3, "graph": False, "baselines": True, "check": False, "check_all": True,
+                   "device": "cpu", "seed": 11, "anchors": str(tmp_path / "a.json"), "read_bw_tbps": 3.25,
+                   "gemm_tflops": 612.5, "progress": False, "with_routing": True, "read_floor": True}
+    got.clear()
+    assert cli.main(["bench", "--device", "cpu", "--no-progress"]) == 0
+    capsys.readouterr()
+    assert got["shape"] is None and got["layers"] == 8 and got["read_bw_tbps"] is None
+    assert got["gemm_tflops"] is None and got["read_floor"] is None and got["baselines"] is None
+
+
+def test_tune_passes_every_flag_to_run_tune(monkeypatch, tmp_path, capsys):
+    """Each tune flag reaches run_tune with its value (run_tune itself is faked)."""
+    from swapmoe import tune as T
+
+    got = {}
+    path = str(tmp_path / "t" / "E=8,N=32,device_name=X,dtype=fp16.json")
+
+    def fake_run_tune(shapes, **kw):
+        got["shapes"] = shapes
+        got.update(kw)
+        return [{"shape": shapes[0].name, "path": path, "skipped_m": [], "entries": {}}]
+
+    monkeypatch.setattr(T, "run_tune", fake_run_tune)
+    assert cli.main(["tune", "--shape", "8,2,64,32", "--dtype", "fp16", "--quant", "fp8_tensor", "--m", "2,1",
+                     "--out-dir", str(tmp_path / "t"), "--force", "--layers", "5", "--no-vllm", "--no-check",
+                     "--prune", "3.5", "--device", "cuda:1", "--seed", "7", "--no-progress"]) == 0
+    out, err = capsys.readouterr()
+    assert path in out and f"SWAPMOE_TABLES_DIR={tmp_path / 't'}" in err
+    assert [(s.E, s.topk, s.K, s.N) for s in got.pop("shapes")] == [(8, 2, 64, 32)]
+    assert callable(got.pop("log"))
+    assert got == {"out_dir": str(tmp_path / "t"), "dtype": "fp16", "quant": "fp8_tensor", "m_list": [1, 2],
+                   "force": True, "layers": 5, "vllm": False, "check": False, "prune": 3.5, "device": "cuda:1",
+                   "seed": 7, "progress": False}
+    got.clear()
+    assert cli.main(["tune", "--shape", "8,2,64,32", "--out-dir", str(tmp_path / "t")]) == 0
+    capsys.readouterr()
+    assert got["force"] is False and got["prune"] == T.DEFAULT_PRUNE and got["layers"] == 8
+    assert got["vllm"] is True and got["check"] is True and got["progress"] is True
+
+
 # ---------------------------------------------------------------------------------------
 # the vLLM baseline, with a fake vllm module (vLLM is not installed here)
 # ---------------------------------------------------------------------------------------
@@ -779,11 +865,48 @@ def test_gpu_record_table(tmp_path):
     assert rows[0][15] == "112.50x"
     p4096 = rec["points"][2]["results"]["swapmoe"]
     assert rows[2][7] == f"{p4096['tflops'] / 750 * 100:.0f}%"
+    # every cell of every row, by column name, against the record's values
+    cols = head.split()
+    for p, row in zip(rec["points"], rows):
+        sw, res = p["results"]["swapmoe"], p["results"]
+        want = {"M": str(p["M"]), "touched": str(p["experts_touched"]), "plan": p["plan"]["backend"],
+                "floor_us": cli._us(p["floor_us"]), "swapmoe_us": cli._us(sw["time_us"]),
+                "%floor": cli._pct(sw["pct_floor"]), "TF/s": cli._tf(sw["tflops"]), "%gemm": cli._pct(sw["pct_gemm"]),
+                "anchor_us": cli._us(p["anchor_vllm_gemm_us"]), "x_anchor": cli._x(sw["speedup_vs_anchor"])}
+        for impl, short in (("vllm-fused", "vllm_fused"), ("torch-grouped-mm", "gmm"), ("torch-eager", "eager")):
+            want[f"{short}_us"] = cli._us(res[impl]["time_us"])
+            want[f"x_{short}"] = cli._x(sw["speedup_vs"][impl])
+        assert set(want) == set(cols)
+        assert dict(zip(cols, row)) == want, p["M"]
+        # the cells a swapped column would confuse differ, so the check above tells them apart
+        assert want["anchor_us"] != want["floor_us"] and want["%floor"] != want["%gemm"]
     assert len(head) <= 160  # every column there can be, still one line on a wide terminal
     assert "vllm_fused = vLLM's fused_experts, the whole op; gmm = torch._grouped_mm pipeline" in text
     csv = cli.csv_text(rec).splitlines()
     assert "swapmoe_x_torch-grouped-mm" in csv[0] and "swapmoe_x_vllm-fused" in csv[0] and len(csv) == 4
     assert "swapmoe_pct_gemm" in csv[0] and csv[1].split(",")[5] == "cuda_decode"
+    # every CSV column, by header name, against the record
+    impls = rec["implementations"]
+    csv_head = csv[0].split(",")
+    assert csv_head == (["M", "experts_touched", "slots", "floor_us", "anchor_vllm_gemm_us", "plan"]
+                        + [f"{n}_{c}" for n in impls for c in ("us", "pct_floor", "tflops", "pct_gemm", "x_anchor")]
+                        + [f"swapmoe_x_{n}" for n in impls[1:]] + ["read_floor_us"] + [f"{n}_pct_read" for n in impls])
+    for p, line in zip(rec["points"], csv[1:]):
+        got = dict(zip(csv_head, line.split(",")))
+        assert len(got) == len(csv_head) == len(line.split(","))
+        assert (got["M"], got["experts_touched"], got["slots"], got["plan"]) == \
+            (str(p["M"]), str(p["experts_touched"]), str(p["slots"]), p["plan"]["backend"])
+        want = {"floor_us": p["floor_us"], "anchor_vllm_gemm_us": p["anchor_vllm_gemm_us"]}
+        for n in impls:
+            r = p["results"][n]
+            want.update({f"{n}_us": r["time_us"], f"{n}_pct_floor": r["pct_floor"], f"{n}_tflops": r["tflops"],
+                         f"{n}_pct_gemm": r["pct_gemm"], f"{n}_x_anchor": r["speedup_vs_anchor"]})
+            assert r["tflops"] != pytest.approx(r["pct_gemm"], rel=1e-3)  # a swap of the two would show
+            if n != "swapmoe":
+                want[f"swapmoe_x_{n}"] = p["results"]["swapmoe"]["speedup_vs"][n]
+        for k, v in want.items():
+            assert float(got[k]) == pytest.approx(v, rel=1e-5), (p["M"], k)
+        assert got["read_floor_us"] == "" and all(got[f"{n}_pct_read"] == "" for n in impls)
     p = str(tmp_path / "g.png")
     B.plot_record(rec, p)
     assert open(p, "rb").read(8) == PNG_SIGNATURE
@@ -823,6 +946,60 @@ def test_check_main(capsys):
         assert key in out, key
     if not torch.cuda.is_available():
         assert "no CUDA driver" in out or "devices:" in out
+
+
+@pytest.mark.parametrize("value, disabled", [(None, False), ("", False), ("0", False), (" 0 ", False),
+                                             ("1", True)])
+def test_disable_env_zero_keeps_the_plugin_on(monkeypatch, capsys, value, disabled):
+    """README: SWAPMOE_DISABLE=1 turns the vLLM plugin off; unset, empty or 0 leaves it on,
+    both in the plugin's register() and in what `swapmoe check` reports. (vLLM's version is
+    faked outside the supported range, so that register() stops before importing vLLM.)"""
+    import importlib.metadata
+
+    from swapmoe import vllm_plugin as P
+
+    if value is None:
+        monkeypatch.delenv("SWAPMOE_DISABLE", raising=False)
+    else:
+        monkeypatch.setenv("SWAPMOE_DISABLE", value)
+    real_version, real_eps = importlib.metadata.version, importlib.metadata.entry_points
+    ep = importlib.metadata.EntryPoint("swapmoe", "swapmoe.vllm_plugin:register", "vllm.general_plugins")
+
+    def entry_points(**kw):
+        return [ep] if kw.get("group") == "vllm.general_plugins" else real_eps(**kw)
+
+    def version(name):
+        return "0.32.0" if name == "vllm" else real_version(name)
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    monkeypatch.setattr(P, "_status", None)
+    P.register()
+    assert ("disabled by SWAPMOE_DISABLE" in P.status()) is disabled, P.status()
+    if not disabled:
+        assert "vLLM 0.32.0 is outside the supported range" in P.status()
+    monkeypatch.setattr(P, "_status", None)
+    state = cli._plugin_state()
+    assert ("disabled" in state) is disabled, state
+    assert ("inactive: vLLM 0.32.0 is outside the range" in state) is not disabled, state
+    assert cli.main(["check"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("vllm plugin: "))
+    assert line == f"vllm plugin: {state}"
+
+
+def test_explain_backend_override(monkeypatch, capsys):
+    """`swapmoe explain --backend X` plans with X forced, as $SWAPMOE_BACKEND does."""
+    monkeypatch.delenv("SWAPMOE_BACKEND", raising=False)
+    argv = ["explain", "--model", "qwen3-30b-a3b", "--m", "1,64", "--device-name", "NVIDIA H200"]
+    assert cli.main(argv) == 0
+    plain = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("M=")]
+    assert len(plain) == 2 and not any("cuda_generic" in ln or "override" in ln for ln in plain)
+    assert cli.main(argv + ["--backend", "cuda_generic"]) == 0
+    out = capsys.readouterr().out
+    heads = [ln for ln in out.splitlines() if ln.startswith("M=")]
+    assert [h.split(" (")[0] for h in heads] == ["M=1: cuda_generic", "M=64: cuda_generic"]
+    assert all("(override;" in h and "on NVIDIA H200 sm_90" in h for h in heads)
+    assert out.count("- override: cuda_generic forced by the backend argument or $SWAPMOE_BACKEND") == 2
 
 
 def test_check_subprocess():

@@ -12,15 +12,24 @@ import swapmoe  # noqa: E402
 from swapmoe import _core, reference, vllm_experts  # noqa: E402
 
 
-@pytest.mark.parametrize("M", [1, 3, 64, 513])
+@pytest.mark.parametrize("M", [1, 3, 8, 64, 513])
 @pytest.mark.parametrize("itemsize", [2, 4])
-def test_workspace2_holds_swapmoe_workspace_and_tritons(M, itemsize):
-    ws13, ws2, out = vllm_experts.workspace_shapes(M, 2 * 768, 2048, 8, 128, itemsize)
+@pytest.mark.parametrize("E, topk, K, N", [
+    (128, 8, 2048, 768),  # qwen3-30b-a3b: K > 2N
+    (8, 2, 4096, 14336),  # mixtral-8x7b: 2N > N > K, so 2N alone bounds Triton's intermediate_cache1
+])
+def test_workspace2_holds_swapmoe_workspace_and_tritons(M, itemsize, E, topk, K, N):
+    """vLLM's TritonExperts (which runs the calls the oracle routes to vllm_triton) puts
+    intermediate_cache1 [M, topk, 2N] and intermediate_cache3 [M, topk, K] in workspace2 and
+    intermediate_cache2 [M*topk, N] in workspace13; workspace2 also holds swapmoe's aligned
+    workspace."""
+    ws13, ws2, out = vllm_experts.workspace_shapes(M, 2 * N, K, topk, E, itemsize)
     assert ws13[0] == ws2[0] == out[0] == M  # vLLM chunks on the first dimension
-    assert ws13 == (M, 8, 2048) and out == (M, 2048)
-    need = _core.workspace_bytes(M, 8, 768, 2048, 128, itemsize) + vllm_experts.WORKSPACE_ALIGN
+    assert ws13 == (M, topk, max(N, K)) and out == (M, K)
+    need = _core.workspace_bytes(M, topk, N, K, E, itemsize) + vllm_experts.WORKSPACE_ALIGN
     assert int(np.prod(ws2)) * itemsize >= need
-    assert ws2[2] >= 2 * 768  # Triton's intermediate_cache1
+    assert ws2[:2] == (M, topk) and ws2[2] >= 2 * N and ws2[2] >= K  # Triton's caches 1 and 3
+    assert int(np.prod(ws2)) >= M * topk * 2 * N
 
 
 def test_aligned_workspace_is_256_aligned_and_bounded():
