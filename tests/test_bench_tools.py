@@ -298,3 +298,139 @@ def test_read_floor_on_the_gpu_reads_the_routed_bytes_and_the_bench_reports_it()
     off = B.run_bench(B.shard_shape("t", 16, 2, 256, 96), m_list=[1], baselines=False, check=False, layers=2,
                       progress=False, read_floor=False)
     assert off["read_floor"] is None and off["points"][0]["read_floor_us"] is None
+
+
+# --------------------------------------------------------------------------- swapmoe.bench: derived columns
+
+
+def _fixed_cpu_time(monkeypatch, us):
+    """run_bench's CPU timer replaced by one that says ``us`` per call (the derived columns
+    are then exact)."""
+    from swapmoe import bench as B
+
+    monkeypatch.setattr(B, "cpu_time_us", lambda calls, *a, **k: float(us))
+
+
+def test_bench_speedup_vs_anchor_is_the_anchor_time_over_ours(tmp_path, monkeypatch):
+    """An anchor with a row for the CPU shape at M=1 (none at M=4): the run matches it and
+    speedup_vs_anchor is the anchor's vLLM time / swapmoe's time, only where there is a row."""
+    pytest.importorskip("torch")
+    import json
+
+    from swapmoe import bench as B
+
+    _fixed_cpu_time(monkeypatch, 100.0)
+    E, topk, K, N = B.CPU_DEFAULT_SHAPE
+    row = {"shape": "cpu-small", "E": E, "topk": topk, "K": K, "N": N, "variant": "bf16", "M": 1,
+           "vllm_gemm_us": 250.0, "experts_touched": 2, "floor_us": 1.0}
+    other = dict(row, variant="fp16", vllm_gemm_us=999.0)  # another variant, not ours
+    path = tmp_path / "anchor.json"
+    path.write_text(json.dumps({"what": "test anchor", "device": "CPU", "rows": [row, other]}))
+    rec = B.run_bench(None, device="cpu", m_list=[1, 4], layers=2, check=False, progress=False,
+                      anchors=str(path))
+    assert rec["anchor"]["path"] == str(path) and rec["anchor"]["matched"] is True
+    p1, p4 = rec["points"]
+    assert p1["anchor_vllm_gemm_us"] == 250.0 and p4["anchor_vllm_gemm_us"] is None
+    sw1 = p1["results"][B.IMPL_SWAPMOE]
+    assert sw1["time_us"] == 100.0
+    assert sw1["speedup_vs_anchor"] == pytest.approx(250.0 / 100.0)
+    assert "speedup_vs_anchor" not in p4["results"][B.IMPL_SWAPMOE]
+
+
+def test_bench_tflops_count_the_local_slots_under_ep(monkeypatch):
+    """With --ep the (token, expert) pairs this GPU runs are the slots routed to its local
+    experts, fewer than M*topk: TF/s is 2*slots*3*N*K / time."""
+    pytest.importorskip("torch")
+    from swapmoe import bench as B
+
+    _fixed_cpu_time(monkeypatch, 80.0)
+    shape = B.parse_shape("8,2,256,128", ep=2)
+    rec = B.run_bench(shape, device="cpu", m_list=[4, 16], layers=2, check=False, progress=False)
+    assert rec["shape"]["E"] == 4 and rec["shape"]["E_global"] == 8
+    fewer = 0
+    for p in rec["points"]:
+        assert p["slots"] <= p["M"] * shape.topk
+        fewer += p["slots"] < p["M"] * shape.topk
+        sw = p["results"][B.IMPL_SWAPMOE]
+        assert sw["tflops"] == pytest.approx(B.moe_tflops(p["slots"], shape.N, shape.K, 80.0), rel=1e-12)
+        assert sw["tflops"] == pytest.approx(2.0 * p["slots"] * 3 * 128 * 256 / 80e-6 / 1e12, rel=1e-12)
+    assert fewer  # the other rank's experts take some of the slots
+
+
+def test_bench_check_all_fails_on_an_m_after_the_first(monkeypatch, tmp_path, capsys):
+    """--check-all: an implementation that is right at M=1 and wrong at M=4 fails the run's
+    check (ok False, failed_M [4], exit status 1), not only the M=4 point's."""
+    pytest.importorskip("torch")
+    import json
+
+    from swapmoe import bench as B
+    from swapmoe import cli
+
+    def wrong_past_one_token(x, w1, w2, tw, ids, emap, out, fp8=None):
+        B.impl_swapmoe(x, w1, w2, tw, ids, emap, out, fp8=fp8)
+        if x.shape[0] > 1:
+            out.mul_(1.05)
+        return out
+
+    monkeypatch.setitem(B.IMPLS, B.IMPL_SWAPMOE, (wrong_past_one_token, True))
+    _fixed_cpu_time(monkeypatch, 50.0)
+    j = str(tmp_path / "w.json")
+    rc = cli.main(["bench", "--device", "cpu", "--shape", "8,2,256,128", "--m", "1,4", "--check-all",
+                   "--layers", "2", "--no-progress", "--json", j])
+    capsys.readouterr()
+    rec = json.load(open(j))
+    chk = rec["check"]
+    assert chk["M"] == 1 and chk["all_M"] is True
+    assert chk["results"][B.IMPL_SWAPMOE]["ok"]  # the first M's results are right
+    p1, p4 = rec["points"]
+    assert p1["check"][B.IMPL_SWAPMOE]["ok"] and not p4["check"][B.IMPL_SWAPMOE]["ok"]
+    assert chk["failed_M"] == [4] and chk["ok"] is False and rc == 1
+    assert any("CHECK FAILED for swapmoe at M=4" in n for n in rec["notes"])
+
+
+# --------------------------------------------------------------------------- swapmoe.bench: GPU timing helpers
+
+
+def test_read_bandwidth_formula(monkeypatch):
+    """The streaming read bandwidth is bytes / (ms * 1e-3) under a fake timer, over a buffer
+    capped at 40% of free memory (whole MiB); the memory queries are faked for the CPU."""
+    torch = pytest.importorskip("torch")
+    from swapmoe import bench as B
+
+    free = [1 << 40]
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free[0], 2 * free[0]))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    sums = []
+
+    def timer(fn):
+        sums.append(fn())
+        return 2.0
+
+    mib = 1 << 20
+    bw, nbytes = B.measure_read_bandwidth(torch, torch.device("cpu"), timer, nbytes=8 * mib + 5)
+    assert nbytes == 8 * mib
+    assert bw == pytest.approx(8 * mib / 2e-3, rel=1e-12)  # 4.19 GB/s
+    assert len(sums) == 1 and sums[0].numel() == 1
+    free[0] = 10 * mib  # 40% of it is 4 MiB
+    bw, nbytes = B.measure_read_bandwidth(torch, torch.device("cpu"), timer, nbytes=8 * mib)
+    assert nbytes == 4 * mib and bw == pytest.approx(4 * mib / 2e-3, rel=1e-12)
+
+
+def test_gpu_time_is_per_layer(monkeypatch):
+    """gpu_time_us times the eager loop over all the layers' calls once under the timer and
+    returns µs per layer (the timer's ms * 1000 / layers)."""
+    torch = pytest.importorskip("torch")
+    from swapmoe import bench as B
+
+    ran = []
+    calls = [(lambda i: (lambda: ran.append(i)))(i) for i in range(4)]
+
+    def timer(fn):
+        fn()
+        return 2.0  # ms for the 4 calls
+
+    us, how = B.gpu_time_us(torch, calls, timer, graph=False)
+    assert ran == [0, 1, 2, 3] and how == "eager"
+    assert us == pytest.approx(2.0 * 1000.0 / 4)
+    us1, _ = B.gpu_time_us(torch, calls[:1], timer, graph=False)
+    assert us1 == pytest.approx(2000.0)

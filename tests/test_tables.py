@@ -1224,3 +1224,87 @@ def test_vllm_fp8_quant_config_not_importable(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)
     fn, why = T.load_vllm_fp8_quant_config()
     assert fn is None and "not importable" in why
+
+
+# ---------------------------------------------------------------------------------------
+# swapmoe tune: expert-parallel shards, topk, the swap launch variants' M limit
+# ---------------------------------------------------------------------------------------
+
+
+def test_table_of_an_ep_shard_carries_the_local_e_the_oracle_reads():
+    """Under --ep a GPU holds E/ep experts: the table's metadata says the local E (the global
+    one beside it), the file name says it too, and the Rust reader takes the pair."""
+    shape = T.B.shard_shape("t", 16, 2, 1024, 512, ep=2)
+    meta = T.table_metadata(shape, "bf16", H200, (9, 0), 8, 0, "timer", {})
+    assert (meta["E"], meta["E_global"], meta["ep"]) == (8, 16, 2)
+
+
+def test_written_ep_table_is_read_with_the_local_e(tmp_path):
+    shape = T.B.shard_shape("t", 16, 2, 1024, 512, ep=2)
+    meta = T.table_metadata(shape, "bf16", H200, (9, 0), 8, 0, "timer", {})
+    path = tmp_path / _core.table_file_name(shape.E, shape.N, H200).replace(",", ";")
+    assert path.name.startswith("E=8;N=512;")
+    T.write_table(str(path), T.merge_table(None, {1: T.make_entry({"cuda_decode": 10.0, "cuda_generic": 12.0})},
+                                           meta))
+    parsed = _core.read_table(str(path))
+    assert parsed["metadata"]["E"] == 8 and parsed["entries"][1]["backend"] == "cuda_decode"
+
+
+class _FakeTimer:
+    method = "fake timer"
+
+
+@pytest.mark.parametrize("quant", ["none", "fp8_block128"])
+def test_run_tune_names_each_table_by_the_local_e_and_the_quant(quant, tmp_path, monkeypatch):
+    """run_tune with the device faked (no GPU here): an --ep 2 shape's table goes to the file
+    of its local E (what the oracle looks up on that GPU) with the FP8 scheme in the name, and
+    the table written there is one the Rust reader accepts."""
+    torch = pytest.importorskip("torch")
+    import swapmoe
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda dev: None)
+    monkeypatch.setattr(T.B, "resolve_device", lambda torch_, device: torch.device("cuda", 0))
+    monkeypatch.setattr(_core, "device_info", lambda index: {"name": H200, "capability": (9, 0)})
+    monkeypatch.setattr(swapmoe, "warmup", lambda index=None: [])
+    made = []
+
+    def fake_runner(torch_, dev, dtype, layers, seed, device_name, capability, vllm_fn, say, q):
+        assert (device_name, capability, q, vllm_fn) == (H200, (9, 0), quant, None)
+        r = FakeRunner(vllm=False) if q == "none" else FakeFp8Runner(vllm=False, quant=q)
+        r.timer = _FakeTimer()
+        made.append(r)
+        return r
+
+    monkeypatch.setattr(T, "GpuRunner", fake_runner)
+    shape = T.B.shard_shape("fake", 16, 4, 1024, 512, ep=2)
+    [s] = T.run_tune([shape], out_dir=str(tmp_path), quant=quant, m_list=[1, 8], vllm=False, progress=False)
+    want = tmp_path / _core.table_file_name(8, 512, H200, "bf16", None if quant == "none" else quant).replace(",", ";")
+    assert s["path"] == str(want) and os.listdir(tmp_path) == [want.name]
+    assert want.name.startswith("E=8;N=512;device_name=NVIDIA_H200;dtype=")
+    assert ("fp8_w8a8" in want.name) == (quant != "none")
+    assert made and made[0].timed and s["measured"] == [1, 8]
+    parsed = _core.read_table(str(want))
+    assert parsed["metadata"]["E"] == 8 and sorted(parsed["entries"]) == [1, 8]
+    with open(want, encoding="utf-8") as f:
+        raw = json.load(f)
+    assert (raw["metadata"]["E_global"], raw["metadata"]["ep"]) == (16, 2)
+    assert raw["metadata"]["quant"] == (None if quant == "none" else quant)
+
+
+def test_prepare_refuses_a_table_of_another_topk(tmp_path):
+    """The same file name (E, N, device, dtype) measured with another topk is not resumed."""
+    T.sweep(_plans(tmp_path, [1]), FakeRunner())  # topk 8
+    with pytest.raises(T.TuneError, match="topk=8"):
+        _plans(tmp_path, [1, 2], shapes=[T.B.shard_shape("fake", 16, 4, 1024, 512)])
+    plans = _plans(tmp_path, [1, 2], shapes=[T.B.shard_shape("fake", 16, 4, 1024, 512)], force=True)
+    assert plans[0].old is None and plans[0].todo == [1, 2]
+
+
+def test_swap_launch_variants_are_timed_up_to_m_32_inclusive():
+    shape = T.B.preset_shape("qwen3-30b-a3b")
+    assert T.SWAP_LAUNCH_MAX_M == 32
+    for label in ("cuda_wgmma_swap:r2p0", "cuda_wgmma_swap:r3p1"):
+        assert T.ineligible(label, 32, shape, "bf16", H200, (9, 0)) is None
+        assert "M <= 32" in T.ineligible(label, 33, shape, "bf16", H200, (9, 0))
+    assert T.ineligible("cuda_wgmma_swap:r0p1g7", 32, shape, "bf16", H200, (9, 0), "fp8_tensor") is None
