@@ -365,6 +365,39 @@ def test_workspace_shapes_cover_triton_and_swapmoe():
         assert ours[2] == (M, 2048)
 
 
+class _CudaShaped:
+    """Enough of a CUDA tensor for ``route``: its shape, dtype, device and ``is_cuda``."""
+
+    is_cuda = True
+
+    def __init__(self, *shape, dtype=torch.bfloat16):
+        self.shape, self.dtype, self.device = torch.Size(shape), dtype, torch.device("cuda", 0)
+
+
+def test_route_asks_the_oracle_once_per_token_count(monkeypatch):
+    """On CUDA, route() asks the oracle with the call's (M, E, topk, K, N) (N from w2 [E, K, N]),
+    the device's capability and name and vLLM's Triton as an external backend; it caches the
+    answer per token count, not across counts, and only a vllm_triton plan goes to Triton."""
+    from swapmoe import oracle as sw_oracle
+
+    asked = []
+
+    def select_backend(m, e, topk, k, n, **kw):
+        asked.append((m, e, topk, k, n, kw["device_capability"], kw["device_name"], kw["external_backends"]))
+        return type("Plan", (), {"backend": "vllm_triton" if m == 1 else "cuda_wgmma_swap"})()
+
+    monkeypatch.setattr(sw_oracle, "select_backend", select_backend)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    experts = vllm_plugin.experts_class()(moe_config(E=128, topk=8, K=2048, N=768), FusedMoEQuantConfig.make())
+    w1, w2 = _CudaShaped(128, 1536, 2048), _CudaShaped(128, 2048, 768)
+    routes = [experts.route(_CudaShaped(m, 2048), w1, w2, 8) for m in (1, 64, 1, 64, 8)]
+    assert routes == ["vllm_triton", "swapmoe", "vllm_triton", "swapmoe", "swapmoe"]
+    assert [a[0] for a in asked] == [1, 64, 8]  # once per token count
+    assert all(a[1:5] == (128, 8, 2048, 768) for a in asked), asked
+    assert asked[0][5:] == ((9, 0), "NVIDIA H200", ("vllm_triton",))
+
+
 def test_fp8_layer_asks_the_oracle_with_its_kind_of_activation_scales():
     """The shipped per-tensor tables were measured with static scales: a layer with dynamic
     ones must not be routed by them (swapmoe runs other kernels for it)."""
