@@ -20,7 +20,9 @@ U64 = (0, 2**64 - 1)
 
 
 def _is_bool(v: Any) -> bool:
-    return type(v) is bool or type(v).__name__ == "bool_"  # numpy.bool_
+    """A Python or numpy bool (numpy 1 names its type ``bool_``, numpy 2 ``bool``)."""
+    t = type(v)
+    return t is bool or (t.__module__ == "numpy" and t.__name__ in ("bool_", "bool"))
 
 
 def _as_int(v: Any, lo_hi) -> Optional[str]:
