@@ -484,3 +484,30 @@ def test_random_problems(problem):
         assume(fraction >= MIN_SURVIVING_FRACTION)
         assume(dtype != "float16" or rms >= MIN_FLOAT16_RMS)
     run_case(case, lib, dtype, np.random.default_rng(seed))
+
+
+@pytest.mark.parametrize("lib", ["numpy", pytest.param("torch", marks=requires_torch)])
+def test_unchecked_bad_expert_map_entries_contribute_nothing(lib, rng):
+    """expert_map entries past E or below -1 (check_ids=False) do no work and index nothing:
+    the result is the reference's, and bitwise that of the same map with them set to -1."""
+    case = Case(9, 8, 2, 40, 48, ep=True)
+    prob = make_problem(rng, case)
+    clean = prob["expert_map"].copy()
+    mapped = np.flatnonzero(clean >= 0)
+    prob["expert_map"][mapped[:3]] = [8, 100, -2]
+    inp = to_inputs(prob, case, lib, "float32")
+    out = call(inp, case, out=poison(inp["x"]))
+    check_close(out, reference(inp, case), "float32")
+    unmapped = clean.copy()
+    unmapped[mapped[:3]] = -1
+    inp2 = to_inputs(dict(prob, expert_map=unmapped), case, lib, "float32")
+    assert same_bits(snapshot(call(inp2, case)), snapshot(out))
+
+
+def test_rel_error_is_the_relative_frobenius_norm():
+    ref = np.arange(1.0, 13.0).reshape(3, 4)
+    d = np.full_like(ref, 1e-3)
+    assert rel_error(ref + d, ref) == pytest.approx(np.linalg.norm(d) / np.linalg.norm(ref), rel=1e-12)
+    assert rel_error(ref * 1.01, ref) == pytest.approx(0.01, rel=1e-9)
+    assert rel_error(np.full((2, 2), 3.0), np.zeros((2, 2))) == pytest.approx(6.0)
+    assert rel_error(np.array([np.nan]), np.array([1.0])) == np.inf

@@ -710,3 +710,81 @@ def test_select_experts_op_checks_num_tokens_as_the_eager_call_does():
         torch.ops.swapmoe.select_experts(g, 2, num_tokens=5)
     w, i = torch.ops.swapmoe.select_experts(g, 2, num_tokens=3)
     assert w.shape == i.shape == (3, 2)
+
+
+# --------------------------------------------------------------------------- API-layer gaps
+# (each of these was a planted bug in python/swapmoe/_api.py or _args.py that no test caught)
+
+
+@pytest.mark.parametrize("lib", LIBS)
+def test_numpy_bool_flags_are_never_blamed(lib, rng):
+    """numpy bools are bools (numpy 2 names the type ``bool``, numpy 1 ``bool_``): the error
+    names the bad argument, never a valid np.True_ flag beside it."""
+    conv = (lambda a: a) if lib == "numpy" else torch.from_numpy
+    g = conv(np.zeros((3, 8), np.float32))
+    swapmoe.select_experts(g, 2, renormalize=np.True_)
+    with pytest.raises(swapmoe.ArgumentError, match=r"^num_expert_group: expected None or an integer"):
+        swapmoe.select_experts(g, 2, renormalize=np.True_, num_expert_group=2.0, topk_group=1)
+    case = Case(5, 8, 2, 40, 48)
+    inp = to_inputs(make_problem(rng, case), case, lib, "float32")
+    with pytest.raises(swapmoe.ArgumentError, match=r"^backend: expected None or a str, got 5"):
+        call(inp, case, check_ids=np.True_, backend=5)
+
+
+@pytest.mark.parametrize("lib", LIBS)
+@pytest.mark.parametrize("topk", [2**63, -(2**63) - 1])
+def test_fused_moe_names_topk_past_i64(lib, topk):
+    conv = (lambda a: a) if lib == "numpy" else torch.from_numpy
+    x, w1, w2, g = (conv(np.zeros(s, np.float32)) for s in [(4, 64), (8, 64, 64), (8, 64, 32), (4, 8)])
+    with pytest.raises(swapmoe.ArgumentError, match=re.escape("topk: expected an integer in [")):
+        swapmoe.fused_moe(x, w1, w2, g, topk)
+
+
+@pytest.mark.parametrize("lib", LIBS)
+def test_str_and_dict_scalars_are_named(lib, rng):
+    conv = (lambda a: a) if lib == "numpy" else torch.from_numpy
+    g = conv(np.zeros((3, 8), np.float32))
+    with pytest.raises(swapmoe.ArgumentError, match=r"^routed_scaling_factor: expected a real number, got '1.5'"):
+        swapmoe.select_experts(g, 2, routed_scaling_factor="1.5")
+    case = Case(5, 8, 2, 40, 48)
+    inp = to_inputs(make_problem(rng, case), case, lib, "float32")
+    with pytest.raises(swapmoe.ArgumentError, match=r"^block_shape: expected None or a list of integers"):
+        call(inp, case, block_shape={128: 0, 1: 0})
+
+
+def test_fused_moe_expert_count_message_names_its_source():
+    x, w1, w2 = np.zeros((4, 64), np.float32), np.zeros((8, 64, 64), np.float32), np.zeros((8, 64, 32), np.float32)
+    with pytest.raises(swapmoe.ShapeError, match=re.escape(
+            "gating_output: expected shape [M, 8] (w1.shape[0], no expert_map given), got [4, 16]")):
+        swapmoe.fused_moe(x, w1, w2, np.zeros((4, 16), np.float32), 2)
+    emap = np.full(16, -1, np.int32)
+    emap[:8] = np.arange(8)
+    with pytest.raises(swapmoe.ShapeError, match=re.escape(
+            "gating_output: expected shape [M, 16] (expert_map.shape[0]), got [4, 12]")):
+        swapmoe.fused_moe(x, w1, w2, np.zeros((4, 12), np.float32), 2, expert_map=emap)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("M", [1, 9, 70])
+def test_workspace_bytes_is_the_plans(dtype, M, rng):
+    """The public workspace size maps the tensors' shapes onto the core's (M, topk, N, K, E)
+    as the plan does, for every quant."""
+    case = Case(M, 8, 2, 40, 48)
+    inp = to_inputs(make_problem(rng, case), case, "numpy", dtype)
+    plan = swapmoe._core.describe_plan(inp["x"], inp["w1"], inp["w2"], inp["tw"], inp["ids"])
+    assert swapmoe.workspace_bytes(inp["x"], inp["w1"], inp["ids"]) == plan["workspace_bytes"] > 0
+    for q in ("fp8_tensor", "fp8_channel", "fp8_block128"):
+        assert swapmoe.workspace_bytes(inp["x"], inp["w1"], inp["ids"], q) == \
+            swapmoe._core.workspace_bytes(M, 2, 40, 48, 8, inp["x"].itemsize, q)
+
+
+@pytest.mark.skipif(torch is None, reason="needs torch")
+def test_cupy_and_torch_name_the_same_quant():
+    """The CuPy path sizes its workspace with _api's quant name, the torch path with ops'."""
+    from swapmoe import _api, ops
+
+    for fp8 in (False, True):
+        for channel in (False, True):
+            for block in (None, [128, 128]):
+                assert _api._quant_name(fp8, channel, block) == ops.quant_name(fp8, channel, block)
+    assert ops.quant_name(True, True, None) == "fp8_channel" and ops.quant_name(True, False, None) == "fp8_tensor"

@@ -29,6 +29,7 @@ from swapmoe.reference import (
     e4m3_decode,
     e4m3_encode,
     fp8_quantize,
+    fused_experts_fp8_ref,
     fused_experts_ref,
     rel_error,
     rel_error_with_flips,
@@ -597,3 +598,37 @@ def test_references_by_expert_match_one_product_per_slot(on_input):
     assert np.allclose(got, want, rtol=1e-12, atol=1e-12)
     assert np.any(got[0] != 0) and np.all(got[[m for m in range(M) if all(
         not 0 <= i < G or emap[i] < 0 for i in ids[m])]] == 0)
+
+
+@pytest.mark.parametrize("scheme", FP8_SCHEMES)
+def test_flip_deltas_move_the_row(scheme, rng):
+    """Every flip the reference lists (an element near an e4m3 midpoint) carries the change
+    in the output row that rounding it the other way would make: never zero."""
+    case = Case(4, 8, 2, 136, 144)
+    inp = to_fp8_inputs(make_fp8_problem(rng, case, scheme), case, "numpy", "float32")
+    _, flips = fused_experts_fp8_ref(
+        to_f64(inp["x"]), e4m3_decode(inp["w1"]), e4m3_decode(inp["w2"]), to_f64(inp["tw"]),
+        inp["ids"].astype(np.int64), w1_scale=inp["w1_scale"], w2_scale=inp["w2_scale"],
+        per_channel_quant=scheme == "channel", block_shape=[128, 128] if scheme == "block" else None,
+        flip_margin=0.5)
+    assert len(flips) > 100
+    assert all(np.linalg.norm(d) > 0 for _, d in flips)
+
+
+@pytest.mark.parametrize("lib", ["numpy", pytest.param("torch", marks=requires_torch)])
+@pytest.mark.parametrize("scale", [0.0, 1e-5])
+def test_per_tensor_dynamic_scale_floor(scale, lib, rng):
+    """All-zero and tiny inputs under a dynamic per-tensor scale: the scale's floor keeps the
+    reference and the op finite; zeros give exact zeros."""
+    case = Case(6, 8, 2, 64, 64, out="poison")
+    prob = make_fp8_problem(rng, case, "tensor")
+    prob["x"] = (prob["x"] * np.float32(scale)).astype(np.float32)
+    inp = to_fp8_inputs(prob, case, lib, "float32")
+    ref, flips = fp8_reference(inp, case)
+    out = fp8_call(inp, case, out=poison(inp["x"]))
+    o = to_f64(out)
+    assert np.isfinite(ref).all() and np.isfinite(o).all()
+    if scale == 0.0:
+        assert not o.any()
+    else:
+        check_fp8_close(out, ref, flips, "float32")

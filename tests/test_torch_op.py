@@ -4,6 +4,7 @@ torch.ops.swapmoe.*."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -220,3 +221,36 @@ def test_compile_rejects_check_ids(rng):
     # eager with the same arguments works
     out = f(*op_args(inp, case))
     check_close(out, reference(inp, case), "float32")
+
+
+def _moe_torch(rng, dtype=torch.bfloat16):
+    g = torch.from_numpy(rng.standard_normal((7, 8), dtype=np.float32))
+    x = torch.from_numpy(rng.standard_normal((7, 64), dtype=np.float32)).to(dtype)
+    w1 = (torch.from_numpy(rng.standard_normal((8, 64, 64), dtype=np.float32)) / 8).to(dtype)
+    w2 = (torch.from_numpy(rng.standard_normal((8, 64, 32), dtype=np.float32)) / 6).to(dtype)
+    return x, w1, w2, g
+
+
+@pytest.mark.parametrize("op", ["fused_moe", "fused_moe_out"])
+def test_opcheck_fused_moe(op, rng):
+    """The fused_moe ops' fake implementations (bf16 hidden states, fp32 logits: the output
+    has the hidden states' dtype) pass opcheck."""
+    x, w1, w2, g = _moe_torch(rng)
+    args = (x, w1, w2, g, 2) if op == "fused_moe" else (torch.empty_like(x), x, w1, w2, g, 2)
+    res = torch.library.opcheck(getattr(OPS, op).default, args)
+    assert all(v == "SUCCESS" for v in res.values()), res
+
+
+def test_compile_fused_moe_writes_out(rng):
+    """fused_moe(out=...) under torch.compile fills the caller's out, as eagerly."""
+    torch._dynamo.reset()
+    x, w1, w2, g = _moe_torch(rng)
+
+    def f(x, w1, w2, g, out):
+        swapmoe.fused_moe(x, w1, w2, g, 2, out=out)
+        return out * 1
+
+    eager_out, compiled_out = poison(x), poison(x)
+    eager = f(x, w1, w2, g, eager_out)
+    got = torch.compile(f, fullgraph=True)(x, w1, w2, g, compiled_out)
+    assert torch.equal(got, eager) and torch.equal(compiled_out, eager_out)
