@@ -764,6 +764,17 @@ def test_fused_moe_expert_count_message_names_its_source():
         swapmoe.fused_moe(x, w1, w2, np.zeros((4, 12), np.float32), 2, expert_map=emap)
 
 
+@pytest.mark.parametrize("lib", LIBS)
+@pytest.mark.parametrize("bad", [-5, 0])
+def test_fused_moe_names_a_bad_global_num_experts(lib, bad):
+    """A global_num_experts that is neither -1 nor an expert count is named as such (as
+    fused_experts does), not reported as a gating_output shape of [M, -5]."""
+    conv = (lambda a: a) if lib == "numpy" else torch.from_numpy
+    x, w1, w2, g = (conv(np.zeros(s, np.float32)) for s in [(4, 64), (8, 64, 64), (8, 64, 32), (4, 8)])
+    with pytest.raises(swapmoe.ShapeError, match=re.escape(f"global_num_experts: expected 8 (w1.shape[0], no expert_map given) or -1, got {bad}")):
+        swapmoe.fused_moe(x, w1, w2, g, 2, global_num_experts=bad)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("M", [1, 9, 70])
 def test_workspace_bytes_is_the_plans(dtype, M, rng):

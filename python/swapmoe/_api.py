@@ -319,7 +319,8 @@ def fused_moe(
     except TypeError:
         raise ArgumentError(
             f"global_num_experts: expected an integer, got {shown(global_num_experts)}") from None
-    if g_shape and len(g_shape) == 2 and w_shape:
+    # (a global_num_experts that is neither -1 nor positive is left to the core, which names it)
+    if g_shape and len(g_shape) == 2 and w_shape and (global_num_experts == -1 or global_num_experts > 0):
         if global_num_experts != -1:
             experts, what = global_num_experts, "global_num_experts"
         elif m_shape:
