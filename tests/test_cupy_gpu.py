@@ -241,6 +241,8 @@ def test_cupy_graph_capture_is_refused(op, rng):
         run = lambda: moe_call(r, dev, out=out)  # noqa: E731
     side = cupy.cuda.Stream(non_blocking=True)
     _warm_up(side, run)
+    out.fill(np.nan)
+    cupy.cuda.Device().synchronize()
     with side:
         side.begin_capture()
         try:
@@ -248,8 +250,9 @@ def test_cupy_graph_capture_is_refused(op, rng):
                 run()
         finally:
             graph = side.end_capture()
-    graph.launch(side)  # an empty graph: the refused call queued nothing
+    graph.launch(side)  # the refused call queued nothing: the graph leaves out as it was
     side.synchronize()
+    assert bool(cupy.isnan(out).all()), "the refused call left work in the captured graph"
     with side:
         side.begin_capture()
         try:

@@ -729,6 +729,11 @@ def test_numpy_bool_flags_are_never_blamed(lib, rng):
     inp = to_inputs(make_problem(rng, case), case, lib, "float32")
     with pytest.raises(swapmoe.ArgumentError, match=r"^backend: expected None or a str, got 5"):
         call(inp, case, check_ids=np.True_, backend=5)
+    # where an integer is asked for, a numpy bool is named (not an index under numpy 2)
+    with pytest.raises(swapmoe.ArgumentError, match=r"^global_num_experts: expected an integer"):
+        call(inp, case, global_num_experts=np.True_)
+    with pytest.raises(swapmoe.ArgumentError, match=r"^num_tokens: expected "):
+        swapmoe.select_experts(g, 2, num_tokens=np.True_)
 
 
 @pytest.mark.parametrize("lib", LIBS)

@@ -1233,7 +1233,7 @@ def test_vllm_fp8_quant_config_not_importable(monkeypatch):
 
 def test_table_of_an_ep_shard_carries_the_local_e_the_oracle_reads():
     """Under --ep a GPU holds E/ep experts: the table's metadata says the local E (the global
-    one beside it), the file name says it too, and the Rust reader takes the pair."""
+    one beside it). (The next test writes the table and reads it back.)"""
     shape = T.B.shard_shape("t", 16, 2, 1024, 512, ep=2)
     meta = T.table_metadata(shape, "bf16", H200, (9, 0), 8, 0, "timer", {})
     assert (meta["E"], meta["E_global"], meta["ep"]) == (8, 16, 2)

@@ -26,8 +26,8 @@ def _is_bool(v: Any) -> bool:
 
 
 def _as_int(v: Any, lo_hi) -> Optional[str]:
-    if _is_bool(v):
-        return None  # bool is an int to Python and to the core
+    if type(v) is bool:
+        return None  # bool is an int to Python and to the core (a numpy bool is not an index)
     try:
         i = operator.index(v)
     except TypeError:
