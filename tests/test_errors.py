@@ -796,11 +796,12 @@ def test_workspace_bytes_is_the_plans(dtype, M, rng):
 
 @pytest.mark.skipif(torch is None, reason="needs torch")
 def test_cupy_and_torch_name_the_same_quant():
-    """The CuPy path sizes its workspace with _api's quant name, the torch path with ops'."""
-    from swapmoe import _api, ops
+    """The CuPy path (_api) and the torch path (ops) size their workspace with one quant name."""
+    from swapmoe import _api, _args, ops
 
+    assert _api.quant_name is ops.quant_name is _args.quant_name
     for fp8 in (False, True):
         for channel in (False, True):
             for block in (None, [128, 128]):
-                assert _api._quant_name(fp8, channel, block) == ops.quant_name(fp8, channel, block)
-    assert ops.quant_name(True, True, None) == "fp8_channel" and ops.quant_name(True, False, None) == "fp8_tensor"
+                want = None if not fp8 else "fp8_block128" if block else "fp8_channel" if channel else "fp8_tensor"
+                assert _args.quant_name(fp8, channel, block) == want

@@ -7,7 +7,7 @@ import sys
 from typing import Any, List, Optional, Tuple
 
 from . import _core
-from ._args import CONVERSION_ERRORS, raise_named, routing_shape, shown
+from ._args import CONVERSION_ERRORS, quant_name, raise_named, routing_shape, shown
 from .errors import ArgumentError, DTypeError, ShapeError
 
 
@@ -39,14 +39,6 @@ def workspace_bytes(hidden_states: Any, w1: Any, topk_ids: Any, quant: Optional[
         return _core.workspace_bytes(h[0], ids[1], w[1] // 2, h[1], w[0], itemsize, quant)
     except CONVERSION_ERRORS as e:
         raise_named(e, dict(quant=quant))
-
-
-def _quant_name(use_fp8_w8a8: bool, per_channel_quant: bool, block_shape: Any) -> Optional[str]:
-    if not use_fp8_w8a8:
-        return None
-    if block_shape is not None:
-        return "fp8_block128"
-    return "fp8_channel" if per_channel_quant else "fp8_tensor"
 
 
 def fused_experts(
@@ -176,7 +168,7 @@ def _fused_experts_dlpack(hidden_states, w1, w2, topk_weights, topk_ids, *, out,
     if module == "cupy":
         import cupy  # type: ignore[import-not-found]
 
-        quant = _quant_name(kw.get("use_fp8_w8a8", False), kw.get("per_channel_quant", False), kw.get("block_shape"))
+        quant = quant_name(kw.get("use_fp8_w8a8", False), kw.get("per_channel_quant", False), kw.get("block_shape"))
         with hidden_states.device:  # the inputs' GPU, whichever is CuPy's current one
             stream = _cupy_launch_stream(cupy)
             if out is None:
@@ -391,7 +383,7 @@ def _fused_moe_dlpack(hidden_states, w1, w2, gating_output, topk, *, out, **kw):
     if module == "cupy":
         import cupy  # type: ignore[import-not-found]
 
-        quant = _quant_name(kw["use_fp8_w8a8"], kw["per_channel_quant"], kw["block_shape"])
+        quant = quant_name(kw["use_fp8_w8a8"], kw["per_channel_quant"], kw["block_shape"])
         with hidden_states.device:
             stream = _cupy_launch_stream(cupy)
             if out is None:

@@ -168,6 +168,16 @@ def shown(value: Any, limit: int = 80) -> str:
 CONVERSION_ERRORS = (TypeError, OverflowError, UnicodeEncodeError)
 
 
+def quant_name(use_fp8_w8a8: Any, per_channel_quant: Any, block_shape: Any) -> Optional[str]:
+    """The workspace's quantization scheme, as ``workspace_bytes`` names it, from the op's FP8
+    arguments (the core validates them): the torch and the DLPack paths both size with it."""
+    if not use_fp8_w8a8:
+        return None
+    if block_shape is not None:
+        return "fp8_block128"
+    return "fp8_channel" if per_channel_quant else "fp8_tensor"
+
+
 def routing_shape(gating_shape: Any, topk: int) -> tuple:
     """(M, columns) of the [M, topk] router outputs a wrapper allocates for logits of shape
     ``gating_shape``: at most E columns (and none for a malformed shape), so that a topk past

@@ -10,7 +10,7 @@ from typing import List, Optional
 import torch
 
 from . import _core
-from ._args import CONVERSION_ERRORS, raise_named, routing_shape
+from ._args import CONVERSION_ERRORS, quant_name, raise_named, routing_shape
 from .errors import ArgumentError
 
 
@@ -75,15 +75,6 @@ def _run(
                             per_channel_quant, block_shape)
     except CONVERSION_ERRORS as e:
         raise_named(e, locals())
-
-
-def quant_name(use_fp8_w8a8: bool, per_channel_quant: bool, block_shape) -> Optional[str]:
-    """The workspace's quantization scheme (the core validates the arguments)."""
-    if not use_fp8_w8a8:
-        return None
-    if block_shape is not None:
-        return "fp8_block128"
-    return "fp8_channel" if per_channel_quant else "fp8_tensor"
 
 
 def _empty_out(hidden_states: torch.Tensor) -> torch.Tensor:
