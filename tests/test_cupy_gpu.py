@@ -56,7 +56,8 @@ def _cuda_sync():
 
 
 def to_cupy(inp: dict) -> dict:
-    """The numpy tensors of a to_inputs() dict as CuPy arrays (same values, contiguous)."""
+    """The numpy tensors of a to_inputs() or moe_inputs() dict as CuPy arrays (same values,
+    contiguous; None stays None)."""
     return {n: (None if v is None else cupy.asarray(v)) for n, v in inp.items() if n != "buffers"}
 
 
@@ -220,7 +221,7 @@ def test_fused_moe_runs_on_cupy_current_stream(rng):
     prob = moe_problem(rng, r, 64, ep=False)
     host = moe_inputs(prob, "numpy", "float16", "float32")
     ref = moe_ref(r, host)
-    dev = {n: (None if v is None else cupy.asarray(v)) for n, v in host.items()}
+    dev = to_cupy(host)
     out = _run_after_late_writes(dev, ["x", "logits"], lambda: moe_call(r, dev))
     check_close(out.get(), ref, "float16", what="fused_moe side stream")
 
@@ -232,7 +233,7 @@ def test_cupy_graph_capture_is_refused(op, rng):
     capture itself stays valid. select_experts is allowed: its outputs are the caller's arrays."""
     r = BY_NAME["qwen3"]
     prob = moe_problem(rng, r, 4, ep=False)
-    dev = {n: (None if v is None else cupy.asarray(v)) for n, v in moe_inputs(prob, "numpy", "float16").items()}
+    dev = to_cupy(moe_inputs(prob, "numpy", "float16"))
     out = cupy.empty_like(dev["x"])
     if op == "fused_experts":
         w, ids = route(r, dev["logits"])
@@ -287,7 +288,7 @@ def test_fused_moe_cupy_matches_reference(r, ep, rng):
     host = moe_inputs(prob, "numpy", "float16", "float32")
     ref = moe_ref(r, host)
     assert np.linalg.norm(ref) > 0, "degenerate case: the reference is all zeros"
-    dev = {n: (None if v is None else cupy.asarray(v)) for n, v in host.items()}
+    dev = to_cupy(host)
     out = moe_call(r, dev)
     assert isinstance(out, cupy.ndarray)
     check_close(out.get(), ref, "float16", what=f"{r.name} cupy ep={ep}")
