@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import math
@@ -416,18 +417,108 @@ def call_with_workspace(inp: dict, case: Case, workspace, out, **kw):
     return out
 
 
+# A spin kernel of ~10 ms ahead of the calls that must run back to back: queueing a call
+# from Python takes tens of µs, longer than a small call runs, so without it the GPU idles
+# between the calls and no kernel ever overlaps the one before (NOTES "A long predecessor":
+# the back-to-back tests passed a planted missing wait for this reason).
+QUEUE_AHEAD_CYCLES = 20_000_000
+
+
+@contextlib.contextmanager
+def queued_ahead_of_the_gpu():
+    """The calls queued in the block (on torch's current stream) run back to back on the GPU:
+    they are queued behind a spin kernel, and the block fails if the spin ended before the
+    last of them was queued (then some ran alone, and the test could not fail)."""
+    torch.cuda.synchronize()
+    torch.cuda._sleep(QUEUE_AHEAD_CYCLES)
+    spun = torch.cuda.Event()
+    spun.record()
+    yield
+    assert not spun.query(), "the spin kernel ended before the calls were queued: lengthen QUEUE_AHEAD_CYCLES"
+    torch.cuda.synchronize()
+
+
 def chain_three(inp: dict, step) -> list:
     """Three calls queued back to back, each on the previous one's output: ``step(inp, out)``
-    runs the op on ``inp`` into ``out``. The outputs (NaN until written) are allocated first and
-    nothing else is queued between the calls, so each call's first kernel follows the previous
-    call's last one directly (with PDL, possibly before it ends). Returns [x, y1, y2, y3]."""
+    runs the op on ``inp`` into ``out``. The outputs (NaN until written) are allocated first,
+    the calls are warmed up (module loads synchronize the device), nothing else is queued
+    between them, and they are queued ahead of the GPU (queued_ahead_of_the_gpu), so each
+    call's first kernel follows the previous call's last one directly (with PDL, possibly
+    before it ends). Returns [x, y1, y2, y3]."""
     outs = [poison(inp["x"]) for _ in range(3)]
-    torch.cuda.synchronize()
+    step(inp, poison(inp["x"]))  # warm-up
     xs = [inp["x"]]
-    for out in outs:
-        xs.append(step(dict(inp, x=xs[-1]), out))
-    torch.cuda.synchronize()
+    with queued_ahead_of_the_gpu():
+        for out in outs:
+            xs.append(step(dict(inp, x=xs[-1]), out))
     return xs
+
+
+# The long call of chain_after_long_call: one expert of intermediate size LONG_CALL_N, every
+# token routed to it, on cuda_wgmma_swap. Its GEMM2 lets its dependents start as it begins
+# (sm90_swap_decode.cu) and then streams 128 x LONG_CALL_N weights per CTA on a few SMs (one
+# CTA per 128 output columns), so the next call's first kernel runs on idle SMs tens of µs
+# before the long call writes its output. (chain_three's calls are too short for that: a
+# missing griddepcontrol.wait planted in the FP8 absmax pre-pass passed them, NOTES
+# "Test audit".)
+LONG_CALL_N = 16384
+# What the long call must take alone for the overlap to be there (72-88 µs on an H100, NOTES
+# "A long predecessor").
+LONG_CALL_MIN_US = 15.0
+
+
+def _long_call_inputs(x, rng: np.random.Generator) -> tuple:
+    M, K = x.shape
+    case = Case(M, 1, 1, LONG_CALL_N, K)
+    gen = torch.Generator(device=x.device).manual_seed(int(rng.integers(2**31)))
+    dev = x.device
+
+    def weights(shape, fan_in):
+        w = torch.randn(shape, generator=gen, device=dev, dtype=torch.float32) / math.sqrt(fan_in)
+        return w.to(x.dtype)
+
+    inp = dict(
+        x=x,
+        w1=weights((1, 2 * LONG_CALL_N, K), K),
+        w2=weights((1, K, LONG_CALL_N), LONG_CALL_N),
+        tw=torch.rand((M, 1), generator=gen, device=dev, dtype=torch.float32) * 0.9 + 0.1,
+        ids=torch.zeros((M, 1), dtype=torch.int32, device=dev),
+        expert_map=None,
+    )
+    return inp, case
+
+
+def chain_after_long_call(inp: dict, step, rng: np.random.Generator) -> tuple:
+    """The call under test, ``step(inp, out)``, queued right after a long bf16 call on
+    cuda_wgmma_swap (sm_90 only) whose output is its input x: a first kernel that reads x, or
+    rewrites a workspace block the long call still reads, before its griddepcontrol.wait gets
+    NaN (the long call's output until written) or corrupts the long call's output. Both calls
+    are warmed up first (a first call loads modules, which synchronizes the device and would
+    hide the race) and the long call is timed alone, so that the test fails when it is too
+    short to overlap anything. Returns (long_inp, long_case, long_out, out): check both
+    outputs against their references (the long call's input is inp["x"]; the call under test's
+    is long_out)."""
+    long_inp, long_case = _long_call_inputs(inp["x"], rng)
+    long_out = poison(inp["x"])
+    out = poison(inp["x"])
+
+    def long_call(o):
+        return call(long_inp, long_case, out=o, backend="cuda_wgmma_swap")
+
+    step(inp, poison(inp["x"]))  # warm-up: module loads, allocator blocks
+    timed_out = poison(inp["x"])
+    long_call(timed_out)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    long_call(timed_out)
+    end.record()
+    torch.cuda.synchronize()
+    took_us = start.elapsed_time(end) * 1e3
+    assert took_us >= LONG_CALL_MIN_US, f"the long call took {took_us:.1f} µs: too short to overlap the next call"
+    with queued_ahead_of_the_gpu():
+        long_call(long_out)
+        step(dict(inp, x=long_out), out)  # nothing between the two calls on the stream
+    return long_inp, long_case, long_out, out
 
 
 def check_close(out, ref: np.ndarray, dtype: str, *, what: str = "") -> float:

@@ -300,6 +300,50 @@ def test_read_floor_on_the_gpu_reads_the_routed_bytes_and_the_bench_reports_it()
     assert off["read_floor"] is None and off["points"][0]["read_floor_us"] is None
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("quant,ep", [("none", 1), ("fp8_tensor", 2)])
+def test_bench_on_the_gpu_floors_the_experts_it_touches(quant, ep):
+    """On a GPU, the columns only a GPU run has: each point's experts touched and slots are
+    the local experts of the routing the run drew (with --ep, global ids past this rank's E
+    count for nothing), floor_us is their w13 + w2 bytes (1 byte per FP8 weight) plus the
+    activations at the given bandwidth, and %floor, TF/s and %gemm follow from the time. All
+    recomputed here from the routing (same seed, same generator as the run) and the formulas
+    of the module docstring."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    import numpy as np
+
+    from swapmoe import bench as B
+
+    E_global, topk, K, N, seed, bw_tbps, gemm = 32, 4, 256, 128, 7, 2.0, 400.0
+    shape = B.shard_shape("t", E_global, topk, K, N, ep=ep)
+    rec = B.run_bench(shape, quant=quant, m_list=[1, 3, 40], baselines=False, check=False, layers=2,
+                      progress=False, read_floor=False, read_bw_tbps=bw_tbps, gemm_tflops=gemm, seed=seed)
+    assert rec["aborted"] is None, rec["aborted"]
+    assert rec["read_bw"]["bytes_per_s"] == bw_tbps * 1e12 and rec["gemm_tflops"] == gemm
+    bytes_per_weight = 1 if quant != "none" else 2
+    touched_seen = set()
+    for p in rec["points"]:
+        M = p["M"]
+        _, ids = B.make_routing(torch, M, E_global, topk, "uniform",
+                                torch.Generator(device="cuda").manual_seed(seed), "cuda")
+        ids = ids.cpu().numpy().reshape(-1)
+        local = ids[ids < E_global // ep]  # rank 0 holds global experts [0, E)
+        touched, slots = len(np.unique(local)), local.size
+        touched_seen.add(touched)
+        assert (p["experts_touched"], p["slots"]) == (touched, slots), (M, p["experts_touched"], p["slots"])
+        floor = (touched * 3 * N * K * bytes_per_weight + 2 * M * K * 2) / (bw_tbps * 1e12) * 1e6
+        assert p["floor_us"] == pytest.approx(floor, rel=1e-12), M
+        sw = p["results"]["swapmoe"]
+        assert sw["time_us"] > 0 and sw["how"], sw
+        assert sw["pct_floor"] == pytest.approx(100 * floor / sw["time_us"], rel=1e-12)
+        tflops = 2 * slots * 3 * N * K / (sw["time_us"] * 1e-6) / 1e12
+        assert sw["tflops"] == pytest.approx(tflops, rel=1e-12)
+        assert sw["pct_gemm"] == pytest.approx(100 * tflops / gemm, rel=1e-12)
+    assert len(touched_seen) > 1, "every M touched as many experts: the count is not tested"
+
+
 # --------------------------------------------------------------------------- swapmoe.bench: derived columns
 
 

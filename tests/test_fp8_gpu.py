@@ -16,7 +16,9 @@ from conftest import (
     FP8_TOLERANCE,
     Case,
     call_with_workspace,
+    chain_after_long_call,
     chain_three,
+    check_close,
     check_fp8_close,
     fp8_call,
     fp8_kwargs,
@@ -25,6 +27,7 @@ from conftest import (
     junk_workspace,
     make_fp8_problem,
     poison,
+    reference,
     run_fp8_case,
     same_bits,
     snapshot,
@@ -611,6 +614,26 @@ def test_back_to_back_calls_feed_each_other(scheme, backend, rng, monkeypatch):
         ref, flips = fp8_reference(dict(inp, x=xs[i]), case)
         assert np.linalg.norm(ref) > 0, f"call {i + 1}: degenerate chain (zero reference)"
         check_fp8_close(xs[i + 1], ref, flips, "bfloat16", what=f"call {i + 1} of 3, {backend}")
+
+
+@needs_sm90
+@pytest.mark.parametrize("backend", ["cuda_wgmma_swap", "cuda_wgmma", "cuda_decode", "cuda_generic"])
+@pytest.mark.parametrize("scheme", SWAP_SCHEMES, ids=_scheme_id)
+def test_first_kernel_waits_for_a_long_predecessor(scheme, backend, rng, monkeypatch):
+    """The FP8 call queued right after a long bf16 call that lets its dependents start early
+    and writes this call's input at its end (conftest.chain_after_long_call): a pre-pass
+    (absmax, quantize-x) or GEMM1 that reads x, or rewrites a workspace block the long call
+    still reads, before its griddepcontrol.wait fails here. The back-to-back test above
+    passed with the absmax pre-pass reading x before its wait (NOTES "Test audit"); this one
+    is checked against that planted bug (NOTES "A long predecessor")."""
+    monkeypatch.setenv("SWAPMOE_FIRST_KERNEL_PDL", "on")
+    case = _case(12, BLOCKS_SHAPE, E=16, topk=4, ids="concentrated")
+    inp = to_fp8_inputs(make_fp8_problem(rng, case, scheme[0], static=scheme[1]), case, "torch", "bfloat16", DEV)
+    long_inp, long_case, long_out, out = chain_after_long_call(
+        inp, lambda step, o: fp8_call(step, case, out=o, backend=backend), rng)
+    check_close(long_out, reference(long_inp, long_case), "bfloat16", what="the long call")
+    ref, flips = fp8_reference(dict(inp, x=long_out), case)
+    check_fp8_close(out, ref, flips, "bfloat16", what=f"{backend} after the long call")
 
 
 # The FP8 Hopper wgmma GEMMs (cuda_wgmma with use_fp8_w8a8; tokens in wgmma's 64-row slot,

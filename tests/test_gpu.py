@@ -16,6 +16,7 @@ from conftest import (
     Case,
     call,
     call_with_workspace,
+    chain_after_long_call,
     chain_three,
     check_close,
     has_cuda,
@@ -771,6 +772,25 @@ def test_back_to_back_calls_feed_each_other(backend, rng, monkeypatch):
         ref = reference(dict(inp, x=xs[i]), case)
         assert np.linalg.norm(ref) > 0, f"call {i + 1}: degenerate chain (zero reference)"
         check_close(xs[i + 1], ref, "bfloat16", what=f"call {i + 1} of 3, {backend}")
+
+
+@pytest.mark.parametrize(
+    "backend", ["cuda_generic", "cuda_decode", "cuda_mma", "cuda_bulk_decode", "cuda_wgmma_swap", "cuda_wgmma"]
+)
+def test_first_kernel_waits_for_a_long_predecessor(backend, rng, monkeypatch):
+    """The call queued right after a long one that lets its dependents start early and writes
+    this call's input at its end (conftest.chain_after_long_call), first kernel with PDL: a
+    kernel that reads x, or rewrites a workspace block the long call still reads, before its
+    griddepcontrol.wait fails here (the back-to-back test above has calls too short to show
+    it). Both outputs against their references."""
+    _needs_hopper()  # the long call runs on cuda_wgmma_swap
+    monkeypatch.setenv("SWAPMOE_FIRST_KERNEL_PDL", "on")
+    case = Case(12, 16, 4, 128, 256, ids="concentrated")
+    inp = to_inputs(make_problem(rng, case), case, "torch", "bfloat16", DEV)
+    long_inp, long_case, long_out, out = chain_after_long_call(
+        inp, lambda step, o: call(step, case, out=o, backend=backend), rng)
+    check_close(long_out, reference(long_inp, long_case), "bfloat16", what="the long call")
+    check_close(out, reference(dict(inp, x=long_out), case), "bfloat16", what=f"{backend} after the long call")
 
 
 # --------------------------------------------------------------------------- errors

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import swapmoe
-from conftest import check_close, has_cuda, torch
+from conftest import chain_after_long_call, check_close, has_cuda, queued_ahead_of_the_gpu, reference, torch
 from test_routing import VARIANTS, Router, draw_logits, moe_call, moe_inputs, moe_problem, moe_ref, route
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch is None, reason="needs torch")]
@@ -209,11 +209,12 @@ def test_first_kernel_without_pdl_gives_the_same_output(backend, M, rng, monkeyp
 
 @pytest.mark.parametrize("backend,M", BACKENDS_FIRST_PDL, ids=[f"{b}-{m}" for b, m in BACKENDS_FIRST_PDL])
 def test_back_to_back_fused_moe_calls_feed_each_other(backend, M, rng, monkeypatch):
-    """Three fused_moe calls queued with no sync between them, each on the previous one's
-    output (NaN until written) and its own logits, the router launched with PDL: a router or
-    first kernel that rewrites the routing and workspace blocks the previous call's last kernel
-    still reads, or reads its input before its griddepcontrol.wait, corrupts an output. (The
-    test above compares PDL on and off on one call, which no such race can change.)"""
+    """Three fused_moe calls queued with no sync between them (and ahead of the GPU, so that
+    they run back to back), each on the previous one's output (NaN until written) and its own
+    logits, the router launched with PDL: a router or first kernel that rewrites the routing
+    and workspace blocks the previous call's last kernel still reads, or reads its input
+    before its griddepcontrol.wait, corrupts an output. (The test above compares PDL on and
+    off on one call, which no such race can change.)"""
     if backend in ("cuda_wgmma_swap", "cuda_wgmma", "cuda_bulk_decode") and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip(f"{backend} runs on sm_90 only")
     r = next(v for v in VARIANTS if v.name == "deepseek_v3")
@@ -223,15 +224,35 @@ def test_back_to_back_fused_moe_calls_feed_each_other(backend, M, rng, monkeypat
     inp = moe_inputs(prob, "torch", "bfloat16", "float32", device=DEV)
     logits = [torch.from_numpy(draw_logits(rng, r, M, prob["bias"])).to(DEV) for _ in range(3)]
     outs = [torch.full_like(inp["x"], math.nan) for _ in range(3)]
-    torch.cuda.synchronize()  # nothing but the three calls between them on the stream
+    moe_call(r, dict(inp, logits=logits[0]), out=torch.full_like(inp["x"], math.nan))  # warm-up
     xs = [inp["x"]]
-    for g, out in zip(logits, outs):
-        xs.append(moe_call(r, dict(inp, x=xs[-1], logits=g), out=out))
-    torch.cuda.synchronize()
+    with queued_ahead_of_the_gpu():  # nothing but the three calls between them on the stream
+        for g, out in zip(logits, outs):
+            xs.append(moe_call(r, dict(inp, x=xs[-1], logits=g), out=out))
     for i in range(3):
         ref = moe_ref(r, dict(inp, x=xs[i], logits=logits[i]))
         assert np.linalg.norm(ref) > 0, f"call {i + 1}: degenerate chain (zero reference)"
         check_close(xs[i + 1], ref, "bfloat16", what=f"call {i + 1} of 3, {backend} M={M}")
+
+
+@pytest.mark.parametrize("backend,M", BACKENDS_FIRST_PDL, ids=[f"{b}-{m}" for b, m in BACKENDS_FIRST_PDL])
+def test_fused_moe_waits_for_a_long_predecessor(backend, M, rng, monkeypatch):
+    """fused_moe queued right after a long call that lets its dependents start early and
+    writes this call's input at its end (conftest.chain_after_long_call), router with PDL: a
+    router or GEMM kernel that reads x, or rewrites a workspace block the long call still
+    reads, before its griddepcontrol.wait fails here. Both outputs against their references."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the long call runs on cuda_wgmma_swap, sm_90 only")
+    r = next(v for v in VARIANTS if v.name == "deepseek_v3")
+    monkeypatch.setenv("SWAPMOE_FIRST_KERNEL_PDL", "on")
+    inp = moe_inputs(moe_problem(rng, r, M, ep=True), "torch", "bfloat16", "float32", device=DEV)
+
+    def step(s, o):  # SWAPMOE_BACKEND would move the long call too
+        return moe_call(r, s, out=o, backend=backend)
+
+    long_inp, long_case, long_out, out = chain_after_long_call(inp, step, rng)
+    check_close(long_out, reference(long_inp, long_case), "bfloat16", what="the long call")
+    check_close(out, moe_ref(r, dict(inp, x=long_out)), "bfloat16", what=f"{backend} M={M} after the long call")
 
 
 @pytest.mark.parametrize("name,M", [("deepseek_v3", 1), ("deepseek_v3", 8), ("qwen3", 1)])
