@@ -16,10 +16,12 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import hashlib
 import math
 import os
+import threading
 from typing import Any, Optional
 
 
@@ -417,25 +419,64 @@ def call_with_workspace(inp: dict, case: Case, workspace, out, **kw):
     return out
 
 
-# A spin kernel of ~10 ms ahead of the calls that must run back to back: queueing a call
-# from Python takes tens of µs, longer than a small call runs, so without it the GPU idles
-# between the calls and no kernel ever overlaps the one before (NOTES "A long predecessor":
-# the back-to-back tests passed a planted missing wait for this reason).
-QUEUE_AHEAD_CYCLES = 20_000_000
+# Calls that must run back to back are queued while the stream waits on a host flag: queueing
+# a call from Python takes tens of µs, longer than a small call runs, so otherwise the GPU
+# idles between the calls and no kernel ever overlaps the one before (NOTES "A long
+# predecessor": the back-to-back tests passed a planted missing wait for this reason). A spin
+# kernel instead of the flag would set a time limit on the queueing, which 16 test processes
+# sharing a CPU overran (10 ms, NOTES "A long predecessor").
+QUEUE_WATCHDOG_S = 20.0
+
+
+def _gate_stream(stream: int):
+    """Makes ``stream`` wait (cuStreamWaitValue32) until a pinned host int32 becomes 1.
+    Returns the flag, a pinned CPU tensor (set [0] = 1 to open), or None where the driver
+    refuses."""
+    lib = ctypes.CDLL("libcuda.so.1")
+    flag = torch.zeros(1, dtype=torch.int32).pin_memory()
+    lib.cuMemHostGetDevicePointer_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_void_p, ctypes.c_uint]
+    lib.cuStreamWaitValue32_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint]
+    dptr = ctypes.c_uint64()
+    if lib.cuMemHostGetDevicePointer_v2(ctypes.byref(dptr), flag.data_ptr(), 0) != 0:
+        return None
+    if lib.cuStreamWaitValue32_v2(stream, dptr.value, 1, 0) != 0:  # 0: CU_STREAM_WAIT_VALUE_GEQ
+        return None
+    return flag
 
 
 @contextlib.contextmanager
 def queued_ahead_of_the_gpu():
     """The calls queued in the block (on torch's current stream) run back to back on the GPU:
-    they are queued behind a spin kernel, and the block fails if the spin ended before the
-    last of them was queued (then some ran alone, and the test could not fail)."""
+    the stream waits on a host flag (``_gate_stream``) that the block sets once they are all
+    queued. A call that waited for the device inside the block would wait for ever: a
+    watchdog sets the flag after QUEUE_WATCHDOG_S and the block then fails. Where the driver
+    refuses the wait, a ~0.1 s spin kernel stands in, and the block fails if it ended before
+    the last call was queued (then some ran alone, and the test could not fail)."""
     torch.cuda.synchronize()
-    torch.cuda._sleep(QUEUE_AHEAD_CYCLES)
-    spun = torch.cuda.Event()
-    spun.record()
-    yield
-    assert not spun.query(), "the spin kernel ended before the calls were queued: lengthen QUEUE_AHEAD_CYCLES"
-    torch.cuda.synchronize()
+    gate = _gate_stream(torch.cuda.current_stream().cuda_stream)
+    if gate is None:
+        torch.cuda._sleep(200_000_000)
+        spun = torch.cuda.Event()
+        spun.record()
+        yield
+        assert not spun.query(), "the spin kernel ended before the calls were queued"
+        torch.cuda.synchronize()
+        return
+    fired = threading.Event()
+
+    def watchdog():
+        fired.set()
+        gate[0] = 1
+
+    timer = threading.Timer(QUEUE_WATCHDOG_S, watchdog)
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        gate[0] = 1
+        torch.cuda.synchronize()
+    assert not fired.is_set(), f"a call waited for the device while the stream was held (> {QUEUE_WATCHDOG_S} s)"
 
 
 def chain_three(inp: dict, step) -> list:

@@ -4,8 +4,10 @@ marked ``gpu`` and skipped when torch sees no CUDA device."""
 
 from __future__ import annotations
 
+import ctypes
 import inspect
 import math
+import threading
 
 import numpy as np
 import pytest
@@ -18,6 +20,7 @@ from conftest import (
     call_with_workspace,
     chain_after_long_call,
     chain_three,
+    queued_ahead_of_the_gpu,
     check_close,
     has_cuda,
     junk_workspace,
@@ -791,6 +794,105 @@ def test_first_kernel_waits_for_a_long_predecessor(backend, rng, monkeypatch):
         inp, lambda step, o: call(step, case, out=o, backend=backend), rng)
     check_close(long_out, reference(long_inp, long_case), "bfloat16", what="the long call")
     check_close(out, reference(dict(inp, x=long_out), case), "bfloat16", what=f"{backend} after the long call")
+
+
+def test_queued_ahead_holds_the_stream_until_the_block_ends():
+    """conftest.queued_ahead_of_the_gpu's host flag holds the stream (work queued in the block
+    has not run 50 ms later) and the block's end releases it; and the driver takes the flag
+    wait here, so the back-to-back tests do not fall back to a spin kernel."""
+    import time
+
+    from conftest import _gate_stream
+
+    probe = torch.cuda.Stream()
+    flag = _gate_stream(probe.cuda_stream)
+    assert flag is not None, "cuStreamWaitValue32 refused: the chains fall back to a spin kernel"
+    flag[0] = 1
+    probe.synchronize()
+    done = torch.cuda.Event()
+    with queued_ahead_of_the_gpu():
+        done.record()
+        time.sleep(0.05)
+        assert not done.query(), "the stream ran on while the block held it"
+    assert done.query()
+
+
+def _libcuda():
+    return ctypes.CDLL("libcuda.so.1")
+
+
+def _current_context(lib) -> int:
+    ctx = ctypes.c_void_p()
+    assert lib.cuCtxGetCurrent(ctypes.byref(ctx)) == 0
+    return ctx.value or 0
+
+
+def _create_context(lib):
+    """A new (non-primary) context on device 0, current on this thread, as PyCUDA makes one;
+    None where the driver has no cuCtxCreate_v2."""
+    if not hasattr(lib, "cuCtxCreate_v2"):
+        return None
+    dev = ctypes.c_int()
+    assert lib.cuDeviceGet(ctypes.byref(dev), 0) == 0
+    ctx = ctypes.c_void_p()
+    rc = lib.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev)
+    return ctx if rc == 0 and ctx.value else None
+
+
+def test_calls_leave_the_threads_context_as_it_was(rng):
+    """The op makes the tensors' device's primary context current for its launches, then the
+    thread's own again: on a thread whose current context is another one (here one the test
+    creates, as PyCUDA would), fused_experts, select_experts and a check_ids call leave it
+    current, and their results are right. (With two GPUs the same keeps torch's current device
+    where it was: tests/test_multi_gpu.py.)"""
+    lib = _libcuda()
+    case = Case(5, 16, 4, 64, 128)
+    inp = to_inputs(make_problem(rng, case), case, "torch", "bfloat16", DEV)
+    out = poison(inp["x"])
+    workspace = junk_workspace(inp)
+    logits = torch.randn(5, 16, device=DEV)
+    weights = torch.full((5, 4), math.nan, device=DEV)
+    ids = torch.full((5, 4), -7, dtype=torch.int32, device=DEV)
+    stream = torch.cuda.current_stream().cuda_stream
+    call(inp, case)  # module loads, in torch's thread
+    torch.cuda.synchronize()
+    seen: dict = {}
+
+    def worker():
+        ctx = _create_context(lib)
+        if ctx is None:
+            seen["skip"] = True
+            return
+        try:
+            seen["before"] = _current_context(lib)
+            swapmoe._core.fused_experts(inp["x"], inp["w1"], inp["w2"], inp["tw"], inp["ids"], out,
+                                        workspace=workspace, stream=stream)
+            seen["after fused_experts"] = _current_context(lib)
+            swapmoe._core.fused_experts(inp["x"], inp["w1"], inp["w2"], inp["tw"], inp["ids"], out,
+                                        workspace=workspace, stream=stream, check_ids=True)
+            seen["after check_ids"] = _current_context(lib)
+            swapmoe._core.select_experts(logits, weights, ids, 4, stream=stream)
+            seen["after select_experts"] = _current_context(lib)
+            seen["created"] = ctx.value
+        except BaseException as e:  # reported in the test's thread
+            seen["error"] = e
+        finally:
+            lib.cuCtxDestroy_v2(ctx)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    if seen.get("skip"):
+        pytest.skip("the driver has no cuCtxCreate_v2")
+    if "error" in seen:
+        raise seen["error"]
+    torch.cuda.synchronize()
+    for when in ("before", "after fused_experts", "after check_ids", "after select_experts"):
+        assert seen[when] == seen["created"], f"{when}: the thread's current context is not the one it made current"
+    check_close(out, reference(inp, case), "bfloat16", what="fused_experts from a thread with its own context")
+    w_ref, ids_ref = torch.topk(torch.softmax(logits, dim=-1), 4, dim=-1)
+    assert torch.equal(ids.long(), ids_ref), (ids, ids_ref)
+    torch.testing.assert_close(weights, w_ref / w_ref.sum(-1, keepdim=True))
 
 
 # --------------------------------------------------------------------------- errors

@@ -301,7 +301,7 @@ fn experts(
         )));
     }
     let dev = device(ordinal(p)?)?;
-    dev.make_current()?;
+    let _current = dev.make_current()?;
     if p.m == 0 {
         return Ok(());
     }
@@ -1532,7 +1532,7 @@ fn decode(
 /// map) to the host and checks them. Refused while the stream captures a graph.
 pub fn check_ids(p: &MoeProblem, stream: usize) -> Result<()> {
     let dev = device(ordinal(p)?)?;
-    dev.make_current()?;
+    let _current = dev.make_current()?;
     if stream_is_capturing(stream)? {
         return Err(Error::Argument(
             "check_ids: expected False while the stream captures a CUDA graph (the check waits for the device), got True"
@@ -1623,7 +1623,7 @@ fn router_ordinal(p: &RouterProblem) -> Result<i32> {
 /// The router kernel `id`; `pdl`: launched with programmatic dependent launch.
 fn route(p: &RouterProblem, id: KernelId, pdl: bool, stream: usize) -> Result<()> {
     let dev = device(router_ordinal(p)?)?;
-    dev.make_current()?;
+    let _current = dev.make_current()?;
     if p.m == 0 {
         return Ok(());
     }

@@ -173,6 +173,10 @@ fn init_device(ordinal: i32) -> Result<DeviceState> {
     )?;
     let previous = current_context()?;
     check(unsafe { sys::cuCtxSetCurrent(ctx) }, "cuCtxSetCurrent")?;
+    // the caller's context (none included) current again on every return
+    let _current = CurrentContext {
+        previous: (previous != ctx).then_some(previous),
+    };
     use sys::CUdevice_attribute as A;
     let major = attribute(
         dev,
@@ -215,9 +219,6 @@ fn init_device(ordinal: i32) -> Result<DeviceState> {
         }
         modules.push((*mname, Handle(module as *mut c_void)));
     }
-    if !previous.is_null() && previous != ctx {
-        check(unsafe { sys::cuCtxSetCurrent(previous) }, "cuCtxSetCurrent")?;
-    }
     Ok(DeviceState {
         ordinal,
         ctx: Handle(ctx as *mut c_void),
@@ -237,17 +238,42 @@ fn current_context() -> Result<sys::CUcontext> {
     Ok(cur)
 }
 
-impl DeviceState {
-    /// Makes the primary context current on this thread (torch's threads usually have it).
-    pub fn make_current(&self) -> Result<()> {
-        let cur = current_context()?;
-        if cur != self.ctx.0 as sys::CUcontext {
-            check(
-                unsafe { sys::cuCtxSetCurrent(self.ctx.0 as sys::CUcontext) },
-                "cuCtxSetCurrent",
-            )?;
+/// The device's primary context made current for the life of this value; dropping it makes
+/// the thread's previous context (none included) current again. The caller's state is then
+/// as it was: the CUDA runtime takes its current device from the thread's context, so a call
+/// on tensors of a device that is not torch's current one would otherwise move torch's
+/// current device (and CuPy's) to the tensors' device. On torch's own threads the primary
+/// context of the tensors' device is usually current already, and nothing is switched.
+#[must_use = "the context is switched back when this is dropped"]
+pub struct CurrentContext {
+    /// The context to make current again, where this one switched.
+    previous: Option<sys::CUcontext>,
+}
+
+impl Drop for CurrentContext {
+    fn drop(&mut self) {
+        if let Some(previous) = self.previous {
+            // Nothing to report from a drop: the only failure is a driver that lost the
+            // context, which the next driver call reports.
+            let _ = unsafe { sys::cuCtxSetCurrent(previous) };
         }
-        Ok(())
+    }
+}
+
+impl DeviceState {
+    /// Makes the primary context current on this thread until the returned value is dropped.
+    pub fn make_current(&self) -> Result<CurrentContext> {
+        let cur = current_context()?;
+        if cur == self.ctx.0 as sys::CUcontext {
+            return Ok(CurrentContext { previous: None });
+        }
+        check(
+            unsafe { sys::cuCtxSetCurrent(self.ctx.0 as sys::CUcontext) },
+            "cuCtxSetCurrent",
+        )?;
+        Ok(CurrentContext {
+            previous: Some(cur),
+        })
     }
 
     pub fn function(&self, id: KernelId) -> Result<sys::CUfunction> {
@@ -296,7 +322,7 @@ impl DeviceState {
     /// Device address and size in bytes of the `__device__` variable `symbol` of the embedded
     /// module `module` (e.g. the stamp buffer of a `SWAPMOE_CUDA_STAMPS=1` profiling build).
     pub fn module_global(&self, module: &str, symbol: &str) -> Result<(u64, usize)> {
-        self.make_current()?;
+        let _current = self.make_current()?;
         let handle = self
             .modules
             .iter()
@@ -334,7 +360,7 @@ impl DeviceState {
 
     /// Resolves every kernel, so that a later CUDA-graph capture does no module work.
     pub fn warmup(&self) -> Result<usize> {
-        self.make_current()?;
+        let _current = self.make_current()?;
         let all = KernelId::all();
         for id in &all {
             self.function(*id)?;
