@@ -428,11 +428,23 @@ def call_with_workspace(inp: dict, case: Case, workspace, out, **kw):
 QUEUE_WATCHDOG_S = 20.0
 
 
+def libcuda():
+    """The CUDA driver library (ctypes), for the tests that look at driver state."""
+    return ctypes.CDLL("libcuda.so.1")
+
+
+def current_cuda_context() -> int:
+    """The thread's current CUDA context (cuCtxGetCurrent) as an integer; 0: none."""
+    ctx = ctypes.c_void_p()
+    assert libcuda().cuCtxGetCurrent(ctypes.byref(ctx)) == 0
+    return ctx.value or 0
+
+
 def _gate_stream(stream: int):
     """Makes ``stream`` wait (cuStreamWaitValue32) until a pinned host int32 becomes 1.
     Returns the flag, a pinned CPU tensor (set [0] = 1 to open), or None where the driver
     refuses."""
-    lib = ctypes.CDLL("libcuda.so.1")
+    lib = libcuda()
     flag = torch.zeros(1, dtype=torch.int32).pin_memory()
     lib.cuMemHostGetDevicePointer_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_void_p, ctypes.c_uint]
     lib.cuStreamWaitValue32_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint]

@@ -20,10 +20,12 @@ from conftest import (
     call_with_workspace,
     chain_after_long_call,
     chain_three,
+    current_cuda_context,
     queued_ahead_of_the_gpu,
     check_close,
     has_cuda,
     junk_workspace,
+    libcuda,
     make_problem,
     poison,
     reference,
@@ -817,16 +819,6 @@ def test_queued_ahead_holds_the_stream_until_the_block_ends():
     assert done.query()
 
 
-def _libcuda():
-    return ctypes.CDLL("libcuda.so.1")
-
-
-def _current_context(lib) -> int:
-    ctx = ctypes.c_void_p()
-    assert lib.cuCtxGetCurrent(ctypes.byref(ctx)) == 0
-    return ctx.value or 0
-
-
 def _create_context(lib):
     """A new (non-primary) context on device 0, current on this thread, as PyCUDA makes one;
     None where the driver has no cuCtxCreate_v2."""
@@ -845,7 +837,7 @@ def test_calls_leave_the_threads_context_as_it_was(rng):
     creates, as PyCUDA would), fused_experts, select_experts and a check_ids call leave it
     current, and their results are right. (With two GPUs the same keeps torch's current device
     where it was: tests/test_multi_gpu.py.)"""
-    lib = _libcuda()
+    lib = libcuda()
     case = Case(5, 16, 4, 64, 128)
     inp = to_inputs(make_problem(rng, case), case, "torch", "bfloat16", DEV)
     out = poison(inp["x"])
@@ -864,15 +856,15 @@ def test_calls_leave_the_threads_context_as_it_was(rng):
             seen["skip"] = True
             return
         try:
-            seen["before"] = _current_context(lib)
+            seen["before"] = current_cuda_context()
             swapmoe._core.fused_experts(inp["x"], inp["w1"], inp["w2"], inp["tw"], inp["ids"], out,
                                         workspace=workspace, stream=stream)
-            seen["after fused_experts"] = _current_context(lib)
+            seen["after fused_experts"] = current_cuda_context()
             swapmoe._core.fused_experts(inp["x"], inp["w1"], inp["w2"], inp["tw"], inp["ids"], out,
                                         workspace=workspace, stream=stream, check_ids=True)
-            seen["after check_ids"] = _current_context(lib)
+            seen["after check_ids"] = current_cuda_context()
             swapmoe._core.select_experts(logits, weights, ids, 4, stream=stream)
-            seen["after select_experts"] = _current_context(lib)
+            seen["after select_experts"] = current_cuda_context()
             seen["created"] = ctx.value
         except BaseException as e:  # reported in the test's thread
             seen["error"] = e

@@ -8,7 +8,6 @@ test is marked ``gpu`` and skipped with fewer than two CUDA devices."""
 
 from __future__ import annotations
 
-import ctypes
 import math
 
 import pytest
@@ -19,6 +18,7 @@ from conftest import (
     call,
     check_close,
     check_fp8_close,
+    current_cuda_context,
     fp8_call,
     fp8_reference,
     has_cuda,
@@ -41,26 +41,18 @@ def _hopper(device: int) -> bool:
     return torch.cuda.get_device_capability(device) == (9, 0)
 
 
-def _driver_current_context() -> int:
-    """The thread's current CUDA context (cuCtxGetCurrent), as an integer; 0: none."""
-    lib = ctypes.CDLL("libcuda.so.1")
-    ctx = ctypes.c_void_p()
-    assert lib.cuCtxGetCurrent(ctypes.byref(ctx)) == 0
-    return ctx.value or 0
-
-
 class CallerState:
     """torch's current device and the thread's CUDA context before a call, to check that the
     call left both as they were."""
 
     def __init__(self):
         self.device = torch.cuda.current_device()
-        self.context = _driver_current_context()
+        self.context = current_cuda_context()
 
     def check(self, what: str):
         assert torch.cuda.current_device() == self.device, (
             f"{what}: torch's current device moved from {self.device} to {torch.cuda.current_device()}")
-        assert _driver_current_context() == self.context, f"{what}: the thread's CUDA context changed"
+        assert current_cuda_context() == self.context, f"{what}: the thread's CUDA context changed"
 
 
 BF16_BACKENDS = [None, "cuda_generic", "cuda_decode", "cuda_mma", "cuda_wgmma_swap", "cuda_wgmma"]
