@@ -18,6 +18,7 @@ from conftest import (
     Case,
     call,
     check_close,
+    _gate_stream,
     check_fp8_close,
     current_cuda_context,
     fp8_call,
@@ -130,7 +131,8 @@ def test_calls_alternate_between_devices(rng):
 
 def test_launches_on_the_current_stream_of_the_tensors_device(rng):
     """With cuda:0 current, the op on cuda:1 tensors runs on cuda:1's current stream: work
-    queued there before it (a long sleep, then the input and output writes) comes first."""
+    queued there before it (the input and output writes, behind a host flag that opens once
+    the op is queued) comes first."""
     case = Case(4, 16, 4, 64, 128)
     inp = to_inputs(make_problem(rng, case), case, "torch", "bfloat16", f"cuda:{B}")
     ref = reference(inp, case)
@@ -142,7 +144,8 @@ def test_launches_on_the_current_stream_of_the_tensors_device(rng):
         call(inp, case, out=out)  # warm-up: module loads synchronize the device
         torch.cuda.synchronize(B)
         with torch.cuda.stream(side):  # makes cuda:1 current, side its current stream
-            torch.cuda._sleep(200_000_000)  # ~0.1 s of device time
+            flag = _gate_stream(side.cuda_stream)  # side waits until the call is queued
+            assert flag is not None, "cuStreamWaitValue32 refused"
             inp["x"].copy_(staged)
             out.fill_(math.nan)
             torch.cuda.set_device(A)  # cuda:0 current again; cuda:1's current stream stays side
@@ -150,7 +153,7 @@ def test_launches_on_the_current_stream_of_the_tensors_device(rng):
             state = CallerState()
             call(inp, case, out=out)
             state.check("the call on cuda:1's side stream")
-            assert not side.query(), "the side stream finished before the op was queued: lengthen the sleep"
+            flag[0] = 1
     side.synchronize()
     check_close(out, ref, "bfloat16", what="cuda:1 side stream")
 
@@ -160,11 +163,14 @@ def test_graph_captured_on_the_second_device(rng):
     case = Case(6, 16, 4, 128, 256)
     inp = to_inputs(make_problem(rng, case), case, "torch", "bfloat16", f"cuda:{B}")
     out = torch.full_like(inp["x"], math.nan)
-    with torch.cuda.device(B):
+    # torch's default capture stream is made once per process, on the device current at the
+    # first capture (device 0 in a suite run): capture on a stream of this device instead.
+    capture = torch.cuda.Stream(device=B)
+    with torch.cuda.device(B), torch.cuda.stream(capture):
         call(inp, case, out=out)  # warm-up outside the capture
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, stream=capture):
             call(inp, case, out=out)
         for _ in range(2):
             fresh = to_inputs(make_problem(rng, case), case, "torch", "bfloat16", f"cuda:{B}")
