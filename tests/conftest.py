@@ -463,13 +463,11 @@ def queued_ahead_of_the_gpu():
     """The calls queued in the block (on torch's current stream) run back to back on the GPU:
     the stream waits on a host flag (``_gate_stream``) that the block sets once they are all
     queued. A call that waited for the device inside the block would wait for ever: a
-    watchdog sets the flag after QUEUE_WATCHDOG_S and the block then fails (where the wait is
-    in torch, which lets the GIL go; swapmoe's launches keep it, so every module is loaded
-    before the stream is held). Where the driver
-    refuses the wait, a ~0.1 s spin kernel stands in, and the block fails if it ended before
-    the last call was queued (then some ran alone, and the test could not fail)."""
-    # A call that waits for the device inside the block would hold the GIL while it waits, so
-    # the watchdog could not run: load every module first (a module load synchronizes).
+    watchdog sets the flag after QUEUE_WATCHDOG_S and the block then fails (swapmoe's core and
+    torch let the GIL go while they wait, so the watchdog runs). Where the driver refuses the
+    wait, a ~0.1 s spin kernel stands in, and the block fails if it ended before the last call
+    was queued (then some ran alone, and the test could not fail)."""
+    # module loads synchronize the device: done before the stream is held
     swapmoe.warmup(torch.cuda.current_device())
     torch.cuda.synchronize()
     gate = _gate_stream(torch.cuda.current_stream().cuda_stream)

@@ -819,6 +819,42 @@ def test_queued_ahead_holds_the_stream_until_the_block_ends():
     assert done.query()
 
 
+def test_a_call_that_waits_lets_other_python_threads_run(rng):
+    """The core lets the GIL go while it launches and waits: a check_ids call behind ~0.2 s of
+    queued work (it waits for the stream inside the core) leaves another Python thread running
+    through the middle of its wait."""
+    import time
+
+    case = Case(5, 16, 4, 64, 128)
+    inp = to_inputs(make_problem(rng, case), case, "torch", "bfloat16", DEV)
+    call(inp, case, check_ids=True)  # module loads
+    torch.cuda.synchronize()
+    stop = threading.Event()
+    progress: list = []
+
+    def tick():
+        n = 0
+        while not stop.is_set():
+            n += 1
+            if n % 1000 == 0:
+                progress.append(time.perf_counter())
+
+    t = threading.Thread(target=tick)
+    t.start()
+    try:
+        torch.cuda._sleep(400_000_000)  # ~0.2 s of device time ahead of the call
+        t0 = time.perf_counter()
+        out = call(inp, case, check_ids=True)
+        t1 = time.perf_counter()
+    finally:
+        stop.set()
+        t.join()
+    assert t1 - t0 > 0.1, f"the call did not wait for the queued work ({(t1 - t0) * 1e3:.1f} ms)"
+    middle = [p for p in progress if t0 + 0.03 < p < t1 - 0.03]
+    assert middle, f"no other thread ran during the {(t1 - t0) * 1e3:.0f} ms the call waited (the GIL was held)"
+    check_close(out, reference(inp, case), "bfloat16", what="check_ids call")
+
+
 def _create_context(lib):
     """A new (non-primary) context on device 0, current on this thread, as PyCUDA makes one;
     None where the driver has no cuCtxCreate_v2."""

@@ -209,11 +209,17 @@ fn fused_experts(
         _ => {
             let mut plan = cuda_plan(py, &problem, forced)?;
             log_note(py, plan.log.take());
+            // The GIL goes while the launcher works: a first call's module loads and
+            // check_ids's wait for the stream take milliseconds, which other Python threads
+            // (a watchdog, a server's other threads) need not wait out. Every address comes
+            // from a DLPack import the caller keeps alive until return.
             if check_ids {
-                cuda::launch::check_ids(&problem, stream).py_err(py)?;
+                py.detach(|| cuda::launch::check_ids(&problem, stream))
+                    .py_err(py)?;
             }
             let (ws_addr, ws_bytes) = workspace_buffer(py, &problem, workspace)?;
-            cuda::launch::fused_experts(&problem, &plan, ws_addr, ws_bytes, stream).py_err(py)
+            py.detach(|| cuda::launch::fused_experts(&problem, &plan, ws_addr, ws_bytes, stream))
+                .py_err(py)
         }
     }
 }
@@ -370,7 +376,10 @@ fn select_experts(
             py.detach(|| unsafe { crate::routing::select_experts_cpu(&p) });
             Ok(())
         }
-        _ => cuda::launch::select_experts(&p, stream).py_err(py),
+        // without the GIL, as fused_experts' launches
+        _ => py
+            .detach(|| cuda::launch::select_experts(&p, stream))
+            .py_err(py),
     }
 }
 
@@ -502,7 +511,11 @@ fn fused_moe(
             );
             log_note(py, plan.log.take());
             let (ws_addr, ws_bytes) = workspace_buffer(py, &problem, workspace)?;
-            cuda::launch::fused_moe(&router, &problem, &plan, ws_addr, ws_bytes, stream).py_err(py)
+            // without the GIL, as fused_experts' launches
+            py.detach(|| {
+                cuda::launch::fused_moe(&router, &problem, &plan, ws_addr, ws_bytes, stream)
+            })
+            .py_err(py)
         }
     }
 }
