@@ -1539,18 +1539,27 @@ pub fn plan(p: &MoeProblem, caps: Option<&DeviceCaps>) -> Plan {
     c.build(b)
 }
 
+/// FP8 on a CUDA device below sm_89 is refused, naming the caller's argument `arg`
+/// (`use_fp8_w8a8` for the op, `quant` for `select_backend`).
+pub fn check_fp8_capability(scheme: QuantScheme, caps: &DeviceCaps, arg: &str) -> Result<()> {
+    if caps.capability < FP8_MIN_CAPABILITY {
+        return Err(Error::Argument(format!(
+            "{arg}: FP8 ({}) needs compute capability >= 8.9 (sm_89, native e4m3 conversions), got {} (sm_{}{})",
+            scheme.name(),
+            caps.name,
+            caps.capability.0,
+            caps.capability.1
+        )));
+    }
+    Ok(())
+}
+
 /// The decision, in order: an explicit override, a tuned table entry that the call can
 /// run, the heuristics. Errors: a forced backend or tile that cannot run the call, FP8.
 pub fn decide(p: &MoeProblem, caps: Option<&DeviceCaps>, req: &Request) -> Result<Plan> {
     if let (Some(q), Some(c)) = (p.quant, caps) {
-        if c.capability < FP8_MIN_CAPABILITY && p.device != Device::Cpu {
-            return Err(Error::Argument(format!(
-                "use_fp8_w8a8: FP8 ({}) needs compute capability >= 8.9 (sm_89, native e4m3 conversions), got {} (sm_{}{})",
-                q.scheme.name(),
-                c.name,
-                c.capability.0,
-                c.capability.1
-            )));
+        if p.device != Device::Cpu {
+            check_fp8_capability(q.scheme, c, "use_fp8_w8a8")?;
         }
     }
     if let Some(t) = req.mma_token_tile {
@@ -2635,6 +2644,9 @@ pub fn plan_for_shape(
             )))
         }
     };
+    if let Some(q) = quant {
+        check_fp8_capability(q, caps, "quant")?;
+    }
     let dev = Device::Cuda(0);
     let addrs = crate::problem::FakeAddresses::default();
     let t = |d, shape: &[i64]| addrs.tensor(d, shape, dev);
@@ -6002,6 +6014,20 @@ mod tests {
     }
 
     #[test]
+    fn fp8_below_sm89_names_the_callers_argument() {
+        let a100 = offline_caps(Some("NVIDIA A100-SXM4-80GB"), None, None).unwrap();
+        let h200 = offline_caps(Some("NVIDIA H200"), None, None).unwrap();
+        for arg in ["use_fp8_w8a8", "quant"] {
+            let err = check_fp8_capability(QuantScheme::Block, &a100, arg).unwrap_err();
+            assert!(
+                matches!(err, Error::Argument(ref m) if m.starts_with(&format!("{arg}: FP8 (")) && m.contains("sm_80")),
+                "{err:?}"
+            );
+            assert!(check_fp8_capability(QuantScheme::Block, &h200, arg).is_ok());
+        }
+    }
+
+    #[test]
     fn fp8_plans_swap_then_wgmma_or_generic_and_need_sm89() {
         let h200 = h200();
         let l40s = offline_caps(Some("NVIDIA L40S"), None, None).unwrap();
@@ -6242,7 +6268,7 @@ mod tests {
             )
             .unwrap_err();
             assert!(
-                matches!(err, Error::Argument(ref m) if m.contains("use_fp8_w8a8") && m.contains("sm_80"))
+                matches!(err, Error::Argument(ref m) if m.starts_with("quant: ") && m.contains("sm_80"))
             );
         }
         // a per-tensor question assumes static scales: no absmax pre-pass

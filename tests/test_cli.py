@@ -987,6 +987,18 @@ def test_disable_env_zero_keeps_the_plugin_on(monkeypatch, capsys, value, disabl
     assert line == f"vllm plugin: {state}"
 
 
+def test_explain_fp8_below_sm89_names_the_quant_flag(capsys):
+    """FP8 asked of a device below sm_89: explain exits 2 and names --quant (select_backend's
+    error names its `quant` argument, which explain rewrites as the flag)."""
+    from swapmoe import cli
+
+    rc = cli.main(["explain", "--model", "qwen3-30b-a3b", "--quant", "fp8_tensor", "--m", "1",
+                   "--device-name", "NVIDIA A100-SXM4-80GB"])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "swapmoe explain: error: --quant fp8_tensor: FP8 (tensor) needs compute capability >= 8.9" in err, err
+
+
 def test_explain_backend_override(monkeypatch, capsys):
     """`swapmoe explain --backend X` plans with X forced, as $SWAPMOE_BACKEND does."""
     monkeypatch.delenv("SWAPMOE_BACKEND", raising=False)

@@ -182,7 +182,7 @@ def test_override_argument_and_env(monkeypatch):
     "kw,cls,needle",
     [
         (dict(device_name="Some GPU"), swapmoe.ArgumentError, "device_capability"),
-        (dict(quant="fp8_tensor", device_name="NVIDIA A100-SXM4-80GB"), swapmoe.ArgumentError, "sm_89"),
+        (dict(quant="fp8_tensor", device_name="NVIDIA A100-SXM4-80GB"), swapmoe.ArgumentError, "quant: FP8"),
         (dict(quant="int4"), swapmoe.ArgumentError, "quant"),
         (dict(dtype="fp64"), swapmoe.DTypeError, "dtype"),
         (dict(backend="fastest"), swapmoe.ArgumentError, "backend"),

@@ -147,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
             "E=..,N=..,device_name=..,dtype=...json into --out-dir after every M; a second run skips the M "
             "points already there (--force re-measures). Point $SWAPMOE_TABLES_DIR at the folder to use them. "
             "--quant fp8_*: FP8 weights and scales as swapmoe bench --quant, swapmoe's FP8 backends "
-            "(cuda_decode, cuda_wgmma_swap, cuda_generic) and vLLM's Triton FP8 path, into "
+            "(cuda_decode, cuda_wgmma_swap, cuda_wgmma, cuda_generic) and vLLM's Triton FP8 path, into "
             "dtype=fp8_w8a8[,per_channel=true|,block_shape=[128,128]] tables whose metadata says the kind of "
             "activation scales measured (static for fp8_tensor, dynamic otherwise); an FP8 entry without a "
             "vllm_triton time leaves the vLLM plugin's calls on vLLM's Triton, and the run says so. A candidate "
