@@ -516,9 +516,8 @@ def chain_three(inp: dict, step) -> list:
 # token routed to it, on cuda_wgmma_swap. Its GEMM2 lets its dependents start as it begins
 # (sm90_swap_decode.cu) and then streams 128 x LONG_CALL_N weights per CTA on a few SMs (one
 # CTA per 128 output columns), so the next call's first kernel runs on idle SMs tens of µs
-# before the long call writes its output. (chain_three's calls are too short for that: a
-# missing griddepcontrol.wait planted in the FP8 absmax pre-pass passed them, NOTES
-# "Test audit".)
+# before the long call writes its output: a window of tens of µs, where chain_three's short
+# calls leave a few µs (NOTES "A long predecessor").
 LONG_CALL_N = 16384
 # What the long call must take alone on the GPU (queued ahead of it, so that the host's
 # queueing does not count) for the overlap to be there: it measured 39, 42.5 and 51 µs at
