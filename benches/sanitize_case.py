@@ -59,6 +59,18 @@ if torch.cuda.get_device_capability() == (9, 0):  # TMA bulk-copy decode kernels
             ok &= run(300, 4, 2, 136, 200, dtype, backend="cuda_wgmma")
         ok &= run(70, 8, 3, 64, 48, torch.bfloat16, global_E=16, activation="gelu", backend="cuda_wgmma")
     del os.environ["SWAPMOE_MMA_TOKEN_TILE"]
+    # cuda_wgmma's GEMM1 grouping the slots itself (every CTA in its own shared memory, CTA 0
+    # writing the grouping for the kernels after it): both tiles, the persistent grid and one
+    # CTA per item, several tiles per expert, an expert map
+    os.environ["SWAPMOE_ALIGN_IN_GEMM1"] = "on"
+    for tile in ("64", "128"):
+        os.environ["SWAPMOE_MMA_TOKEN_TILE"] = tile
+        for persistent in ("on", "off"):
+            os.environ["SWAPMOE_WGMMA_PERSISTENT"] = persistent
+            ok &= run(100, 2, 2, 136, 200, torch.bfloat16, backend="cuda_wgmma")
+            ok &= run(7, 8, 3, 64, 48, torch.bfloat16, global_E=16, activation="gelu", backend="cuda_wgmma")
+    for knob in ("SWAPMOE_ALIGN_IN_GEMM1", "SWAPMOE_MMA_TOKEN_TILE", "SWAPMOE_WGMMA_PERSISTENT"):
+        del os.environ[knob]
     # swap-AB decode kernels: each token tile (8..64), K and N tails, expert-map cases; without
     # clusters and 1 K slice per stage, and with the widest clusters (distributed shared
     # memory) and 4 slices

@@ -18,40 +18,13 @@
 // shared memory), so each knows the totals (the same offsets in every CTA) and where its own
 // slots of an expert start: after those of the CTAs of lower rank. CTA 0 writes the per-expert
 // outputs; each CTA scatters its own slots.
+#include "common/cta_align.cuh"
 #include "common/moe_common.cuh"
 #include "common/router.cuh"
 #include "common/sm90.cuh"
 
 namespace {
 constexpr int kThreads = 1024;  // `ROUTE_ALIGN_THREADS`
-
-template <int THREADS>
-__device__ __forceinline__ int block_exclusive_scan(int v, int* warp_sums, int* total) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  int inc = v;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    int n = __shfl_up_sync(0xffffffffu, inc, o);
-    if (lane >= o) inc += n;
-  }
-  if (lane == 31) warp_sums[warp] = inc;
-  __syncthreads();
-  if (warp == 0) {
-    int w = (lane < (THREADS / 32)) ? warp_sums[lane] : 0;
-    int winc = w;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      int n = __shfl_up_sync(0xffffffffu, winc, o);
-      if (lane >= o) winc += n;
-    }
-    warp_sums[lane] = winc - w;  // exclusive prefix of warp totals
-    if (lane == 31) *total = winc;
-  }
-  __syncthreads();
-  int r = warp_sums[warp] + inc - v;
-  __syncthreads();
-  return r;
-}
 }  // namespace
 
 // Slots whose loads one thread issues together before it uses any of them: the passes over
@@ -160,9 +133,9 @@ __device__ __forceinline__ void align_slots(
     my_active += c > 0;
     if (tile_tokens > 0) my_tiles += (c + tile_tokens - 1) / tile_tokens;
   }
-  int slot_base = block_exclusive_scan<THREADS>(my_slots, warp_sums, &total_slots);
-  int active_base = block_exclusive_scan<THREADS>(my_active, warp_sums, &total_active);
-  int tile_base = block_exclusive_scan<THREADS>(my_tiles, warp_sums, &total_tiles);
+  int slot_base = swapmoe::block_exclusive_scan<THREADS>(my_slots, warp_sums, &total_slots);
+  int active_base = swapmoe::block_exclusive_scan<THREADS>(my_active, warp_sums, &total_active);
+  int tile_base = swapmoe::block_exclusive_scan<THREADS>(my_tiles, warp_sums, &total_tiles);
   for (int e = e0; e < e1; ++e) {
     const int c = cursor[e];
     int before = 0;

@@ -12,7 +12,9 @@
 // that is 0.94 GB less each way.
 //
 // The tiles come from swapmoe_route_align with a token tile BM of 64 or 128: a tile holds up
-// to BM consecutive sorted positions of one expert.
+// to BM consecutive sorted positions of one expert. Or, at decode sizes (`Plan::align_in_gemm1`),
+// GEMM1 groups the slots itself, each CTA in its own shared memory (gemm1_tiles), and its CTA 0
+// writes the grouping in route_align's layout for GEMM2 and the top-k sum.
 // A operand: GEMM1 gathers the tile's token rows of x with cp.async (all 128 producer
 //   threads; rows past the tile's expert and K tails are zero-filled), so no gathered copy
 //   of x is written; or (the _xs variant, which the oracle takes for wide N, where the copy
@@ -40,6 +42,7 @@
 // Requirements (checked by the oracle and the launcher): bf16/fp16; K and N multiples of 8;
 // 16-byte aligned tensors and row strides (TMA). FP8: K and N multiples of 16; with 128x128
 // block scales N a multiple of 128.
+#include "common/cta_align.cuh"
 #include "common/fp8_moe.cuh"
 #include "common/moe_common.cuh"
 #include "common/sm90.cuh"
@@ -659,14 +662,20 @@ struct RowSlots {
   int slot[2];
 };
 
-template <int BM>
+// A GEMM1 that groups the slots itself passes kGlobal = false: its Tiles point into its own
+// shared memory (`align_in_cta`), which the read-only data path cannot load. The kGlobal form
+// is the original expression: rewritten, it changed the GEMM2s' instruction schedule.
+template <int BM, bool kGlobal = true>
 __device__ __forceinline__ RowSlots row_slots(const Tiles& tl, const TileCoord& c) {
   const Frag<BM> f;
   RowSlots s;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = f.row0 + half * 8;
-    s.slot[half] = r < c.count ? __ldg(tl.sorted_slots + c.start + r) : -1;
+    if constexpr (kGlobal)
+      s.slot[half] = r < c.count ? __ldg(tl.sorted_slots + c.start + r) : -1;
+    else
+      s.slot[half] = r < c.count ? tl.sorted_slots[c.start + r] : -1;
   }
   return s;
 }
@@ -831,7 +840,30 @@ __device__ __forceinline__ void activate_gate_up(float (&acc)[kAccs], const floa
   });
 }
 
-template <typename T, int BM, bool kGatherA>
+// GEMM1's tiles: route_align's (kGroup false), or its own grouping of the slots
+// (`Plan::align_in_gemm1`: no align kernel) in the shared memory past its stages
+// (`oracle::cta_align_smem_bytes` more than the stages' bytes). Every thread calls it. Only the
+// _ga GEMM1s group (kGroup); the others keep route_align's tiles, read from the kernel's
+// parameters, and compile to the same SASS as before the grouping existed (a grouping chosen
+// at run time measured 1.6-1.8 us per layer slower where it did not group, H100 2026-12-06).
+template <int BM, bool kGroup>
+__device__ __forceinline__ Tiles gemm1_tiles(const Tiles& tl, const CtaAlign& align, int topk) {
+#ifdef SWAPMOE_SM90A
+  if constexpr (!kGroup) return tl;
+  pdl_wait();  // launched first with PDL, GEMM1 reads the ids only once the kernel before is done
+  extern __shared__ unsigned char smem_raw[];
+  int* ints = reinterpret_cast<int*>(smem_raw + Tile<BM>::kSmemBytes);
+  const CtaAlignOut o = align_in_cta<kThreads>(
+      align, topk, BM, tl.tiles_bound, ints, const_cast<int*>(tl.expert_offsets), const_cast<int*>(tl.sorted_slots),
+      const_cast<int*>(tl.tile_expert), const_cast<int*>(tl.tile_start), const_cast<int*>(tl.num_tiles));
+  return Tiles{o.expert_offsets, o.sorted_slots, o.tile_expert,   o.tile_start,
+               o.num_tiles,      tl.tiles_bound, tl.raster_group, tl.l2_hints, tl.gemm2_block_run};
+#else
+  return tl;
+#endif
+}
+
+template <typename T, int BM, bool kGatherA, bool kGroup>
 __device__ __forceinline__ void gemm1_act(const T* __restrict__ x, long long x_row_stride, const TensorMap* xs_map,
                                           const TensorMap* w1_map, const void* __restrict__ topk_weights,
                                           int topk_weights_code, long long topk_weights_row_stride, const Tiles& tl,
@@ -849,7 +881,7 @@ __device__ __forceinline__ void gemm1_act(const T* __restrict__ x, long long x_r
     constexpr int kGateBlocks = L::kWgN / 16;
     float w[2];
     input_router_weights(weight_on_input, topk_weights, topk_weights_code, topk_weights_row_stride, topk,
-                         row_slots<BM>(tl, c), w);
+                         row_slots<BM, !kGroup>(tl, c), w);
     constexpr float kNoScale[2] = {1.f, 1.f};
     activate_gate_up<kGateBlocks>(acc, kNoScale, w, act);
     auto word = [&](int half, int j) {  // n8 block j's pair of row half `half`
@@ -1109,7 +1141,7 @@ __device__ __forceinline__ void fp8_gemm1_block_store(const float (&acc)[Tile<BM
 // (per tensor: element 0, per channel: the slot's), which the quantize-intermediate kernel
 // turns into the dynamic scale.
 // The consumer warpgroups' side of one tile (the CTA's `tile_index`-th): main loop and epilogue.
-template <int SCHEME, int BM, bool kQ8, bool kGatherA>
+template <int SCHEME, int BM, bool kQ8, bool kGatherA, bool kGroup>
 __device__ __forceinline__ void fp8_gemm1_tile(const WgmmaFp8Scales& sc,
                                                const void* __restrict__ topk_weights, int topk_weights_code,
                                                long long topk_weights_row_stride, const Tiles& tl, int topk, int N,
@@ -1144,7 +1176,7 @@ __device__ __forceinline__ void fp8_gemm1_tile(const WgmmaFp8Scales& sc,
   if constexpr (SCHEME == kQBlock) {
     float w[2];
     input_router_weights(weight_on_input, topk_weights, topk_weights_code, topk_weights_row_stride, topk,
-                         row_slots<BM>(tl, c), w);
+                         row_slots<BM, !kGroup>(tl, c), w);
     constexpr float kNoScale[2] = {1.f, 1.f};  // the block scales are in acc already
     activate_gate_up<kGateBlocks>(acc, kNoScale, w, act);
     fp8_gemm1_block_store<BM>(acc, f, c, N, sc.inter_groups, tile_index & 1, static_cast<uint8_t*>(inter),
@@ -1155,7 +1187,7 @@ __device__ __forceinline__ void fp8_gemm1_tile(const WgmmaFp8Scales& sc,
   // The loads of the epilogue in two rounds (as GEMM2's, "GEMM2 epilogue loads"): the rows'
   // slots with w1's per-tensor scale or all of its per-channel gate and up scales, then each
   // row's input scale (and router weight where it applies to the input).
-  const RowSlots slots = row_slots<BM>(tl, c);
+  const RowSlots slots = row_slots<BM, !kGroup>(tl, c);
   const float w1_tensor = SCHEME == kQTensor ? __ldg(ws) : 1.f;
   if constexpr (SCHEME == kQChannel) {  // gate blocks: rows col of w1; up blocks: rows N + col
     float gate_s[kGateBlocks][2], up_s[kGateBlocks][2];
@@ -1222,7 +1254,7 @@ __device__ __forceinline__ void fp8_gemm1_tile(const WgmmaFp8Scales& sc,
 
 // kGatherA: the producer gathers the tile's rows of xq (cp.async); otherwise they were
 // gathered into sorted order before (wgmma_moe_gather over xq) and come by TMA (xs_map).
-template <int SCHEME, int BM, bool kQ8, bool kGatherA>
+template <int SCHEME, int BM, bool kQ8, bool kGatherA, bool kGroup>
 __device__ __forceinline__ void fp8_gemm1(const uint8_t* __restrict__ xq, long long xq_row, const TensorMap* xs_map,
                                           const TensorMap* w1_map, WgmmaFp8Scales sc,
                                           const void* __restrict__ topk_weights, int topk_weights_code,
@@ -1237,8 +1269,9 @@ __device__ __forceinline__ void fp8_gemm1(const uint8_t* __restrict__ xq, long l
                                                    w1_map, tl, topk, N, K, c, ring);
       },
       [&](const TileCoord& c) {
-        fp8_gemm1_tile<SCHEME, BM, kQ8, kGatherA>(sc, topk_weights, topk_weights_code, topk_weights_row_stride, tl,
-                                                  topk, N, K, act, weight_on_input, inter, c, tiles_done++, ring);
+        fp8_gemm1_tile<SCHEME, BM, kQ8, kGatherA, kGroup>(sc, topk_weights, topk_weights_code,
+                                                          topk_weights_row_stride, tl, topk, N, K, act,
+                                                          weight_on_input, inter, c, tiles_done++, ring);
       });
 }
 
@@ -1448,7 +1481,8 @@ extern "C" __global__ void __launch_bounds__(swapmoe::kPreGatherThreads)
   swapmoe::gather_rows(x, x_row_vectors, sorted_slots, expert_offsets, local_experts, topk, row_vectors, xs);
 }
 
-// GEMM1 in both A modes: ..._t<BM> gathers in the kernel, ..._t<BM>_xs reads the gathered xs.
+// GEMM1 in both A modes: ..._t<BM> gathers in the kernel, ..._t<BM>_xs reads the gathered xs;
+// ..._t<BM>_ga gathers in the kernel after grouping the slots itself (`Plan::align_in_gemm1`).
 #define SWAPMOE_WGMMA_TILES                                                                                       \
   const int *expert_offsets, const int *sorted_slots, const int *tile_expert, const int *tile_start,             \
       const int *num_tiles, int tiles_bound, int raster_group, int l2_hints, int gemm2_block_run
@@ -1456,20 +1490,23 @@ extern "C" __global__ void __launch_bounds__(swapmoe::kPreGatherThreads)
   const swapmoe::Tiles tl{expert_offsets, sorted_slots, tile_expert, tile_start, num_tiles, tiles_bound,         \
                           raster_group, l2_hints, gemm2_block_run}
 
-#define SWAPMOE_WGMMA_GEMM1(NAME, T, BM, GATHER)                                                                  \
+#define SWAPMOE_WGMMA_GEMM1(NAME, T, BM, GATHER, GROUP)                                                           \
   extern "C" __global__ void __launch_bounds__(swapmoe::kThreads, 1) NAME(                                       \
       const T* x, long long x_row_stride, const __grid_constant__ swapmoe::TensorMap xs_map,                      \
       const __grid_constant__ swapmoe::TensorMap w1_map, const void* topk_weights, int topk_weights_code,         \
       long long topk_weights_row_stride, SWAPMOE_WGMMA_TILES, int topk, int N, int K, int act,                    \
-      int weight_on_input, T* inter) {                                                                            \
+      int weight_on_input, T* inter, swapmoe::CtaAlign align) {                                                   \
     SWAPMOE_WGMMA_MAKE_TILES;                                                                                     \
-    swapmoe::gemm1_act<T, BM, GATHER>(x, x_row_stride, &xs_map, &w1_map, topk_weights, topk_weights_code,         \
-                                      topk_weights_row_stride, tl, topk, N, K, act, weight_on_input, inter);      \
+    const swapmoe::Tiles tiles = swapmoe::gemm1_tiles<BM, GROUP>(tl, align, topk);                               \
+    swapmoe::gemm1_act<T, BM, GATHER, GROUP>(x, x_row_stride, &xs_map, &w1_map, topk_weights, topk_weights_code,  \
+                                             topk_weights_row_stride, tiles, topk, N, K, act, weight_on_input,    \
+                                             inter);                                                              \
   }
 
 #define SWAPMOE_WGMMA_INSTANTIATE(SUFFIX, T, BM)                                                                  \
-  SWAPMOE_WGMMA_GEMM1(wgmma_moe_gemm1_act_##SUFFIX##_t##BM, T, BM, true)                                          \
-  SWAPMOE_WGMMA_GEMM1(wgmma_moe_gemm1_act_##SUFFIX##_t##BM##_xs, T, BM, false)                                    \
+  SWAPMOE_WGMMA_GEMM1(wgmma_moe_gemm1_act_##SUFFIX##_t##BM, T, BM, true, false)                                   \
+  SWAPMOE_WGMMA_GEMM1(wgmma_moe_gemm1_act_##SUFFIX##_t##BM##_xs, T, BM, false, false)                             \
+  SWAPMOE_WGMMA_GEMM1(wgmma_moe_gemm1_act_##SUFFIX##_t##BM##_ga, T, BM, true, true)                               \
   extern "C" __global__ void __launch_bounds__(swapmoe::kThreads, 1) wgmma_moe_gemm2_##SUFFIX##_t##BM(            \
       const __grid_constant__ swapmoe::TensorMap inter_map, const __grid_constant__ swapmoe::TensorMap w2_map,    \
       const void* topk_weights, int topk_weights_code, long long topk_weights_row_stride, SWAPMOE_WGMMA_TILES,    \
@@ -1499,21 +1536,23 @@ SWAPMOE_WGMMA_INSTANTIATE(f16, __half, 128)
 // Token tiles 64 and 128 (`WGMMA_FP8_TOKEN_TILES`); the consumers run with 232 registers
 // per thread (setmaxnreg) for the promotion's accumulators (consume_fp8).
 // GEMM1 in both A modes: ..._t<BM> gathers the rows of xq in the kernel, ..._t<BM>_xs reads
-// them gathered before (xs_map).
-#define SWAPMOE_WGMMA_FP8_GEMM1_ONE(NAME, SCHEME, BM, Q8, GATHER)                                                 \
+// them gathered before (xs_map); ..._t<BM>_ga gathers them and groups the slots itself.
+#define SWAPMOE_WGMMA_FP8_GEMM1_ONE(NAME, SCHEME, BM, Q8, GATHER, GROUP)                                          \
   extern "C" __global__ void __launch_bounds__(swapmoe::kThreads, 1) NAME(                                       \
       const uint8_t* xq, long long xq_row, const __grid_constant__ swapmoe::TensorMap xs_map,                     \
       const __grid_constant__ swapmoe::TensorMap w1_map, swapmoe::WgmmaFp8Scales scales, const void* topk_weights, \
       int topk_weights_code, long long topk_weights_row_stride, SWAPMOE_WGMMA_TILES, int topk, int N, int K,      \
-      int act, int weight_on_input, void* inter) {                                                                \
+      int act, int weight_on_input, void* inter, swapmoe::CtaAlign align) {                                       \
     SWAPMOE_WGMMA_MAKE_TILES;                                                                                     \
-    swapmoe::fp8_gemm1<SCHEME, BM, Q8, GATHER>(xq, xq_row, &xs_map, &w1_map, scales, topk_weights,                \
-                                               topk_weights_code, topk_weights_row_stride, tl, topk, N, K, act,   \
-                                               weight_on_input, inter);                                           \
+    const swapmoe::Tiles tiles = swapmoe::gemm1_tiles<BM, GROUP>(tl, align, topk);                               \
+    swapmoe::fp8_gemm1<SCHEME, BM, Q8, GATHER, GROUP>(xq, xq_row, &xs_map, &w1_map, scales, topk_weights,         \
+                                                      topk_weights_code, topk_weights_row_stride, tiles, topk, N, \
+                                                      K, act, weight_on_input, inter);                            \
   }
 #define SWAPMOE_WGMMA_FP8_GEMM1(NAME, SCHEME, BM, Q8)                                                             \
-  SWAPMOE_WGMMA_FP8_GEMM1_ONE(NAME, SCHEME, BM, Q8, true)                                                         \
-  SWAPMOE_WGMMA_FP8_GEMM1_ONE(NAME##_xs, SCHEME, BM, Q8, false)
+  SWAPMOE_WGMMA_FP8_GEMM1_ONE(NAME, SCHEME, BM, Q8, true, false)                                                  \
+  SWAPMOE_WGMMA_FP8_GEMM1_ONE(NAME##_xs, SCHEME, BM, Q8, false, false)                                            \
+  SWAPMOE_WGMMA_FP8_GEMM1_ONE(NAME##_ga, SCHEME, BM, Q8, true, true)
 #define SWAPMOE_WGMMA_FP8_GEMM2(SUFFIX, T, NAME, SCHEME, BM)                                                      \
   extern "C" __global__ void __launch_bounds__(swapmoe::kThreads, 1) wgmma_moe_fp8_gemm2_##SUFFIX##_##NAME##_t##BM( \
       const __grid_constant__ swapmoe::TensorMap inter_map, const __grid_constant__ swapmoe::TensorMap w2_map,    \

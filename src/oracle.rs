@@ -412,6 +412,28 @@ const SWAP_ONE_WAVE_FIRST_PDL_MEASURED: &str = "deepseek-v3-tp8 M = 8 took 124.0
 /// `$SWAPMOE_WGMMA_PREGATHER` = "on" | "off" (else the N rule): whether cuda_wgmma's GEMM1
 /// reads token rows gathered beforehand (by TMA) or gathers them itself; for tuning.
 pub const WGMMA_PREGATHER_ENV: &str = "SWAPMOE_WGMMA_PREGATHER";
+/// `$SWAPMOE_ALIGN_IN_GEMM1` = "on" | "off" | "auto" (else the rule): whether cuda_wgmma's
+/// GEMM1 groups the slots itself (`Plan::align_in_gemm1`); "on" still needs the grouping to
+/// fit GEMM1's shared memory and no pre-gathered rows. For tuning and tests.
+pub const ALIGN_IN_GEMM1_ENV: &str = "SWAPMOE_ALIGN_IN_GEMM1";
+/// Most slots (M·topk) for which cuda_wgmma's GEMM1 groups them itself in every CTA instead
+/// of after a route_align launch: a CTA's grouping is a few shared-memory passes over the
+/// slots, against the align kernel's launch and its own passes on the critical path of every
+/// layer (H100, graph timelines of 2026-12-06: 6.0-6.7 us of align, plus the quantize-x
+/// kernel's 2 us after it, before GEMM1 starts, at qwen3-30b-a3b and deepseek-v3-tp8
+/// M = 16-64). 512 is the decode range (M <= 64 at topk 8).
+pub const ALIGN_IN_GEMM1_MAX_SLOTS: usize = 512;
+/// Shared memory a CTA may have on sm_90 (227 KiB, static and dynamic together).
+pub const SM90_MAX_SMEM_PER_CTA_BYTES: usize = 227 * 1024;
+/// Dynamic shared memory a wgmma GEMM1 launch may ask for: an sm_90 CTA's, less 2 KiB for
+/// the GEMM1s' static shared memory (barriers, the grouping's scan scratch, the block scales'
+/// staging: 1248 bytes at most, `ptxas -v`; a unit test reads the build's ptxas output).
+pub const WGMMA_GEMM1_MAX_SMEM_BYTES: usize = SM90_MAX_SMEM_PER_CTA_BYTES - 2048;
+/// Bytes of shared memory GEMM1's own grouping of the slots takes past its stages
+/// (`cta_align_ints` in cuda/common/cta_align.cuh).
+pub fn cta_align_smem_bytes(slots: usize, local_experts: usize, tiles_bound: usize) -> usize {
+    4 * (3 * local_experts + 1 + 3 * slots + 2 * tiles_bound + 4)
+}
 /// `Plan::wgmma_l2_hints` bit: cuda_wgmma's weight loads (TMA) ask L2 to evict their lines
 /// first (`createpolicy ... evict_first`), so that the token rows stay.
 pub const WGMMA_L2_WEIGHTS_EVICT_FIRST: u8 = 1;
@@ -794,6 +816,11 @@ pub enum KernelId {
     WgmmaFp8Gemm1(QuantScheme, usize, bool, bool),
     WgmmaFp8QuantInter(QuantScheme),
     WgmmaFp8Gemm2(DType, QuantScheme, usize),
+    /// The wgmma GEMM1s that group the slots themselves (`Plan::align_in_gemm1`, the `_ga`
+    /// kernels; they gather their token rows in the kernel): (bf16 or fp16, token tile) and
+    /// FP8 (scheme, token tile, static intermediate scale).
+    WgmmaGemm1Grouping(DType, usize),
+    WgmmaFp8Gemm1Grouping(QuantScheme, usize, bool),
 }
 
 /// The token tiles of cuda_wgmma's FP8 GEMMs (the bf16 ones': `WGMMA_TOKEN_TILES`). Each
@@ -898,7 +925,9 @@ impl KernelId {
         + 2 * 2
         + 2 * 3
         + 2 * 2
-        + 2 * 2;
+        + 2 * 2
+        + 2 * 2
+        + 4 * 2;
 
     pub fn module(&self) -> &'static str {
         match self {
@@ -918,7 +947,9 @@ impl KernelId {
             | KernelId::WgmmaTopkReduce(..)
             | KernelId::WgmmaFp8Gemm1(..)
             | KernelId::WgmmaFp8QuantInter(..)
-            | KernelId::WgmmaFp8Gemm2(..) => "sm90_wgmma_moe",
+            | KernelId::WgmmaFp8Gemm2(..)
+            | KernelId::WgmmaGemm1Grouping(..)
+            | KernelId::WgmmaFp8Gemm1Grouping(..) => "sm90_wgmma_moe",
             KernelId::SwapGemm1Act(..)
             | KernelId::SwapGemm2Sum(..)
             | KernelId::SwapFp8Gemm1(..)
@@ -987,6 +1018,14 @@ impl KernelId {
                 if pre { "_xs" } else { "" }
             ),
             KernelId::WgmmaFp8QuantInter(q) => format!("wgmma_moe_fp8_quant_inter_{}", q.name()),
+            KernelId::WgmmaGemm1Grouping(d, t) => {
+                format!("wgmma_moe_gemm1_act_{}_t{t}_ga", d.suffix())
+            }
+            KernelId::WgmmaFp8Gemm1Grouping(q, t, q8) => format!(
+                "wgmma_moe_fp8_gemm1_{}{}_t{t}_ga",
+                q.name(),
+                if q8 { "_q8" } else { "" }
+            ),
             KernelId::WgmmaFp8Gemm2(d, q, t) => {
                 format!("wgmma_moe_fp8_gemm2_{}_{}_t{t}", d.suffix(), q.name())
             }
@@ -1048,6 +1087,10 @@ impl KernelId {
                 }
             }
             KernelId::WgmmaFp8QuantInter(q) => 201 + q.code() as usize,
+            KernelId::WgmmaGemm1Grouping(d, t) => 228 + wgmma_slot(d, t),
+            KernelId::WgmmaFp8Gemm1Grouping(q, t, q8) => {
+                232 + if q8 { 3 } else { q.code() as usize } + 4 * usize::from(t == 128)
+            }
             KernelId::WgmmaFp8Gemm2(d, q, t) => {
                 203 + q.code() as usize
                     + 2 * usize::from(d == DType::F16)
@@ -1067,7 +1110,9 @@ impl KernelId {
             KernelId::WgmmaGemm1Act(_, tile, _)
             | KernelId::WgmmaGemm2(_, tile)
             | KernelId::WgmmaFp8Gemm1(_, tile, _, _)
-            | KernelId::WgmmaFp8Gemm2(_, _, tile) => Some(wgmma_smem_bytes(tile)),
+            | KernelId::WgmmaFp8Gemm2(_, _, tile)
+            | KernelId::WgmmaGemm1Grouping(_, tile)
+            | KernelId::WgmmaFp8Gemm1Grouping(_, tile, _) => Some(wgmma_smem_bytes(tile)),
             KernelId::SwapGemm1Act(_, tile, k) => Some(swap_smem_bytes(tile, 2, k)),
             KernelId::SwapGemm2Sum(_, tile, k) => Some(swap_smem_bytes(tile, 1, k)),
             KernelId::SwapFp8Gemm1(_, tile) => Some(swap_fp8_smem_bytes(tile, 2, false)),
@@ -1085,6 +1130,10 @@ impl KernelId {
         let own = self.dynamic_smem_bytes();
         match *self {
             KernelId::RouteAlign => Some(2 * 4 * MAX_GPU_LOCAL_EXPERTS),
+            // its stages and the slots' grouping (align_in_gemm1)
+            KernelId::WgmmaGemm1Grouping(..) | KernelId::WgmmaFp8Gemm1Grouping(..) => {
+                Some(WGMMA_GEMM1_MAX_SMEM_BYTES)
+            }
             KernelId::SwapGemm2Sum(..)
             | KernelId::SwapFp8Gemm2Sum(..)
             | KernelId::SwapFp8StaticGemm2Sum(..) => {
@@ -1125,6 +1174,7 @@ impl KernelId {
             for t in WGMMA_TOKEN_TILES {
                 v.push(KernelId::WgmmaGemm1Act(d, t, false));
                 v.push(KernelId::WgmmaGemm1Act(d, t, true));
+                v.push(KernelId::WgmmaGemm1Grouping(d, t));
                 v.push(KernelId::WgmmaGemm2(d, t));
             }
             v.push(KernelId::WgmmaTopkReduce(d));
@@ -1171,6 +1221,7 @@ impl KernelId {
                 for pre in [false, true] {
                     v.push(KernelId::WgmmaFp8Gemm1(q, t, false, pre));
                 }
+                v.push(KernelId::WgmmaFp8Gemm1Grouping(q, t, false));
                 for d in [DType::BF16, DType::F16] {
                     v.push(KernelId::WgmmaFp8Gemm2(d, q, t));
                 }
@@ -1178,6 +1229,11 @@ impl KernelId {
             for pre in [false, true] {
                 v.push(KernelId::WgmmaFp8Gemm1(QuantScheme::Tensor, t, true, pre));
             }
+            v.push(KernelId::WgmmaFp8Gemm1Grouping(
+                QuantScheme::Tensor,
+                t,
+                true,
+            ));
         }
         v
     }
@@ -1295,6 +1351,9 @@ pub struct Plan {
     /// CTAs of the routing alignment (`KernelId::RouteAlign`), launched as one thread-block
     /// cluster when more than 1 (sm_90+); 1 for plans without that kernel.
     pub align_ctas: usize,
+    /// cuda_wgmma: GEMM1 groups the slots itself in each CTA (and its CTA 0 writes the
+    /// grouping for the kernels after it), so the plan has no route_align kernel.
+    pub align_in_gemm1: bool,
     /// Why each choice was made or each candidate rejected (empty for a plan made with
     /// `Request::quiet`).
     pub reasons: Reasons,
@@ -1927,6 +1986,84 @@ fn wgmma_pregather(p: &MoeProblem, rows: &str) -> (bool, String) {
     }
 }
 
+/// Whether cuda_wgmma's GEMM1 groups the slots itself (no route_align launch), and why:
+/// `$SWAPMOE_ALIGN_IN_GEMM1`, else when GEMM1 is a persistent grid (each CTA groups once; one
+/// CTA per item would group once per item) of at most ALIGN_IN_GEMM1_MAX_SLOTS slots. Never
+/// with rows gathered beforehand (the gather kernel reads the grouping before GEMM1) or when
+/// the grouping does not fit the shared memory past GEMM1's stages.
+fn wgmma_align_in_gemm1(
+    p: &MoeProblem,
+    tile: usize,
+    gemm1_persistent: bool,
+    pregather: bool,
+) -> (bool, String) {
+    let slots = p.slots();
+    let tiles = crate::problem::WorkspaceLayout::max_tiles(slots, p.local_experts, tile);
+    let smem = wgmma_smem_bytes(tile) + cta_align_smem_bytes(slots, p.local_experts, tiles);
+    let off = |why: String| (false, format!("align: its own kernel before GEMM1 ({why})"));
+    let env = std::env::var(ALIGN_IN_GEMM1_ENV);
+    let env = env.as_deref().map(str::trim);
+    let ignored = match env {
+        Ok(v) if !v.is_empty() && !matches!(v, "on" | "off" | "auto") => {
+            format!("; ${ALIGN_IN_GEMM1_ENV}={v:?} ignored (expected on, off or auto)")
+        }
+        _ => String::new(),
+    };
+    if pregather {
+        return off(format!(
+            "GEMM1 reads rows gathered in the grouped order beforehand{ignored}"
+        ));
+    }
+    if smem > WGMMA_GEMM1_MAX_SMEM_BYTES {
+        return off(format!(
+            "GEMM1's stages and the grouping of {slots} slots over {} experts take {smem} bytes of shared memory, more than {WGMMA_GEMM1_MAX_SMEM_BYTES}{ignored}",
+            p.local_experts
+        ));
+    }
+    let on_why = |how: &str| {
+        format!("align: inside GEMM1, which groups the {slots} slots in each CTA's shared memory ({smem} bytes with its stages) and CTA 0 writes the grouping for the kernels after it: one launch less{how}")
+    };
+    match env {
+        Ok("on") => {
+            return (
+                true,
+                on_why(&format!(" (forced by ${ALIGN_IN_GEMM1_ENV}=on)")),
+            )
+        }
+        Ok("off") => return off(format!("forced by ${ALIGN_IN_GEMM1_ENV}=off")),
+        _ => {}
+    }
+    if !gemm1_persistent {
+        return off(format!(
+            "GEMM1 runs one CTA per item, each of which would group the slots again{ignored}"
+        ));
+    }
+    if slots > ALIGN_IN_GEMM1_MAX_SLOTS {
+        return off(format!("{slots} slots > {ALIGN_IN_GEMM1_MAX_SLOTS}: every CTA's grouping would outgrow the launch it saves{ignored}"));
+    }
+    (true, on_why(&format!(" ({slots} slots <= {ALIGN_IN_GEMM1_MAX_SLOTS}, a persistent GEMM1 groups them once per CTA){ignored}")))
+}
+
+/// cuda_wgmma's plan up to its GEMMs: whether GEMM1 groups the slots itself
+/// (`wgmma_align_in_gemm1`, whose reason it pushes), and the kernels before GEMM1 that this
+/// leaves: route_align, or none.
+fn wgmma_first_kernels(
+    p: &MoeProblem,
+    tile: usize,
+    gemm1_persistent: bool,
+    pregather: bool,
+    reasons: &mut Reasons,
+) -> (bool, Vec<KernelId>) {
+    let (in_gemm1, why) = wgmma_align_in_gemm1(p, tile, gemm1_persistent, pregather);
+    reasons.add(|| why);
+    let kernels = if in_gemm1 {
+        vec![]
+    } else {
+        vec![KernelId::RouteAlign]
+    };
+    (in_gemm1, kernels)
+}
+
 /// The heuristics: decode for few slots spread over experts, tensor cores when the call
 /// can take them, generic otherwise. Pushes its reasons.
 fn heuristic(c: &mut Candidates) -> Backend {
@@ -2537,6 +2674,12 @@ pub fn place_router(
             format!(
                 "E = {experts} > {ROUTER_FUSED_MAX_EXPERTS} does not fit the fused router's registers"
             ),
+        );
+    }
+    if plan.align_in_gemm1 {
+        return separate(
+            plan,
+            "GEMM1 groups the slots itself (no align kernel to route in; GEMM1 gathers its rows by the ids)".into(),
         );
     }
     match plan.kernels.first().copied() {
@@ -3339,6 +3482,7 @@ impl<'a> Candidates<'a> {
         let mut wgmma_persistent = (false, false);
         let mut wgmma_hints = 0;
         let mut wgmma_block_run = 1;
+        let mut align_in_gemm1 = false;
         let mut splits = (1, 1);
         let mut swap_gemm1_ring = 0;
         let swap_gemm2_one_per_sm = match swap_gemm2_placement {
@@ -3431,12 +3575,18 @@ impl<'a> Candidates<'a> {
                 ));
                 let (pre, why) = wgmma_pregather(self.p, "the quantized token rows");
                 reasons.add(|| why);
-                let mut v = vec![KernelId::RouteAlign];
+                let (in_gemm1, mut v) =
+                    wgmma_first_kernels(self.p, tile, wgmma_persistent.0, pre, &mut reasons);
+                align_in_gemm1 = in_gemm1;
                 fp8_front(&mut v);
                 if pre {
                     v.push(KernelId::WgmmaGather);
                 }
-                v.push(KernelId::WgmmaFp8Gemm1(q.scheme, tile, q8, pre));
+                v.push(if in_gemm1 {
+                    KernelId::WgmmaFp8Gemm1Grouping(q.scheme, tile, q8)
+                } else {
+                    KernelId::WgmmaFp8Gemm1(q.scheme, tile, q8, pre)
+                });
                 if !wgmma_gemm1_quantizes(&q) {
                     v.push(KernelId::WgmmaFp8QuantInter(q.scheme));
                 }
@@ -3556,12 +3706,18 @@ impl<'a> Candidates<'a> {
                         "cuda_wgmma: token tiles of {tile} rows in expert order, weights by TMA, warp-specialized wgmma GEMMs ({WGMMA_GEMM1_COLUMNS} inter columns per GEMM1 CTA, {WGMMA_GEMM2_COLUMNS} output columns per GEMM2 CTA), {WGMMA_RASTER_GROUP} token tiles per raster group"
                     ));
                     reasons.add(|| why);
-                    let mut v = vec![KernelId::RouteAlign];
+                    let (in_gemm1, mut v) =
+                        wgmma_first_kernels(self.p, tile, wgmma_persistent.0, pre, &mut reasons);
+                    align_in_gemm1 = in_gemm1;
                     if pre {
                         v.push(KernelId::WgmmaGather);
                     }
                     v.extend([
-                        KernelId::WgmmaGemm1Act(d, tile, pre),
+                        if in_gemm1 {
+                            KernelId::WgmmaGemm1Grouping(d, tile)
+                        } else {
+                            KernelId::WgmmaGemm1Act(d, tile, pre)
+                        },
                         KernelId::WgmmaGemm2(d, tile),
                         KernelId::WgmmaTopkReduce(d),
                     ]);
@@ -3655,6 +3811,7 @@ impl<'a> Candidates<'a> {
             swap_gemm2_ring,
             one_wave_gemm1,
             align_ctas,
+            align_in_gemm1,
             reasons,
             source: Source::Heuristic,
             table: None,
@@ -3818,6 +3975,161 @@ mod tests {
             .reasons
             .iter()
             .any(|r| r.starts_with("$SWAPMOE_WGMMA_L2_HINTS=\"4\" ignored (expected 0 to 3)")));
+    }
+
+    /// Every wgmma GEMM1's static shared memory (this build's `ptxas -v`, kept beside its
+    /// fatbin by build.rs) fits beside WGMMA_GEMM1_MAX_SMEM_BYTES of dynamic shared memory,
+    /// the attribute every GEMM1 is given when its module loads.
+    #[test]
+    fn wgmma_gemm1_static_smem_fits_beside_its_dynamic_limit() {
+        let ptxas = include_str!(concat!(env!("OUT_DIR"), "/sm90_wgmma_moe.ptxas.txt"));
+        let mut kernel: Option<&str> = None;
+        let mut seen = 0;
+        for line in ptxas.lines() {
+            if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+                kernel = rest
+                    .split_once("' for 'sm_90a'")
+                    .map(|(k, _)| k)
+                    .filter(|k| k.contains("gemm1"));
+            } else if let (Some(k), Some(smem)) = (kernel, line.split(" bytes smem").next()) {
+                if line.contains(" bytes smem") {
+                    let bytes: usize = smem.rsplit(' ').next().unwrap().parse().unwrap();
+                    assert!(
+                        bytes + WGMMA_GEMM1_MAX_SMEM_BYTES <= SM90_MAX_SMEM_PER_CTA_BYTES,
+                        "{k}: {bytes} bytes of static shared memory"
+                    );
+                    seen += 1;
+                    kernel = None;
+                }
+            }
+        }
+        assert!(seen >= 16, "read {seen} GEMM1s from ptxas' output");
+    }
+
+    #[test]
+    fn wgmma_gemm1_groups_the_slots_where_its_grid_is_persistent_and_the_slots_few() {
+        let _knobs = ENV_KNOBS.write().unwrap_or_else(|e| e.into_inner());
+        std::env::remove_var(ALIGN_IN_GEMM1_ENV);
+        std::env::remove_var(WGMMA_PERSISTENT_ENV);
+        std::env::remove_var(WGMMA_PREGATHER_ENV);
+        let plan = |m: i64, e: i64, k: i64, n: i64, quant: Option<QuantScheme>| {
+            let req = Request {
+                backend: Some(Backend::CudaWgmma),
+                mma_token_tile: Some(64),
+                ..Request::default()
+            };
+            plan_for_shape(m, e, 8, k, n, DType::BF16, quant, None, &h200(), &req).unwrap()
+        };
+        let aligns = |p: &Plan| p.kernels.contains(&KernelId::RouteAlign);
+        // qwen3-30b-a3b FP8 per tensor (static): GEMM1 of 16 k-stages is persistent; up to
+        // 512 slots GEMM1 groups them, the quantization first
+        for m in [1, 16, 64] {
+            let p = plan(m, 128, 2048, 768, Some(QuantScheme::Tensor));
+            assert!(
+                p.wgmma_persistent.0 && p.align_in_gemm1,
+                "M = {m}: {:?}",
+                p.reasons
+            );
+            assert!(!aligns(&p));
+            assert_eq!(p.kernels[0], KernelId::Fp8QuantX(DType::BF16));
+            assert!(p.first_kernel_pdl);
+            assert!(
+                has(
+                    &p,
+                    &["align: inside GEMM1", &format!("({} slots <= 512", 8 * m)]
+                ),
+                "{:?}",
+                p.reasons
+            );
+        }
+        let p = plan(65, 128, 2048, 768, Some(QuantScheme::Tensor));
+        assert!(!p.align_in_gemm1 && aligns(&p));
+        assert!(
+            has(&p, &["align: its own kernel before GEMM1 (520 slots > 512"]),
+            "{:?}",
+            p.reasons
+        );
+        // bf16 at K = 2048 (32 k-stages): one CTA per item, each would group again
+        let p = plan(16, 128, 2048, 768, None);
+        assert!(!p.wgmma_persistent.0 && !p.align_in_gemm1 && aligns(&p));
+        assert!(
+            has(&p, &["align: its own kernel", "one CTA per item"]),
+            "{:?}",
+            p.reasons
+        );
+        // bf16 at K = 256 (4 k-stages): persistent, GEMM1 groups the slots and comes first
+        let p = plan(16, 128, 256, 768, None);
+        assert!(p.align_in_gemm1 && !aligns(&p), "{:?}", p.reasons);
+        assert_eq!(p.kernels[0], KernelId::WgmmaGemm1Grouping(DType::BF16, 64));
+        assert!(p.first_kernel_pdl);
+        // rows gathered beforehand (N >= 4096) were gathered by route_align's grouping
+        let p = plan(16, 8, 256, 4096, None);
+        assert!(!p.align_in_gemm1 && aligns(&p));
+        assert!(has(
+            &p,
+            &[
+                "align: its own kernel",
+                "gathered in the grouped order beforehand"
+            ]
+        ));
+        // the grouping of 8192 local experts does not fit beside the stages
+        let p = plan(1, 8192, 256, 768, None);
+        assert!(!p.align_in_gemm1 && aligns(&p));
+        assert!(
+            has(
+                &p,
+                &["align: its own kernel", "bytes of shared memory, more than"]
+            ),
+            "{:?}",
+            p.reasons
+        );
+        assert!(
+            wgmma_smem_bytes(64) + cta_align_smem_bytes(512, 256, 264)
+                <= WGMMA_GEMM1_MAX_SMEM_BYTES
+        );
+        // forced: on past the rule (one CTA per item), off where the rule takes it, a bad value
+        std::env::set_var(ALIGN_IN_GEMM1_ENV, "on");
+        let p = plan(16, 128, 2048, 768, None);
+        assert!(p.align_in_gemm1 && !aligns(&p));
+        assert!(has(
+            &p,
+            &[
+                "align: inside GEMM1",
+                "forced by $SWAPMOE_ALIGN_IN_GEMM1=on"
+            ]
+        ));
+        let p = plan(16, 8, 256, 4096, None);
+        assert!(
+            !p.align_in_gemm1,
+            "on cannot force it past pre-gathered rows"
+        );
+        std::env::set_var(ALIGN_IN_GEMM1_ENV, "off");
+        let p = plan(16, 128, 256, 768, None);
+        assert!(!p.align_in_gemm1 && aligns(&p));
+        assert!(has(&p, &["forced by $SWAPMOE_ALIGN_IN_GEMM1=off"]));
+        std::env::set_var(ALIGN_IN_GEMM1_ENV, "sometimes");
+        let p = plan(16, 128, 256, 768, None);
+        assert!(p.align_in_gemm1);
+        assert!(
+            has(&p, &["$SWAPMOE_ALIGN_IN_GEMM1=\"sometimes\" ignored"]),
+            "{:?}",
+            p.reasons
+        );
+        std::env::remove_var(ALIGN_IN_GEMM1_ENV);
+        // fused_moe asked to fuse: no align kernel to route in, so the router runs first
+        let mut p = plan(8, 128, 256, 768, None);
+        assert!(p.align_in_gemm1);
+        let fuse = RouterRequest {
+            fusion: true,
+            ..RouterRequest::default()
+        };
+        place_router(&mut p, 8, 128, &softmax_top8(), fuse);
+        assert!(matches!(p.router, RouterPlacement::Separate(_)));
+        assert!(!p.kernels.contains(&KernelId::RouteAlignRouted));
+        assert!(has(
+            &p,
+            &["router: its own kernel first, GEMM1 groups the slots itself"]
+        ));
     }
 
     #[test]

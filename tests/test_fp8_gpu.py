@@ -508,6 +508,39 @@ def test_swap_dtypes_and_static_scales(scheme, M, dtype, static, rng):
                  backend="cuda_wgmma_swap")
 
 
+# cuda_wgmma's GEMM1 grouping the slots itself (`Plan::align_in_gemm1`): the quantize-x kernel
+# is then the first, GEMM1 second. M = 1, ragged experts with invalid ids and an expert map,
+# several tiles per hot expert, int64 ids with 192 slots over 128 experts.
+ALIGN_IN_GEMM1_CASES = [_case(1), _case(17, E=64, topk=6, ids="invalid", ep=True), _case(64, E=8, ids="concentrated"),
+                        _case(24, id_dtype="int64")]
+
+
+@needs_sm90
+@pytest.mark.parametrize("tile", [64, 128])
+@pytest.mark.parametrize("case", ALIGN_IN_GEMM1_CASES, ids=lambda c: c.id)
+@pytest.mark.parametrize("scheme", SWAP_SCHEMES, ids=_scheme_id)
+def test_wgmma_gemm1_groups_the_slots_itself(scheme, case, tile, rng, monkeypatch):
+    """Against the FP8 reference and bit-identical to the plan with route_align, each on a 0xFF
+    workspace and a NaN output; the oracle's plan for the call's shape says which ran."""
+    monkeypatch.setenv("SWAPMOE_BACKEND", "cuda_wgmma")
+    monkeypatch.setenv("SWAPMOE_MMA_TOKEN_TILE", str(tile))
+    monkeypatch.setenv("SWAPMOE_WGMMA_PERSISTENT", "on")
+    inp = to_fp8_inputs(make_fp8_problem(rng, case, scheme[0], static=scheme[1]), case, "torch", "bfloat16", DEV)
+    ref, flips = fp8_reference(inp, case)
+    quant = {"tensor": "fp8_tensor", "channel": "fp8_channel", "block": "fp8_block128"}[scheme[0]]
+    outs = {}
+    for align in ("on", "off"):
+        monkeypatch.setenv("SWAPMOE_ALIGN_IN_GEMM1", align)
+        plan = swapmoe.select_backend(case.M, case.E, case.topk, case.K, case.N, quant=quant)
+        kernels = plan.tile["kernels"]
+        assert plan.tile["align_in_gemm1"] == (align == "on"), plan.reasons
+        assert ("swapmoe_route_align" in kernels) == (align == "off"), kernels
+        outs[align] = snapshot(call_with_workspace(inp, case, junk_workspace(inp, quant), poison(inp["x"]),
+                                                   **fp8_kwargs(inp)))
+    check_fp8_close(torch.from_numpy(outs["on"]).view(torch.bfloat16), ref, flips, "bfloat16", what=case.id)
+    assert same_bits(outs["on"], outs["off"]), f"{case.id}: GEMM1's grouping and route_align's differ"
+
+
 @needs_sm90
 @pytest.mark.parametrize("splits", ["1,1", "4,4"])
 @pytest.mark.parametrize("scheme", SWAP_SCHEMES, ids=_scheme_id)

@@ -289,6 +289,7 @@ def test_align_cluster_gives_the_same_output(backend, case, ctas, rng, monkeypat
     _needs_hopper()
     monkeypatch.setenv("SWAPMOE_BACKEND", backend)
     monkeypatch.setenv("SWAPMOE_ALIGN_CTAS", str(ctas))
+    monkeypatch.setenv("SWAPMOE_ALIGN_IN_GEMM1", "off")  # the align kernel, also at cuda_wgmma's few slots
     out, _, inp = run_case(case, "torch", "bfloat16", rng, device=DEV)
     plan = swapmoe._core.describe_plan(inp["x"], inp["w1"], inp["w2"], inp["tw"], inp["ids"],
                                        expert_map=inp["expert_map"])
@@ -298,6 +299,59 @@ def test_align_cluster_gives_the_same_output(backend, case, ctas, rng, monkeypat
     one = call(inp, case, out=torch.full_like(out, float("nan")))
     torch.cuda.synchronize()
     assert torch.equal(one, clustered), f"{backend} {case.id}: {ctas} align CTAs differ from one"
+
+
+# cuda_wgmma's GEMM1 grouping the slots itself ($SWAPMOE_ALIGN_IN_GEMM1, `Plan::align_in_gemm1`,
+# no align kernel): every CTA groups them in its own shared memory and CTA 0 writes the grouping
+# that GEMM2 and the top-k sum read, so every CTA must come to the same order within an expert
+# (the concentrated case puts several tiles on each hot expert). M = 1; ragged experts with
+# invalid ids and an expert map with -1; duplicate ids; int64 ids in a strided view; no expert
+# at all; the router weight on the input; 512 slots over 128 experts (the rule's bound). Each in
+# the persistent grid and one CTA per item.
+ALIGN_IN_GEMM1_CASES = [
+    Case(1, 128, 8, 128, 256, out="poison"),
+    Case(17, 64, 6, 40, 56, "gelu", ids="invalid", ep=True, out="poison"),
+    Case(64, 8, 8, 128, 256, ids="concentrated", out="poison"),
+    Case(70, 8, 3, 72, 136, ids="dup", out="poison"),
+    Case(33, 64, 6, 64, 128, ids="invalid", ep=True, id_dtype="int64", out="poison"),
+    Case(3, 8, 2, 64, 64, ids="none", out="poison"),
+    Case(40, 16, 1, 96, 200, "gelu", on_input=True, out="poison"),
+    Case(64, 128, 8, 256, 512, out="poison"),
+]
+
+
+@pytest.mark.skipif(not HAS_BACKEND_ARG, reason="this build has no backend= argument")
+@pytest.mark.parametrize("persistent", ["on", "off"], ids=lambda v: f"persistent={v}")
+@pytest.mark.parametrize("tile", [64, 128])
+@pytest.mark.parametrize("case", ALIGN_IN_GEMM1_CASES, ids=_ids(ALIGN_IN_GEMM1_CASES))
+def test_wgmma_gemm1_groups_the_slots_itself(case, tile, persistent, rng, monkeypatch):
+    """Against the reference, bit-identical to the plan with route_align and to its own reruns,
+    each on a 0xFF workspace and a NaN output (GEMM2 and the top-k sum read only what GEMM1's
+    CTA 0 wrote)."""
+    _needs_hopper()
+    monkeypatch.setenv("SWAPMOE_MMA_TOKEN_TILE", str(tile))
+    monkeypatch.setenv("SWAPMOE_BACKEND", "cuda_wgmma")
+    monkeypatch.setenv("SWAPMOE_WGMMA_PERSISTENT", persistent)
+    inp = to_inputs(make_problem(rng, case), case, "torch", "bfloat16", DEV)
+    if case.id_dtype == "int64":  # the same ids in a view whose rows are topk + 3 apart
+        wide = torch.full((case.M, case.topk + 3), -7, dtype=torch.int64, device=DEV)
+        wide[:, :case.topk] = inp["ids"]
+        inp["ids"] = wide[:, :case.topk]
+    ref = reference(inp, case)
+    outs = {}
+    for align in ("on", "off"):
+        monkeypatch.setenv("SWAPMOE_ALIGN_IN_GEMM1", align)
+        plan = swapmoe._core.describe_plan(inp["x"], inp["w1"], inp["w2"], inp["tw"], inp["ids"],
+                                           expert_map=inp["expert_map"], activation=case.act)
+        assert (plan["backend"], plan["tokens_per_pass"]) == ("cuda_wgmma", tile)
+        assert plan["align_in_gemm1"] == (align == "on"), plan["reasons"]
+        assert ("swapmoe_route_align" in plan["kernels"]) == (align == "off"), plan["kernels"]
+        outs[align] = _rerun(inp, case)
+    check_close(torch.from_numpy(outs["on"]).view(torch.bfloat16), ref, "bfloat16", what=case.id)
+    assert same_bits(outs["on"], outs["off"]), f"{case.id}: GEMM1's grouping and route_align's differ"
+    monkeypatch.setenv("SWAPMOE_ALIGN_IN_GEMM1", "on")
+    for _ in range(5):
+        assert same_bits(_rerun(inp, case), outs["on"]), f"{case.id}: a rerun moved"
 
 
 # Persistent grids with several work items per CTA (one CTA per SM, ~370 items): GEMM2 with

@@ -17,6 +17,7 @@ def _heuristics_only(monkeypatch):
     monkeypatch.delenv("SWAPMOE_FIRST_KERNEL_PDL", raising=False)
     monkeypatch.delenv("SWAPMOE_WGMMA_PREGATHER", raising=False)
     monkeypatch.delenv("SWAPMOE_WGMMA_PERSISTENT", raising=False)
+    monkeypatch.delenv("SWAPMOE_ALIGN_IN_GEMM1", raising=False)
 
 
 QWEN3 = (128, 8, 2048, 768)  # E, topk, K, N
@@ -267,3 +268,32 @@ def test_wgmma_l2_hints_where_experts_fill_half_a_tile(quant, monkeypatch):
     wide = plan(4096, MIXTRAL, **kw)  # N >= 4096: at any tokens per expert
     assert wide.tile["wgmma_l2_hints"] == 3
     assert any("GEMM1 reads each tile's token rows in 112 column blocks" in r for r in wide.reasons)
+
+
+def test_wgmma_gemm1_groups_the_slots_itself_at_decode(monkeypatch, capsys):
+    """cuda_wgmma's GEMM1 groups the slots itself (no align kernel) where it is a persistent grid
+    of at most 512 slots: qwen3-30b-a3b FP8 (16 k-stages) to M = 64; not bf16 at K = 2048 (one
+    CTA per item), not past 512 slots; $SWAPMOE_ALIGN_IN_GEMM1 forces it; explain shows it."""
+    monkeypatch.setenv("SWAPMOE_BACKEND", "cuda_wgmma")
+    fp8 = dict(quant="fp8_tensor", activation_scales="static")
+    for m, groups in [(16, True), (64, True), (65, False)]:
+        p = plan(m, **fp8)
+        assert p.tile["align_in_gemm1"] is groups, (m, p.reasons)
+        assert ("swapmoe_route_align" in p.tile["kernels"]) is not groups, p.tile["kernels"]
+        assert any(k.endswith("_t64_ga") for k in p.tile["kernels"]) is groups, p.tile["kernels"]
+    assert p.tile["kernels"][0] == "swapmoe_route_align"
+    assert plan(16, **fp8).tile["kernels"][0] == "swapmoe_fp8_quant_x_bf16"
+    bf16 = plan(16)
+    assert not bf16.tile["align_in_gemm1"]
+    assert any("align: its own kernel before GEMM1 (GEMM1 runs one CTA per item" in r for r in bf16.reasons)
+    monkeypatch.setenv("SWAPMOE_ALIGN_IN_GEMM1", "on")
+    forced = plan(16)
+    assert forced.tile["align_in_gemm1"] and forced.tile["kernels"][0] == "wgmma_moe_gemm1_act_bf16_t64_ga"
+    monkeypatch.setenv("SWAPMOE_ALIGN_IN_GEMM1", "off")
+    assert not plan(16, **fp8).tile["align_in_gemm1"]
+    monkeypatch.delenv("SWAPMOE_ALIGN_IN_GEMM1")
+    argv = ["explain", "--model", "qwen3-30b-a3b", "--device-name", "NVIDIA H200", "--quant", "fp8_tensor",
+            "--m", "16"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "align=gemm1" in out and "align: inside GEMM1, which groups the 128 slots" in out

@@ -142,7 +142,8 @@ def describe_plan(
     when smaller than its own, 0 otherwise), swap_gemm2_ring (the same for its e4m3 GEMM2,
     so that its CTAs fit beside GEMM1's; $SWAPMOE_SWAP_GEMM2_RING forces it), swap_gemm2_one_per_sm, swap_gemm2_pdl (the swap-AB
     GEMM2 starts by programmatic dependent launch under GEMM1), align_ctas (CTAs of the
-    routing alignment, one thread-block cluster past 1), pdl (later kernels start by
+    routing alignment, one thread-block cluster past 1), align_in_gemm1 (cuda_wgmma's GEMM1
+    groups the slots itself: no align kernel), pdl (later kernels start by
     programmatic dependent launch), first_kernel_pdl (so does the first: fused_experts' first
     kernel, or fused_moe's router), ctas, wgmma_persistent, wgmma_l2_hints (L2 eviction hints of the
     cuda_wgmma loads: 1 weights evict first, 2 token rows evict last), wgmma_gemm2_block_run

@@ -469,6 +469,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
         clusters = f" clusters: gemm1 {splits[0]}, gemm2 {splits[1]}" if tuple(splits) != (1, 1) else ""
         if t.get("align_ctas", 1) > 1:
             clusters += f" align_ctas={t['align_ctas']}"
+        if t.get("align_in_gemm1"):
+            clusters += " align=gemm1"
         if t.get("swap_gemm1_ring", 0) > 0:
             clusters += f" gemm1_ring={t['swap_gemm1_ring']}"
         if t.get("swap_gemm2_ring", 0) > 0:

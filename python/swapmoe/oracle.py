@@ -30,7 +30,8 @@ class Plan:
       tables")
     - ``swap_ab``: whether the weights fill the MMA's wide side and the tokens the narrow one
     - ``tile``: kernels, rows per CTA, tokens per pass (token tile), load widths, PDL,
-      ``splits`` (cuda_wgmma_swap's cluster sizes: GEMM1's K split, GEMM2's expert split); for an
+      ``splits`` (cuda_wgmma_swap's cluster sizes: GEMM1's K split, GEMM2's expert split),
+      ``align_in_gemm1`` (cuda_wgmma's GEMM1 groups the slots itself: no align kernel); for an
       external backend, those of swapmoe's ``fallback``
     - ``source``: ``"override"`` (``backend=``, ``$SWAPMOE_BACKEND``,
       ``$SWAPMOE_MMA_TOKEN_TILE``), ``"table"`` (a tuned table entry) or ``"heuristic"``

@@ -351,7 +351,8 @@ fn experts(
         return decode(dev, p, plan, router, inter, first_pdl, stream);
     }
 
-    // 1. Routing metadata (and the token tiles of the tensor-core GEMMs).
+    // 1. Routing metadata (and the token tiles of the tensor-core GEMMs), unless GEMM1
+    // groups the slots itself (`Plan::align_in_gemm1`).
     let tile_tokens = if matches!(plan.backend, Backend::CudaMma | Backend::CudaWgmma) {
         plan.tokens_per_pass as i32
     } else {
@@ -360,7 +361,7 @@ fn experts(
     let tile_expert = ws(layout.tile_expert);
     let tile_start = ws(layout.tile_start);
     let num_tiles = ws(layout.num_tiles);
-    {
+    if !plan.align_in_gemm1 {
         let ids = o.topk_ids as u64;
         let ids_i64 = i32::from(p.topk_ids_dtype == DType::I64);
         let ids_row = s.topk_ids_row;
@@ -417,14 +418,14 @@ fn experts(
 
     if p.quant.is_some() {
         if plan.backend == Backend::CudaWgmma {
-            return wgmma_fp8(dev, p, plan, &layout, workspace, stream);
+            return wgmma_fp8(dev, p, plan, &layout, workspace, first_pdl, stream);
         }
-        fp8_generic(dev, p, plan, &layout, workspace, stream)?;
+        fp8_generic(dev, p, plan, &layout, workspace, first_pdl, stream)?;
         return reduce(dev, p, plan, slot_out, slot_expert, stream);
     }
 
     if plan.backend == Backend::CudaWgmma {
-        return wgmma_gemms(dev, p, plan, &layout, workspace, stream);
+        return wgmma_gemms(dev, p, plan, &layout, workspace, first_pdl, stream);
     }
 
     if plan.backend == Backend::CudaMma {
@@ -728,6 +729,27 @@ struct WgmmaArgs {
     tile: usize,
     tiles_bound: usize,
     smem: u32,
+    /// GEMM1's own grouping of the slots (`Plan::align_in_gemm1`; null ids: route_align's)
+    align: CtaAlign,
+    /// GEMM1's dynamic shared memory: the stages, and the grouping when it groups the slots
+    gemm1_smem: u32,
+}
+
+/// What a GEMM1 that groups the slots itself reads and writes besides its tiles (`CtaAlign`
+/// in cuda/common/cta_align.cuh, passed by value); all zero when route_align groups them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct CtaAlign {
+    topk_ids: u64,
+    ids_row_stride: i64,
+    expert_map: u64,
+    slot_expert: u64,
+    active_experts: u64,
+    num_active: u64,
+    ids_is_i64: i32,
+    m: i32,
+    global_e: i32,
+    local_e: i32,
 }
 
 /// `params!` of a wgmma GEMM's arguments: `head`, the router weights (pointer, dtype code,
@@ -751,6 +773,25 @@ impl WgmmaArgs {
         let ws = |off: usize| (workspace + off) as u64;
         let tile = plan.tokens_per_pass;
         let tiles_bound = WorkspaceLayout::max_tiles(p.slots(), p.local_experts, tile);
+        let (align, align_smem) = if plan.align_in_gemm1 {
+            let align = CtaAlign {
+                topk_ids: p.operands.topk_ids as u64,
+                ids_row_stride: p.strides.topk_ids_row,
+                expert_map: p.operands.expert_map as u64,
+                slot_expert: ws(layout.slot_expert),
+                active_experts: ws(layout.active_experts),
+                num_active: ws(layout.num_active),
+                ids_is_i64: i32::from(p.topk_ids_dtype == DType::I64),
+                m: p.m as i32,
+                global_e: p.global_experts as i32,
+                local_e: p.local_experts as i32,
+            };
+            let bytes =
+                crate::oracle::cta_align_smem_bytes(p.slots(), p.local_experts, tiles_bound);
+            (align, bytes)
+        } else {
+            (CtaAlign::default(), 0)
+        };
         WgmmaArgs {
             tw: p.operands.topk_weights as u64,
             tw_code: p.topk_weights_dtype.scalar_code(),
@@ -772,6 +813,8 @@ impl WgmmaArgs {
             tile,
             tiles_bound,
             smem: crate::oracle::wgmma_smem_bytes(tile) as u32,
+            align,
+            gemm1_smem: (crate::oracle::wgmma_smem_bytes(tile) + align_smem) as u32,
         }
     }
 
@@ -827,13 +870,16 @@ impl WgmmaArgs {
 
     /// Launches wgmma GEMM `id` (GEMM1: N inter columns per token tile in blocks of
     /// WGMMA_GEMM1_COLUMNS; GEMM2: K output columns in blocks of WGMMA_GEMM2_COLUMNS), as the
-    /// plan's persistent grid or one CTA per (token tile, column block) item.
+    /// plan's persistent grid or one CTA per (token tile, column block) item; `pdl`: with
+    /// programmatic dependent launch (a GEMM1 that groups the slots itself waits first).
+    #[allow(clippy::too_many_arguments)]
     fn launch(
         &self,
         dev: &DeviceState,
         plan: &Plan,
         id: KernelId,
         gemm: WgmmaGemm,
+        pdl: bool,
         stream: usize,
         args: &mut [*mut c_void],
     ) -> Result<()> {
@@ -855,14 +901,18 @@ impl WgmmaArgs {
         } else {
             items
         };
+        let smem = match gemm {
+            WgmmaGemm::One => self.gemm1_smem,
+            WgmmaGemm::Two => self.smem,
+        };
         launch(
             dev,
             id,
             (grid as u32, 1, 1),
             WGMMA_THREADS as u32,
-            self.smem,
+            smem,
             stream,
-            false,
+            pdl,
             args,
         )
     }
@@ -884,6 +934,7 @@ fn wgmma_gemms(
     plan: &Plan,
     layout: &WorkspaceLayout,
     workspace: usize,
+    first_pdl: bool,
     stream: usize,
 ) -> Result<()> {
     let wa = WgmmaArgs::new(p, plan, layout, workspace);
@@ -907,28 +958,34 @@ fn wgmma_gemms(
         dst: slot_out,
     };
     let xs_map = rows.map_for(dev, p, &wa, plan, stream)?;
-    let first = usize::from(SortedRows::planned(plan));
     {
         let w1_map = wa.w1_map(p, d, stage_k)?;
-        let mut args = wgmma_params!([x, x_row, xs_map, w1_map], wa, [wa.act, wa.on_input, inter]);
-        let id = plan.kernels[first + 1];
-        wa.launch(dev, plan, id, WgmmaGemm::One, stream, &mut args)?;
+        let mut args = wgmma_params!(
+            [x, x_row, xs_map, w1_map],
+            wa,
+            [wa.act, wa.on_input, inter, wa.align]
+        );
+        let id = find_kernel(plan, "GEMM1", |k| {
+            matches!(
+                k,
+                KernelId::WgmmaGemm1Act(..) | KernelId::WgmmaGemm1Grouping(..)
+            )
+        })?;
+        // Grouping the slots itself, GEMM1 is the first kernel (it waits before reading ids).
+        let pdl = plan.align_in_gemm1 && first_pdl;
+        wa.launch(dev, plan, id, WgmmaGemm::One, pdl, stream, &mut args)?;
     }
     {
         let (inter_map, w2_map) = wa.gemm2_maps(p, d, stage_k, inter)?;
         let mut args = wgmma_params!([inter_map, w2_map], wa, [wa.on_input, slot_out]);
-        let id = plan.kernels[first + 2];
-        wa.launch(dev, plan, id, WgmmaGemm::Two, stream, &mut args)?;
+        let id = find_kernel(plan, "GEMM2", |k| matches!(k, KernelId::WgmmaGemm2(..)))?;
+        wa.launch(dev, plan, id, WgmmaGemm::Two, false, stream, &mut args)?;
     }
     let slot_expert = ws(layout.slot_expert);
-    wgmma_topk_reduce(
-        dev,
-        p,
-        plan.kernels[first + 3],
-        slot_out,
-        slot_expert,
-        stream,
-    )
+    let reduce = find_kernel(plan, "top-k sum", |k| {
+        matches!(k, KernelId::WgmmaTopkReduce(..))
+    })?;
+    wgmma_topk_reduce(dev, p, reduce, slot_out, slot_expert, stream)
 }
 
 /// The wgmma path's top-k sum: out[t] = the sum over k of the per-slot outputs (in the
@@ -1062,9 +1119,10 @@ fn wgmma_fp8(
     plan: &Plan,
     layout: &WorkspaceLayout,
     workspace: usize,
+    first_pdl: bool,
     stream: usize,
 ) -> Result<()> {
-    let f = fp8_quantize_after_align(dev, p, plan, layout, workspace, stream)?;
+    let f = fp8_quantize_after_align(dev, p, plan, layout, workspace, first_pdl, stream)?;
     let wa = WgmmaArgs::new(p, plan, layout, workspace);
     let ws = |off: usize| (workspace + off) as u64;
     let inter_q = ws(layout.inter_q);
@@ -1072,7 +1130,12 @@ fn wgmma_fp8(
     // 128 e4m3 of K per stage: one 128-byte swizzle row.
     let stage_k = 128u32;
 
-    let gemm1 = find(plan, |k| matches!(k, KernelId::WgmmaFp8Gemm1(..)))?;
+    let gemm1 = find(plan, |k| {
+        matches!(
+            k,
+            KernelId::WgmmaFp8Gemm1(..) | KernelId::WgmmaFp8Gemm1Grouping(..)
+        )
+    })?;
     let q = p.quant.expect("an FP8 problem");
     // GEMM1 writes the e4m3 intermediate itself, or a kernel quantizes its f32 rows after it
     let gemm1_quantizes = crate::oracle::wgmma_gemm1_quantizes(&q);
@@ -1104,9 +1167,12 @@ fn wgmma_fp8(
         let mut args = wgmma_params!(
             [f.xq, f.xq_row, xs_map, w1_map, scales],
             wa,
-            [wa.act, wa.on_input, inter]
+            [wa.act, wa.on_input, inter, wa.align]
         );
-        wa.launch(dev, plan, gemm1, WgmmaGemm::One, stream, &mut args)?;
+        // Grouping the slots itself, GEMM1 waits for the quantization (griddepcontrol.wait)
+        // before it reads anything, so its launch may overlap it.
+        let pdl = plan.align_in_gemm1 && crate::oracle::first_kernel_uses_pdl(&dev.caps);
+        wa.launch(dev, plan, gemm1, WgmmaGemm::One, pdl, stream, &mut args)?;
     }
     if !gemm1_quantizes {
         let id = find(plan, |k| matches!(k, KernelId::WgmmaFp8QuantInter(..)))?;
@@ -1149,7 +1215,7 @@ fn wgmma_fp8(
         };
         let mut args = wgmma_params!([inter_map, w2_map, scales], wa, [wa.on_input, slot_out]);
         let id = find(plan, |k| matches!(k, KernelId::WgmmaFp8Gemm2(..)))?;
-        wa.launch(dev, plan, id, WgmmaGemm::Two, stream, &mut args)?;
+        wa.launch(dev, plan, id, WgmmaGemm::Two, false, stream, &mut args)?;
     }
     let reduce = find(plan, |k| matches!(k, KernelId::WgmmaTopkReduce(..)))?;
     wgmma_topk_reduce(dev, p, reduce, slot_out, ws(layout.slot_expert), stream)
@@ -1798,6 +1864,15 @@ impl Fp8Args {
     }
 }
 
+/// The plan's kernel that `pred` picks (`what` names it in the error).
+fn find_kernel(plan: &Plan, what: &str, pred: impl Fn(&KernelId) -> bool) -> Result<KernelId> {
+    plan.kernels
+        .iter()
+        .copied()
+        .find(pred)
+        .ok_or_else(|| Error::Argument(format!("backend: the plan {plan} lacks a {what} kernel")))
+}
+
 fn find(plan: &Plan, pred: impl Fn(&KernelId) -> bool) -> Result<KernelId> {
     plan.kernels
         .iter()
@@ -1866,17 +1941,24 @@ fn fp8_decode(
 }
 
 /// The FP8 paths after route_align start by quantizing x: launched with PDL wherever the
-/// device has it (the align kernel ran first). Returns the FP8 GEMMs' arguments.
+/// device has it (the align kernel ran first), or as `first_pdl` says where the plan has no
+/// align kernel (`Plan::align_in_gemm1`: the quantization is the first kernel). Returns the
+/// FP8 GEMMs' arguments.
 fn fp8_quantize_after_align(
     dev: &DeviceState,
     p: &MoeProblem,
     plan: &Plan,
     layout: &WorkspaceLayout,
     workspace: usize,
+    first_pdl: bool,
     stream: usize,
 ) -> Result<Fp8Args> {
-    let after_align = crate::oracle::first_kernel_uses_pdl(&dev.caps);
-    fp8_quantize_input(dev, p, plan, layout, workspace, after_align, stream)?;
+    let pdl = if plan.align_in_gemm1 {
+        first_pdl
+    } else {
+        crate::oracle::first_kernel_uses_pdl(&dev.caps)
+    };
+    fp8_quantize_input(dev, p, plan, layout, workspace, pdl, stream)?;
     Ok(Fp8Args::new(p, layout, workspace))
 }
 
@@ -1888,9 +1970,10 @@ fn fp8_generic(
     plan: &Plan,
     layout: &WorkspaceLayout,
     workspace: usize,
+    first_pdl: bool,
     stream: usize,
 ) -> Result<()> {
-    let f = fp8_quantize_after_align(dev, p, plan, layout, workspace, stream)?;
+    let f = fp8_quantize_after_align(dev, p, plan, layout, workspace, first_pdl, stream)?;
     let ws = |off: usize| (workspace + off) as u64;
     let expert_offsets = ws(layout.expert_offsets);
     let sorted_slots = ws(layout.sorted_slots);
@@ -2027,6 +2110,8 @@ mod tests {
             tile: 64,
             tiles_bound: 9,
             smem: 0,
+            align: super::CtaAlign::default(),
+            gemm1_smem: 0,
         };
         let (head, tail) = (100u64, 200i32);
         let args = wgmma_params!([head], wa, [tail]);
@@ -2069,6 +2154,19 @@ mod tests {
         assert_eq!(offset_of!(WgmmaFp8Scales, w_scale_col), 48);
         assert_eq!(offset_of!(WgmmaFp8Scales, x_groups), 56);
         assert_eq!(offset_of!(WgmmaFp8Scales, w_scale_rows), 64);
+    }
+
+    /// The layout cuda/common/cta_align.cuh's `CtaAlign` has (6 eight-byte fields, then 4
+    /// four-byte ones; its static_asserts check the same offsets).
+    #[test]
+    fn cta_align_layout_matches_the_cuda_struct() {
+        use super::CtaAlign;
+        assert_eq!(size_of::<CtaAlign>(), 64);
+        assert_eq!(align_of::<CtaAlign>(), 8);
+        assert_eq!(offset_of!(CtaAlign, ids_row_stride), 8);
+        assert_eq!(offset_of!(CtaAlign, num_active), 40);
+        assert_eq!(offset_of!(CtaAlign, ids_is_i64), 48);
+        assert_eq!(offset_of!(CtaAlign, local_e), 60);
     }
 
     /// The layout cuda/common/router.cuh's `RouterArgs` has (7 eight-byte fields, then

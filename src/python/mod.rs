@@ -622,6 +622,7 @@ fn describe_plan<'py>(
     d.set_item("swap_gemm2_one_per_sm", plan.swap_gemm2_one_per_sm)?;
     d.set_item("swap_gemm2_pdl", plan.swap_gemm2_pdl)?;
     d.set_item("align_ctas", plan.align_ctas)?;
+    d.set_item("align_in_gemm1", plan.align_in_gemm1)?;
     d.set_item("pdl", plan.pdl)?;
     d.set_item("first_kernel_pdl", plan.first_kernel_pdl)?;
     d.set_item("ctas", plan.ctas)?;
@@ -774,6 +775,7 @@ fn select_backend<'py>(
     tile.set_item("swap_gemm2_one_per_sm", plan.swap_gemm2_one_per_sm)?;
     tile.set_item("swap_gemm2_pdl", plan.swap_gemm2_pdl)?;
     tile.set_item("align_ctas", plan.align_ctas)?;
+    tile.set_item("align_in_gemm1", plan.align_in_gemm1)?;
     d.set_item("tile", tile)?;
     d.set_item("source", plan.source.name())?;
     d.set_item("reasons", plan.reasons.into_vec())?;
