@@ -846,6 +846,8 @@ __device__ __forceinline__ void activate_gate_up(float (&acc)[kAccs], const floa
 // _ga GEMM1s group (kGroup); the others keep route_align's tiles, read from the kernel's
 // parameters, and compile to the same SASS as before the grouping existed (a grouping chosen
 // at run time measured 1.6-1.8 us per layer slower where it did not group, H100 2026-12-06).
+// The code after the `if constexpr` return is dead in those (checked by SASS; an `else`
+// around it rescheduled half of the _ga kernels, so it stays as they were tested).
 template <int BM, bool kGroup>
 __device__ __forceinline__ Tiles gemm1_tiles(const Tiles& tl, const CtaAlign& align, int topk) {
 #ifdef SWAPMOE_SM90A

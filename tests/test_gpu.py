@@ -306,8 +306,9 @@ def test_align_cluster_gives_the_same_output(backend, case, ctas, rng, monkeypat
 # that GEMM2 and the top-k sum read, so every CTA must come to the same order within an expert
 # (the concentrated case puts several tiles on each hot expert). M = 1; ragged experts with
 # invalid ids and an expert map with -1; duplicate ids; int64 ids in a strided view; no expert
-# at all; the router weight on the input; 512 slots over 128 experts (the rule's bound). Each in
-# the persistent grid and one CTA per item.
+# at all; the router weight on the input; 512 slots over 128 and 256 experts (the rule's bound);
+# 2000 experts, whose grouping nearly fills the shared memory past the stages. Each in the
+# persistent grid and one CTA per item.
 ALIGN_IN_GEMM1_CASES = [
     Case(1, 128, 8, 128, 256, out="poison"),
     Case(17, 64, 6, 40, 56, "gelu", ids="invalid", ep=True, out="poison"),
@@ -317,6 +318,8 @@ ALIGN_IN_GEMM1_CASES = [
     Case(3, 8, 2, 64, 64, ids="none", out="poison"),
     Case(40, 16, 1, 96, 200, "gelu", on_input=True, out="poison"),
     Case(64, 128, 8, 256, 512, out="poison"),
+    Case(64, 256, 8, 128, 256, out="poison"),  # deepseek-v3's 256 experts at 512 slots
+    Case(1, 2000, 8, 64, 128, out="poison"),  # the grouping of 2000 experts: 24 KB, near the limit
 ]
 
 

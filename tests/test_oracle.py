@@ -297,3 +297,17 @@ def test_wgmma_gemm1_groups_the_slots_itself_at_decode(monkeypatch, capsys):
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "align=gemm1" in out and "align: inside GEMM1, which groups the 128 slots" in out
+
+
+@pytest.mark.parametrize("device", ["NVIDIA H200", "NVIDIA H100 80GB HBM3"])
+def test_the_chain_tests_run_a_grouping_gemm1(device, monkeypatch):
+    """The GPU tests that catch a kernel reading its input before its PDL wait
+    (test_first_kernel_waits_for_a_long_predecessor, bf16 and FP8, and the back-to-back chains)
+    cover the grouping GEMM1, which waits before it reads the ids, only while their shapes
+    plan it: cuda_wgmma at M = 12 over 16 experts, bf16 (K = 256, N = 128) and FP8 (K = 512,
+    N = 256)."""
+    monkeypatch.setenv("SWAPMOE_BACKEND", "cuda_wgmma")
+    for shape, kw in [((16, 4, 256, 128), {}), ((16, 4, 512, 256), dict(quant="fp8_tensor"))]:
+        p = plan(12, shape, device_name=device, **kw)
+        assert p.tile["align_in_gemm1"], (shape, kw, p.reasons)
+        assert p.tile["first_kernel_pdl"]

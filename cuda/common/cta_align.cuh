@@ -85,7 +85,10 @@ struct CtaAlignOut {
 
 // Groups the M * topk slots in `smem` (cta_align_ints(M * topk, local_E, tiles_bound) ints);
 // CTA 0 (blockIdx.x == 0) also writes every output to global memory (g_* and the CtaAlign's).
-// Every thread of the block (THREADS of them) calls it; it ends with a block barrier.
+// Every thread of the block (THREADS of them) calls it. The shared outputs are complete when it
+// returns (a block barrier precedes CTA 0's global stores, the last thing it does). The place of
+// a slot among its expert's costs a pass over the expert's slots, so an expert with c slots
+// costs c^2 / THREADS steps: cheap at decode sizes (the oracle's bound, M * topk <= 512).
 template <int THREADS>
 __device__ __forceinline__ CtaAlignOut align_in_cta(const CtaAlign& a, int topk, int tile_tokens, int tiles_bound,
                                                     int* smem, int* g_expert_offsets, int* g_sorted_slots,
