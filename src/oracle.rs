@@ -1986,62 +1986,75 @@ fn wgmma_pregather(p: &MoeProblem, rows: &str) -> (bool, String) {
     }
 }
 
-/// Whether cuda_wgmma's GEMM1 groups the slots itself (no route_align launch), and why:
-/// `$SWAPMOE_ALIGN_IN_GEMM1`, else when GEMM1 is a persistent grid (each CTA groups once; one
-/// CTA per item would group once per item) of at most ALIGN_IN_GEMM1_MAX_SLOTS slots. Never
-/// with rows gathered beforehand (the gather kernel reads the grouping before GEMM1) or when
-/// the grouping does not fit the shared memory past GEMM1's stages.
+/// Whether cuda_wgmma's GEMM1 groups the slots itself (no route_align launch), and why (only
+/// when `wanted`: a launch's quiet plan formats no reason): `$SWAPMOE_ALIGN_IN_GEMM1`, else when
+/// GEMM1 is a persistent grid (each CTA groups once; one CTA per item would group once per
+/// item) of at most ALIGN_IN_GEMM1_MAX_SLOTS slots. Never with rows gathered beforehand (the
+/// gather kernel reads the grouping before GEMM1) or when the grouping does not fit the shared
+/// memory past GEMM1's stages.
 fn wgmma_align_in_gemm1(
     p: &MoeProblem,
     tile: usize,
     gemm1_persistent: bool,
     pregather: bool,
-) -> (bool, String) {
+    wanted: bool,
+) -> (bool, Option<String>) {
+    enum Why {
+        Pregathered,
+        SharedMemory,
+        Forced,
+        PerItem,
+        ManySlots,
+        Rule,
+    }
     let slots = p.slots();
     let tiles = crate::problem::WorkspaceLayout::max_tiles(slots, p.local_experts, tile);
     let smem = wgmma_smem_bytes(tile) + cta_align_smem_bytes(slots, p.local_experts, tiles);
-    let off = |why: String| (false, format!("align: its own kernel before GEMM1 ({why})"));
     let env = std::env::var(ALIGN_IN_GEMM1_ENV);
-    let env = env.as_deref().map(str::trim);
-    let ignored = match env {
-        Ok(v) if !v.is_empty() && !matches!(v, "on" | "off" | "auto") => {
-            format!("; ${ALIGN_IN_GEMM1_ENV}={v:?} ignored (expected on, off or auto)")
-        }
-        _ => String::new(),
+    let env = env.as_deref().map(str::trim).unwrap_or("");
+    let (on, why) = if pregather {
+        (false, Why::Pregathered)
+    } else if smem > WGMMA_GEMM1_MAX_SMEM_BYTES {
+        (false, Why::SharedMemory)
+    } else if env == "on" || env == "off" {
+        (env == "on", Why::Forced)
+    } else if !gemm1_persistent {
+        (false, Why::PerItem)
+    } else if slots > ALIGN_IN_GEMM1_MAX_SLOTS {
+        (false, Why::ManySlots)
+    } else {
+        (true, Why::Rule)
     };
-    if pregather {
-        return off(format!(
-            "GEMM1 reads rows gathered in the grouped order beforehand{ignored}"
-        ));
+    if !wanted {
+        return (on, None);
     }
-    if smem > WGMMA_GEMM1_MAX_SMEM_BYTES {
-        return off(format!(
+    let ignored = if matches!(env, "" | "on" | "off" | "auto") {
+        String::new()
+    } else {
+        format!("; ${ALIGN_IN_GEMM1_ENV}={env:?} ignored (expected on, off or auto)")
+    };
+    let detail = match why {
+        Why::Pregathered => {
+            format!("GEMM1 reads rows gathered in the grouped order beforehand{ignored}")
+        }
+        Why::SharedMemory => format!(
             "GEMM1's stages and the grouping of {slots} slots over {} experts take {smem} bytes of shared memory, more than {WGMMA_GEMM1_MAX_SMEM_BYTES}{ignored}",
             p.local_experts
-        ));
-    }
-    let on_why = |how: &str| {
-        format!("align: inside GEMM1, which groups the {slots} slots in each CTA's shared memory ({smem} bytes with its stages) and CTA 0 writes the grouping for the kernels after it: one launch less{how}")
-    };
-    match env {
-        Ok("on") => {
-            return (
-                true,
-                on_why(&format!(" (forced by ${ALIGN_IN_GEMM1_ENV}=on)")),
-            )
-        }
-        Ok("off") => return off(format!("forced by ${ALIGN_IN_GEMM1_ENV}=off")),
-        _ => {}
-    }
-    if !gemm1_persistent {
-        return off(format!(
+        ),
+        Why::Forced if on => format!(" (forced by ${ALIGN_IN_GEMM1_ENV}=on)"),
+        Why::Forced => format!("forced by ${ALIGN_IN_GEMM1_ENV}=off"),
+        Why::PerItem => format!(
             "GEMM1 runs one CTA per item, each of which would group the slots again{ignored}"
-        ));
-    }
-    if slots > ALIGN_IN_GEMM1_MAX_SLOTS {
-        return off(format!("{slots} slots > {ALIGN_IN_GEMM1_MAX_SLOTS}: every CTA's grouping would outgrow the launch it saves{ignored}"));
-    }
-    (true, on_why(&format!(" ({slots} slots <= {ALIGN_IN_GEMM1_MAX_SLOTS}, a persistent GEMM1 groups them once per CTA){ignored}")))
+        ),
+        Why::ManySlots => format!("{slots} slots > {ALIGN_IN_GEMM1_MAX_SLOTS}: every CTA's grouping would outgrow the launch it saves{ignored}"),
+        Why::Rule => format!(" ({slots} slots <= {ALIGN_IN_GEMM1_MAX_SLOTS}, a persistent GEMM1 groups them once per CTA){ignored}"),
+    };
+    let text = if on {
+        format!("align: inside GEMM1, which groups the {slots} slots in each CTA's shared memory ({smem} bytes with its stages) and CTA 0 writes the grouping for the kernels after it: one launch less{detail}")
+    } else {
+        format!("align: its own kernel before GEMM1 ({detail})")
+    };
+    (on, Some(text))
 }
 
 /// cuda_wgmma's plan up to its GEMMs: whether GEMM1 groups the slots itself
@@ -2054,8 +2067,9 @@ fn wgmma_first_kernels(
     pregather: bool,
     reasons: &mut Reasons,
 ) -> (bool, Vec<KernelId>) {
-    let (in_gemm1, why) = wgmma_align_in_gemm1(p, tile, gemm1_persistent, pregather);
-    reasons.add(|| why);
+    let (in_gemm1, why) =
+        wgmma_align_in_gemm1(p, tile, gemm1_persistent, pregather, reasons.wanted());
+    reasons.extend(why);
     let kernels = if in_gemm1 {
         vec![]
     } else {

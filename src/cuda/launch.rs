@@ -773,6 +773,7 @@ impl WgmmaArgs {
         let ws = |off: usize| (workspace + off) as u64;
         let tile = plan.tokens_per_pass;
         let tiles_bound = WorkspaceLayout::max_tiles(p.slots(), p.local_experts, tile);
+        let stages_smem = crate::oracle::wgmma_smem_bytes(tile);
         let (align, align_smem) = if plan.align_in_gemm1 {
             let align = CtaAlign {
                 topk_ids: p.operands.topk_ids as u64,
@@ -812,9 +813,9 @@ impl WgmmaArgs {
             on_input: i32::from(p.apply_router_weight_on_input),
             tile,
             tiles_bound,
-            smem: crate::oracle::wgmma_smem_bytes(tile) as u32,
+            smem: stages_smem as u32,
             align,
-            gemm1_smem: (crate::oracle::wgmma_smem_bytes(tile) + align_smem) as u32,
+            gemm1_smem: (stages_smem + align_smem) as u32,
         }
     }
 
@@ -965,7 +966,7 @@ fn wgmma_gemms(
             wa,
             [wa.act, wa.on_input, inter, wa.align]
         );
-        let id = find_kernel(plan, "GEMM1", |k| {
+        let id = find_kernel(plan, "a GEMM1", |k| {
             matches!(
                 k,
                 KernelId::WgmmaGemm1Act(..) | KernelId::WgmmaGemm1Grouping(..)
@@ -978,11 +979,11 @@ fn wgmma_gemms(
     {
         let (inter_map, w2_map) = wa.gemm2_maps(p, d, stage_k, inter)?;
         let mut args = wgmma_params!([inter_map, w2_map], wa, [wa.on_input, slot_out]);
-        let id = find_kernel(plan, "GEMM2", |k| matches!(k, KernelId::WgmmaGemm2(..)))?;
+        let id = find_kernel(plan, "a GEMM2", |k| matches!(k, KernelId::WgmmaGemm2(..)))?;
         wa.launch(dev, plan, id, WgmmaGemm::Two, false, stream, &mut args)?;
     }
     let slot_expert = ws(layout.slot_expert);
-    let reduce = find_kernel(plan, "top-k sum", |k| {
+    let reduce = find_kernel(plan, "a top-k sum", |k| {
         matches!(k, KernelId::WgmmaTopkReduce(..))
     })?;
     wgmma_topk_reduce(dev, p, reduce, slot_out, slot_expert, stream)
@@ -1864,21 +1865,18 @@ impl Fp8Args {
     }
 }
 
-/// The plan's kernel that `pred` picks (`what` names it in the error).
+/// The plan's kernel that `pred` picks (`what`, e.g. "a GEMM1", names it in the error).
 fn find_kernel(plan: &Plan, what: &str, pred: impl Fn(&KernelId) -> bool) -> Result<KernelId> {
     plan.kernels
         .iter()
         .copied()
         .find(pred)
-        .ok_or_else(|| Error::Argument(format!("backend: the plan {plan} lacks a {what} kernel")))
+        .ok_or_else(|| Error::Argument(format!("backend: the plan {plan} lacks {what} kernel")))
 }
 
+/// `find_kernel` for the FP8 paths' kernels.
 fn find(plan: &Plan, pred: impl Fn(&KernelId) -> bool) -> Result<KernelId> {
-    plan.kernels
-        .iter()
-        .copied()
-        .find(pred)
-        .ok_or_else(|| Error::Argument(format!("backend: the plan {plan} lacks an FP8 kernel")))
+    find_kernel(plan, "an FP8", pred)
 }
 
 /// The FP8 decode path: quantize x, then the two decode GEMMs (PDL on sm_90).
