@@ -51,8 +51,8 @@ __device__ __forceinline__ void align_slots(
     int* __restrict__ slot_expert, int* __restrict__ expert_offsets, int* __restrict__ sorted_slots,
     int* __restrict__ active_experts, int* __restrict__ num_active, int tile_tokens,
     int* __restrict__ tile_expert, int* __restrict__ tile_start, int* __restrict__ num_tiles, int* counts) {
-  __shared__ int warp_sums[32];
-  __shared__ int total_slots, total_active, total_tiles;
+  __shared__ int warp_sums[3][THREADS / 32];
+  __shared__ int totals[3];  // slots, active experts, tiles
   const int tid = threadIdx.x;
   const int S = M * topk;
   constexpr long long kSweep = THREADS * kAlignBatch;  // slots per batch of the whole block
@@ -133,9 +133,9 @@ __device__ __forceinline__ void align_slots(
     my_active += c > 0;
     if (tile_tokens > 0) my_tiles += (c + tile_tokens - 1) / tile_tokens;
   }
-  int slot_base = swapmoe::block_exclusive_scan<THREADS>(my_slots, warp_sums, &total_slots);
-  int active_base = swapmoe::block_exclusive_scan<THREADS>(my_active, warp_sums, &total_active);
-  int tile_base = swapmoe::block_exclusive_scan<THREADS>(my_tiles, warp_sums, &total_tiles);
+  const swapmoe::Counts3 bases =
+      swapmoe::block_exclusive_scan3<THREADS>(swapmoe::Counts3{{my_slots, my_active, my_tiles}}, warp_sums, totals);
+  int slot_base = bases.v[0], active_base = bases.v[1], tile_base = bases.v[2];
   for (int e = e0; e < e1; ++e) {
     const int c = cursor[e];
     int before = 0;
@@ -155,9 +155,9 @@ __device__ __forceinline__ void align_slots(
     slot_base += c;
   }
   if (tid == 0 && rank == 0) {
-    expert_offsets[local_E] = total_slots;
-    num_active[0] = total_active;
-    if (tile_tokens > 0) num_tiles[0] = total_tiles;
+    expert_offsets[local_E] = totals[0];
+    num_active[0] = totals[1];
+    if (tile_tokens > 0) num_tiles[0] = totals[2];
   }
 #ifdef SWAPMOE_SM90
   if (ctas > 1) swapmoe::cluster_arrive_relaxed();  // done reading the other CTAs' counts

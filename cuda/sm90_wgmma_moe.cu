@@ -438,13 +438,31 @@ __device__ __forceinline__ void init_barriers(uint64_t* full, uint64_t* empty, i
   __syncthreads();
 }
 
-// The CTA's ring: shared-memory stages and their barriers, initialized once per CTA.
+// The ring's barriers: one pair of arrays per tile size, the same wherever in the kernel they
+// are asked for.
+struct RingBarriers {
+  uint64_t* full;
+  uint64_t* empty;
+};
 template <int BM>
+__device__ __forceinline__ RingBarriers ring_barriers() {
+  __shared__ __align__(8) uint64_t full[Tile<BM>::kStages], empty[Tile<BM>::kStages];
+  return RingBarriers{full, empty};
+}
+
+// The CTA's ring: shared-memory stages and their barriers, initialized once per CTA: here
+// (kInit), or earlier by the kernel (init_ring_barriers: the _ga GEMM1s, before their PDL wait).
+template <int BM, bool kInit = true>
 __device__ __forceinline__ Ring make_ring(int full_arrivals, const TensorMap* a, const TensorMap* b) {
   extern __shared__ unsigned char smem_raw[];
-  __shared__ __align__(8) uint64_t full[Tile<BM>::kStages], empty[Tile<BM>::kStages];
-  init_barriers<Tile<BM>::kStages>(full, empty, full_arrivals, a, b);
-  return Ring{aligned_stages(smem_raw), full, empty, 0};
+  const RingBarriers bars = ring_barriers<BM>();
+  if constexpr (kInit) init_barriers<Tile<BM>::kStages>(bars.full, bars.empty, full_arrivals, a, b);
+  return Ring{aligned_stages(smem_raw), bars.full, bars.empty, 0};
+}
+template <int BM>
+__device__ __forceinline__ void init_ring_barriers(int full_arrivals, const TensorMap* a, const TensorMap* b) {
+  const RingBarriers bars = ring_barriers<BM>();
+  init_barriers<Tile<BM>::kStages>(bars.full, bars.empty, full_arrivals, a, b);
 }
 
 #endif
@@ -613,10 +631,16 @@ __device__ __forceinline__ void fp8_roles(const Tiles& tl, int blocks, int bm, P
 }
 
 // The CTA's ring for GEMM1 (full barriers: the TMA thread, plus the 128 gathering threads).
-template <int BM, bool kGatherA>
+// The _ga GEMM1s (kGroup) have initialized its barriers already, before their PDL wait
+// (gemm1_tiles).
+template <bool kGatherA>
+__device__ __forceinline__ constexpr int gemm1_full_arrivals() {
+  return kGatherA ? 1 + kGatherThreads : 1;
+}
+template <int BM, bool kGatherA, bool kGroup>
 __device__ __forceinline__ Ring gemm1_ring(const TensorMap* xs_map, const TensorMap* w1_map) {
 #ifdef SWAPMOE_SM90A
-  return make_ring<BM>(kGatherA ? 1 + kGatherThreads : 1, kGatherA ? nullptr : xs_map, w1_map);
+  return make_ring<BM, !kGroup>(gemm1_full_arrivals<kGatherA>(), kGatherA ? nullptr : xs_map, w1_map);
 #else
   return Ring{};
 #endif
@@ -848,10 +872,14 @@ __device__ __forceinline__ void activate_gate_up(float (&acc)[kAccs], const floa
 // at run time measured 1.6-1.8 us per layer slower where it did not group, H100 2026-12-06).
 // The code after the `if constexpr` return is dead in those (checked by SASS; an `else`
 // around it rescheduled half of the _ga kernels, so it stays as they were tested).
-template <int BM, bool kGroup>
-__device__ __forceinline__ Tiles gemm1_tiles(const Tiles& tl, const CtaAlign& align, int topk) {
+template <int BM, bool kGatherA, bool kGroup>
+__device__ __forceinline__ Tiles gemm1_tiles(const Tiles& tl, const CtaAlign& align, int topk,
+                                             const TensorMap* xs_map, const TensorMap* w1_map) {
 #ifdef SWAPMOE_SM90A
   if constexpr (!kGroup) return tl;
+  // What needs nothing of the kernel before runs ahead of the wait: the ring's barriers and
+  // the prefetch of the tensor maps (gemm1_ring then leaves the barriers as they are).
+  init_ring_barriers<BM>(gemm1_full_arrivals<kGatherA>(), kGatherA ? nullptr : xs_map, w1_map);
   pdl_wait();  // launched first with PDL, GEMM1 reads the ids only once the kernel before is done
   extern __shared__ unsigned char smem_raw[];
   int* ints = reinterpret_cast<int*>(smem_raw + Tile<BM>::kSmemBytes);
@@ -871,7 +899,7 @@ __device__ __forceinline__ void gemm1_act(const T* __restrict__ x, long long x_r
                                           int topk_weights_code, long long topk_weights_row_stride, const Tiles& tl,
                                           int topk, int N, int K, int act, int weight_on_input, T* __restrict__ inter) {
   using L = Tile<BM>;
-  Ring ring = gemm1_ring<BM, kGatherA>(xs_map, w1_map);
+  Ring ring = gemm1_ring<BM, kGatherA, kGroup>(xs_map, w1_map);
   for_each_tile(tl, (N + kBN / 2 - 1) / (kBN / 2), BM, [&](const TileCoord& c) {
     float acc[L::kAccs];
     if (!both_roles<T, BM, kGatherA>(
@@ -1262,7 +1290,7 @@ __device__ __forceinline__ void fp8_gemm1(const uint8_t* __restrict__ xq, long l
                                           const void* __restrict__ topk_weights, int topk_weights_code,
                                           long long topk_weights_row_stride, const Tiles& tl, int topk, int N, int K,
                                           int act, int weight_on_input, void* __restrict__ inter) {
-  Ring ring = gemm1_ring<BM, kGatherA>(xs_map, w1_map);
+  Ring ring = gemm1_ring<BM, kGatherA, kGroup>(xs_map, w1_map);
   int tiles_done = 0;  // the consumers' count of this CTA's tiles (the block epilogue's parity)
   fp8_roles(
       tl, (N + kBN / 2 - 1) / (kBN / 2), BM,
@@ -1499,7 +1527,7 @@ extern "C" __global__ void __launch_bounds__(swapmoe::kPreGatherThreads)
       long long topk_weights_row_stride, SWAPMOE_WGMMA_TILES, int topk, int N, int K, int act,                    \
       int weight_on_input, T* inter, swapmoe::CtaAlign align) {                                                   \
     SWAPMOE_WGMMA_MAKE_TILES;                                                                                     \
-    const swapmoe::Tiles tiles = swapmoe::gemm1_tiles<BM, GROUP>(tl, align, topk);                               \
+    const swapmoe::Tiles tiles = swapmoe::gemm1_tiles<BM, GATHER, GROUP>(tl, align, topk, &xs_map, &w1_map);      \
     swapmoe::gemm1_act<T, BM, GATHER, GROUP>(x, x_row_stride, &xs_map, &w1_map, topk_weights, topk_weights_code,  \
                                              topk_weights_row_stride, tiles, topk, N, K, act, weight_on_input,    \
                                              inter);                                                              \
@@ -1546,7 +1574,7 @@ SWAPMOE_WGMMA_INSTANTIATE(f16, __half, 128)
       int topk_weights_code, long long topk_weights_row_stride, SWAPMOE_WGMMA_TILES, int topk, int N, int K,      \
       int act, int weight_on_input, void* inter, swapmoe::CtaAlign align) {                                       \
     SWAPMOE_WGMMA_MAKE_TILES;                                                                                     \
-    const swapmoe::Tiles tiles = swapmoe::gemm1_tiles<BM, GROUP>(tl, align, topk);                               \
+    const swapmoe::Tiles tiles = swapmoe::gemm1_tiles<BM, GATHER, GROUP>(tl, align, topk, &xs_map, &w1_map);      \
     swapmoe::fp8_gemm1<SCHEME, BM, Q8, GATHER, GROUP>(xq, xq_row, &xs_map, &w1_map, scales, topk_weights,         \
                                                       topk_weights_code, topk_weights_row_stride, tiles, topk, N, \
                                                       K, act, weight_on_input, inter);                            \

@@ -432,7 +432,7 @@ pub const WGMMA_GEMM1_MAX_SMEM_BYTES: usize = SM90_MAX_SMEM_PER_CTA_BYTES - 2048
 /// Bytes of shared memory GEMM1's own grouping of the slots takes past its stages
 /// (`cta_align_ints` in cuda/common/cta_align.cuh).
 pub fn cta_align_smem_bytes(slots: usize, local_experts: usize, tiles_bound: usize) -> usize {
-    4 * (3 * local_experts + 1 + 3 * slots + 2 * tiles_bound + 4)
+    4 * (3 * local_experts + 1 + 3 * slots + 2 * tiles_bound)
 }
 /// `Plan::wgmma_l2_hints` bit: cuda_wgmma's weight loads (TMA) ask L2 to evict their lines
 /// first (`createpolicy ... evict_first`), so that the token rows stay.

@@ -20,34 +20,48 @@
 
 namespace swapmoe {
 
-// The exclusive prefix sum of v over the block's THREADS threads (every thread calls it);
-// *total gets the sum. warp_sums: 32 ints of shared memory.
+// The exclusive prefix sums of the three counts in v over the block's THREADS threads, in one
+// pass (every thread calls it; two block barriers, where three separate scans took nine); total
+// gets the three sums. warp_sums: 3 * THREADS / 32 ints of shared memory, left holding the
+// warps' prefixes (a caller that reuses it puts a block barrier first).
+struct Counts3 {
+  int v[3];
+};
 template <int THREADS>
-__device__ __forceinline__ int block_exclusive_scan(int v, int* warp_sums, int* total) {
+__device__ __forceinline__ Counts3 block_exclusive_scan3(const Counts3& v, int (*warp_sums)[THREADS / 32],
+                                                         int* total) {
   static_assert(THREADS % 32 == 0 && THREADS <= 1024, "whole warps, at most 32");
+  constexpr int kWarps = THREADS / 32;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  int inc = v;
+  Counts3 inc = v;
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
-    int n = __shfl_up_sync(0xffffffffu, inc, o);
-    if (lane >= o) inc += n;
+#pragma unroll
+    for (int i = 0; i < 3; ++i) {
+      const int n = __shfl_up_sync(0xffffffffu, inc.v[i], o);
+      if (lane >= o) inc.v[i] += n;
+    }
   }
-  if (lane == 31) warp_sums[warp] = inc;
+  if (lane == 31) {
+#pragma unroll
+    for (int i = 0; i < 3; ++i) warp_sums[i][warp] = inc.v[i];
+  }
   __syncthreads();
-  if (warp == 0) {
-    int w = (lane < (THREADS / 32)) ? warp_sums[lane] : 0;
+  if (warp < 3) {  // warp i scans the warp totals of count i
+    const int w = lane < kWarps ? warp_sums[warp][lane] : 0;
     int winc = w;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
-      int n = __shfl_up_sync(0xffffffffu, winc, o);
+      const int n = __shfl_up_sync(0xffffffffu, winc, o);
       if (lane >= o) winc += n;
     }
-    warp_sums[lane] = winc - w;  // exclusive prefix of warp totals
-    if (lane == 31) *total = winc;
+    if (lane < kWarps) warp_sums[warp][lane] = winc - w;  // exclusive prefix of warp totals
+    if (lane == 31) total[warp] = winc;
   }
   __syncthreads();
-  int r = warp_sums[warp] + inc - v;
-  __syncthreads();
+  Counts3 r;
+#pragma unroll
+  for (int i = 0; i < 3; ++i) r.v[i] = warp_sums[i][warp] + inc.v[i] - v.v[i];
   return r;
 }
 
@@ -71,7 +85,7 @@ static_assert(offsetof(CtaAlign, ids_row_stride) == 8 && offsetof(CtaAlign, num_
 
 // Ints of shared memory align_in_cta takes (`oracle::cta_align_smem_bytes` / 4).
 __host__ __device__ constexpr int cta_align_ints(int slots, int local_E, int tiles_bound) {
-  return 3 * local_E + 1 + 3 * slots + 2 * tiles_bound + 4;
+  return 3 * local_E + 1 + 3 * slots + 2 * tiles_bound;
 }
 
 // Where align_in_cta leaves its outputs in shared memory.
@@ -93,8 +107,8 @@ template <int THREADS>
 __device__ __forceinline__ CtaAlignOut align_in_cta(const CtaAlign& a, int topk, int tile_tokens, int tiles_bound,
                                                     int* smem, int* g_expert_offsets, int* g_sorted_slots,
                                                     int* g_tile_expert, int* g_tile_start, int* g_num_tiles) {
-  __shared__ int warp_sums[32];
-  __shared__ int total_slots, total_active, total_tiles;
+  __shared__ int warp_sums[3][THREADS / 32];
+  __shared__ int totals[3];  // slots, active experts, tiles
   const int tid = threadIdx.x, E = a.local_E, S = a.M * topk;
   int* counts = smem;                    // [E], then each expert's scatter cursor
   int* offsets = counts + E;             // [E + 1]
@@ -104,7 +118,6 @@ __device__ __forceinline__ CtaAlignOut align_in_cta(const CtaAlign& a, int topk,
   int* sorted = unordered + S;           // [S]: ascending within each expert
   int* tile_e = sorted + S;              // [tiles_bound]
   int* tile_s = tile_e + tiles_bound;    // [tiles_bound]
-  int* scalars = tile_s + tiles_bound;   // num_active, num_tiles
   for (int e = tid; e < E; e += THREADS) counts[e] = 0;
   __syncthreads();
   // Slots tid, tid + THREADS, ...: two ids loaded before either is used.
@@ -141,9 +154,9 @@ __device__ __forceinline__ CtaAlignOut align_in_cta(const CtaAlign& a, int topk,
     my_active += c > 0;
     my_tiles += (c + tile_tokens - 1) / tile_tokens;
   }
-  int slot_base = block_exclusive_scan<THREADS>(my_slots, warp_sums, &total_slots);
-  int active_base = block_exclusive_scan<THREADS>(my_active, warp_sums, &total_active);
-  int tile_base = block_exclusive_scan<THREADS>(my_tiles, warp_sums, &total_tiles);
+  const Counts3 bases = block_exclusive_scan3<THREADS>(Counts3{{my_slots, my_active, my_tiles}}, warp_sums, totals);
+  int slot_base = bases.v[0], active_base = bases.v[1], tile_base = bases.v[2];
+  const int total_slots = totals[0], total_active = totals[1], total_tiles = totals[2];
   for (int e = e0; e < e1; ++e) {
     const int c = counts[e];
     offsets[e] = slot_base;
@@ -156,11 +169,7 @@ __device__ __forceinline__ CtaAlignOut align_in_cta(const CtaAlign& a, int topk,
     if (c > 0) active[active_base++] = e;
     slot_base += c;
   }
-  if (tid == 0) {
-    offsets[E] = total_slots;
-    scalars[0] = total_active;
-    scalars[1] = total_tiles;
-  }
+  if (tid == 0) offsets[E] = total_slots;
   __syncthreads();
   for (int s = tid; s < S; s += THREADS) {
     const int e = slot_e[s];
@@ -194,7 +203,7 @@ __device__ __forceinline__ CtaAlignOut align_in_cta(const CtaAlign& a, int topk,
       g_num_tiles[0] = total_tiles;
     }
   }
-  return CtaAlignOut{offsets, sorted, tile_e, tile_s, scalars + 1};
+  return CtaAlignOut{offsets, sorted, tile_e, tile_s, &totals[2]};
 }
 
 }  // namespace swapmoe
