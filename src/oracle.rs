@@ -1968,22 +1968,34 @@ fn wgmma_gemm2_block_run(
 }
 
 /// Whether cuda_wgmma's GEMM1 reads its token rows gathered beforehand (the gather
-/// kernel, then TMA) or gathers them itself (cp.async), with the reason:
-/// `$SWAPMOE_WGMMA_PREGATHER`, else N >= WGMMA_PREGATHER_MIN_N. `rows`: what is gathered.
-fn wgmma_pregather(p: &MoeProblem, rows: &str) -> (bool, String) {
+/// kernel, then TMA) or gathers them itself (cp.async), and why (only when `wanted`: a
+/// launch's quiet plan formats no reason): `$SWAPMOE_WGMMA_PREGATHER`, else
+/// N >= WGMMA_PREGATHER_MIN_N. `rows`: what is gathered.
+fn wgmma_pregather(p: &MoeProblem, rows: &str, wanted: bool) -> (bool, Option<String>) {
     let n = p.n;
     let rule = n >= WGMMA_PREGATHER_MIN_N;
+    let env = std::env::var(WGMMA_PREGATHER_ENV);
+    let env = env.as_deref().map(str::trim).unwrap_or("");
+    let on = match env {
+        "on" => true,
+        "off" => false,
+        _ => rule,
+    };
+    if !wanted {
+        return (on, None);
+    }
     let why = if rule {
         format!("gemm1: N={n} >= {WGMMA_PREGATHER_MIN_N}: {rows} are gathered once beforehand and read by TMA (the copy is small against 6N flops per element; TMA feeds the compute-bound loop better)")
     } else {
         format!("gemm1: N={n} < {WGMMA_PREGATHER_MIN_N}: GEMM1 gathers {rows} itself with cp.async (no gathered copy to write and read back)")
     };
-    match std::env::var(WGMMA_PREGATHER_ENV).as_deref().map(str::trim) {
-        Ok("on") => (true, format!("gemm1: {rows} gathered beforehand and read by TMA (forced by ${WGMMA_PREGATHER_ENV}=on)")),
-        Ok("off") => (false, format!("gemm1: GEMM1 gathers {rows} itself with cp.async (forced by ${WGMMA_PREGATHER_ENV}=off)")),
-        Ok(v) if !v.is_empty() && v != "auto" => (rule, format!("{why}; ${WGMMA_PREGATHER_ENV}={v:?} ignored (expected on, off or auto)")),
-        _ => (rule, why),
-    }
+    let text = match env {
+        "on" => format!("gemm1: {rows} gathered beforehand and read by TMA (forced by ${WGMMA_PREGATHER_ENV}=on)"),
+        "off" => format!("gemm1: GEMM1 gathers {rows} itself with cp.async (forced by ${WGMMA_PREGATHER_ENV}=off)"),
+        "" | "auto" => why,
+        v => format!("{why}; ${WGMMA_PREGATHER_ENV}={v:?} ignored (expected on, off or auto)"),
+    };
+    (on, Some(text))
 }
 
 /// Whether cuda_wgmma's GEMM1 groups the slots itself (no route_align launch), and why (only
@@ -3587,8 +3599,9 @@ impl<'a> Candidates<'a> {
                         "GEMM1 writes the f32 intermediate and its absmax, then one kernel quantizes it with the dynamic scale"
                     }
                 ));
-                let (pre, why) = wgmma_pregather(self.p, "the quantized token rows");
-                reasons.add(|| why);
+                let (pre, why) =
+                    wgmma_pregather(self.p, "the quantized token rows", reasons.wanted());
+                reasons.extend(why);
                 let (in_gemm1, mut v) =
                     wgmma_first_kernels(self.p, tile, wgmma_persistent.0, pre, &mut reasons);
                 align_in_gemm1 = in_gemm1;
@@ -3715,11 +3728,11 @@ impl<'a> Candidates<'a> {
                     wgmma_hints = wgmma_l2_hints(self.p, tile, &mut reasons);
                     wgmma_block_run =
                         wgmma_gemm2_block_run(self.p, tile, 64, wgmma_persistent.1, &mut reasons);
-                    let (pre, why) = wgmma_pregather(self.p, "the token rows");
+                    let (pre, why) = wgmma_pregather(self.p, "the token rows", reasons.wanted());
                     reasons.add(|| format!(
                         "cuda_wgmma: token tiles of {tile} rows in expert order, weights by TMA, warp-specialized wgmma GEMMs ({WGMMA_GEMM1_COLUMNS} inter columns per GEMM1 CTA, {WGMMA_GEMM2_COLUMNS} output columns per GEMM2 CTA), {WGMMA_RASTER_GROUP} token tiles per raster group"
                     ));
-                    reasons.add(|| why);
+                    reasons.extend(why);
                     let (in_gemm1, mut v) =
                         wgmma_first_kernels(self.p, tile, wgmma_persistent.0, pre, &mut reasons);
                     align_in_gemm1 = in_gemm1;
