@@ -450,19 +450,22 @@ __device__ __forceinline__ RingBarriers ring_barriers() {
   return RingBarriers{full, empty};
 }
 
-// The CTA's ring: shared-memory stages and their barriers, initialized once per CTA: here
-// (kInit), or earlier by the kernel (init_ring_barriers: the _ga GEMM1s, before their PDL wait).
-template <int BM, bool kInit = true>
-__device__ __forceinline__ Ring make_ring(int full_arrivals, const TensorMap* a, const TensorMap* b) {
-  extern __shared__ unsigned char smem_raw[];
-  const RingBarriers bars = ring_barriers<BM>();
-  if constexpr (kInit) init_barriers<Tile<BM>::kStages>(bars.full, bars.empty, full_arrivals, a, b);
-  return Ring{aligned_stages(smem_raw), bars.full, bars.empty, 0};
-}
+// Initializes the ring's barriers (and prefetches the tensor maps): once per CTA, in make_ring
+// or earlier (the _ga GEMM1s, before their PDL wait).
 template <int BM>
 __device__ __forceinline__ void init_ring_barriers(int full_arrivals, const TensorMap* a, const TensorMap* b) {
   const RingBarriers bars = ring_barriers<BM>();
   init_barriers<Tile<BM>::kStages>(bars.full, bars.empty, full_arrivals, a, b);
+}
+
+// The CTA's ring: shared-memory stages and their barriers, initialized here (kInit) or already
+// by the kernel (init_ring_barriers).
+template <int BM, bool kInit = true>
+__device__ __forceinline__ Ring make_ring(int full_arrivals, const TensorMap* a, const TensorMap* b) {
+  extern __shared__ unsigned char smem_raw[];
+  if constexpr (kInit) init_ring_barriers<BM>(full_arrivals, a, b);
+  const RingBarriers bars = ring_barriers<BM>();
+  return Ring{aligned_stages(smem_raw), bars.full, bars.empty, 0};
 }
 
 #endif
