@@ -1729,23 +1729,20 @@ fn wgmma_grids(
         && stages.0 <= WGMMA_GEMM1_FEW_BLOCKS_MAX_STAGES
         && tokens >= WGMMA_GEMM1_FEW_BLOCKS_MIN_TOKENS;
     let rule = (stages.0 <= max_stages || few_blocks, stages.1 <= max_stages);
-    let (persistent, forced) = match std::env::var(WGMMA_PERSISTENT_ENV)
-        .as_deref()
-        .map(str::trim)
-    {
-        Ok("on") => (
+    let (persistent, forced) = match env_word(WGMMA_PERSISTENT_ENV).as_str() {
+        "on" => (
             (true, true),
             format!(" (forced by ${WGMMA_PERSISTENT_ENV}=on)"),
         ),
-        Ok("off") => (
+        "off" => (
             (false, false),
             format!(" (forced by ${WGMMA_PERSISTENT_ENV}=off)"),
         ),
-        Ok(which @ ("gemm1" | "gemm2")) => (
+        which @ ("gemm1" | "gemm2") => (
             (which == "gemm1", which == "gemm2"),
             format!(" (forced by ${WGMMA_PERSISTENT_ENV}={which})"),
         ),
-        Ok(v) if !v.is_empty() && v != "auto" => (
+        v if !v.is_empty() && v != "auto" => (
             rule,
             format!(
                 " (${WGMMA_PERSISTENT_ENV}={v:?} ignored: expected on, off, gemm1, gemm2 or auto)"
@@ -1784,6 +1781,14 @@ fn wgmma_grids(
     });
     let any = persistent.0 || persistent.1;
     (if any { ctas } else { 0 }, persistent)
+}
+
+/// `$env` trimmed, "" where it is unset (or not unicode): the value of a knob of words ("on",
+/// "off", "auto", ...).
+fn env_word(env: &str) -> String {
+    std::env::var(env)
+        .map(|v| v.trim().to_string())
+        .unwrap_or_default()
 }
 
 /// A "0" | "1" switch in `$env` over the oracle's `rule`: the choice and its reason. `what(on)`
@@ -1974,8 +1979,8 @@ fn wgmma_gemm2_block_run(
 fn wgmma_pregather(p: &MoeProblem, rows: &str, wanted: bool) -> (bool, Option<String>) {
     let n = p.n;
     let rule = n >= WGMMA_PREGATHER_MIN_N;
-    let env = std::env::var(WGMMA_PREGATHER_ENV);
-    let env = env.as_deref().map(str::trim).unwrap_or("");
+    let env = env_word(WGMMA_PREGATHER_ENV);
+    let env = env.as_str();
     let on = match env {
         "on" => true,
         "off" => false,
@@ -2022,8 +2027,8 @@ fn wgmma_align_in_gemm1(
     let slots = p.slots();
     let tiles = crate::problem::WorkspaceLayout::max_tiles(slots, p.local_experts, tile);
     let smem = wgmma_smem_bytes(tile) + cta_align_smem_bytes(slots, p.local_experts, tiles);
-    let env = std::env::var(ALIGN_IN_GEMM1_ENV);
-    let env = env.as_deref().map(str::trim).unwrap_or("");
+    let env = env_word(ALIGN_IN_GEMM1_ENV);
+    let env = env.as_str();
     let (on, why) = if pregather {
         (false, Why::Pregathered)
     } else if smem > WGMMA_GEMM1_MAX_SMEM_BYTES {
