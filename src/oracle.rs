@@ -1520,8 +1520,7 @@ pub const FIRST_KERNEL_PDL_ENV: &str = "SWAPMOE_FIRST_KERNEL_PDL";
 
 /// The first-kernel PDL choice forced by `$SWAPMOE_FIRST_KERNEL_PDL`; None: the oracle's.
 pub fn forced_first_kernel_pdl() -> Result<Option<bool>> {
-    let v = std::env::var(FIRST_KERNEL_PDL_ENV).unwrap_or_default();
-    match v.trim() {
+    match env_word(FIRST_KERNEL_PDL_ENV).as_str() {
         "" | "auto" => Ok(None),
         "on" | "1" => Ok(Some(true)),
         "off" | "0" => Ok(Some(false)),
