@@ -139,19 +139,25 @@ struct NoStageHook {
 #ifdef SWAPMOE_SM90A
 constexpr int kGatherThreads = 128;  // producer threads that gather GEMM1's A rows
 
+// Work item `bid`'s token tile (its column block in *block), in raster groups of
+// `raster_group` token tiles.
+__device__ __forceinline__ int raster_tile(int tiles_bound, int blocks, int raster_group, int bid, int* block) {
+  const int per_group = raster_group * blocks;
+  const int group = bid / per_group;
+  const int first = group * raster_group;
+  const int size = min(raster_group, tiles_bound - first);
+  const int within = bid - group * per_group;
+  *block = within / size;
+  return first + within % size;
+}
+
 // Decodes work item `bid` into (token tile, column block), in raster groups; false when the
 // tile does not exist (route_align made fewer than the bound).
 __device__ __forceinline__ bool tile_coord(const int* __restrict__ tile_expert, const int* __restrict__ tile_start,
                                            const int* __restrict__ num_tiles, const int* __restrict__ expert_offsets,
                                            int tiles_bound, int blocks, int raster_group, int bm, int bid,
                                            TileCoord& c) {
-  const int per_group = raster_group * blocks;
-  const int group = bid / per_group;
-  const int first = group * raster_group;
-  const int size = min(raster_group, tiles_bound - first);
-  const int within = bid - group * per_group;
-  const int tile = first + within % size;
-  c.block = within / size;
+  const int tile = raster_tile(tiles_bound, blocks, raster_group, bid, &c.block);
   if (tile >= *num_tiles) return false;
   c.expert = tile_expert[tile];
   c.start = tile_start[tile];
@@ -451,7 +457,7 @@ __device__ __forceinline__ RingBarriers ring_barriers() {
 }
 
 // Initializes the ring's barriers (and prefetches the tensor maps): once per CTA, in make_ring
-// or earlier (the _ga GEMM1s, before their PDL wait).
+// or earlier (the GEMM1s, before their PDL wait).
 template <int BM>
 __device__ __forceinline__ void init_ring_barriers(int full_arrivals, const TensorMap* a, const TensorMap* b) {
   const RingBarriers bars = ring_barriers<BM>();
@@ -500,6 +506,34 @@ __device__ __forceinline__ void for_each_tile(const Tiles& tl, int blocks, int b
   }
 #else
   (void)items;
+#endif
+}
+
+// The first tile for_each_tile(tl, blocks, bm, body, run) hands this CTA's body (its block the
+// first of a run), or false when the CTA has none. Read before the PDL wait, so through L2 only
+// (ld.global.cg): no L1 line an earlier kernel's reads left may answer.
+__device__ __forceinline__ bool first_tile(const Tiles& tl, int blocks, int bm, int run, TileCoord& c) {
+#ifdef SWAPMOE_SM90A
+  const int num_tiles = __ldcg(tl.num_tiles);
+  int tile = -1;
+  if (run > 1) {
+    const int runs = (blocks + run - 1) / run;
+    tile = blockIdx.x / runs;
+    c.block = (blockIdx.x - tile * runs) * run;
+    if (blockIdx.x >= tl.tiles_bound * runs) tile = num_tiles;
+  } else {
+    for (int item = blockIdx.x; item < tl.tiles_bound * blocks; item += gridDim.x) {
+      tile = raster_tile(tl.tiles_bound, blocks, tl.raster_group, item, &c.block);
+      if (tile < num_tiles) break;
+    }
+  }
+  if (tile < 0 || tile >= num_tiles) return false;
+  c.expert = __ldcg(tl.tile_expert + tile);
+  c.start = __ldcg(tl.tile_start + tile);
+  c.count = min(bm, __ldcg(tl.expert_offsets + c.expert + 1) - c.start);
+  return true;
+#else
+  return false;
 #endif
 }
 
@@ -571,14 +605,47 @@ struct HeldRows {
   }
 };
 
+// GEMM2's weights for the first stages of the CTA's first tile, issued by the producer thread
+// before the PDL wait (`weights_before_wait`: the tile list was complete before the kernel
+// before started, and w2 is the caller's), so that they stream under that kernel's tail.
+// The stages so begun are the first gemm2_early_stages of the ring (ring.g 0, 1, ...): their
+// full barriers expect the whole stage, and the producer then loads only their intermediate
+// rows (gemm2_produce).
+template <typename TA, int BM>
+__device__ __forceinline__ int gemm2_early_stages(int weights_before_wait, int N) {
+  return weights_before_wait ? min(Tile<BM>::kStages, (N + kStageK<TA> - 1) / kStageK<TA>) : 0;
+}
+template <typename TA, int BM>
+__device__ __forceinline__ void gemm2_early_weights(const TensorMap* w2_map, int N, int K, const Tiles& tl, int run,
+                                                   Ring& ring) {
+#ifdef SWAPMOE_SM90A
+  using L = Tile<BM>;
+  constexpr int kK = kStageK<TA>;
+  TileCoord c;
+  if (!first_tile(tl, (K + kBN - 1) / kBN, BM, run, c)) return;  // no tile: the producer loads nothing
+  const int stages = gemm2_early_stages<TA, BM>(1, N);
+  const LoadPolicies pol(tl.l2_hints);
+  for (int kt = 0; kt < stages; ++kt) {  // ring.g == 0: stage kt is buffer kt
+    mbar_arrive_expect(&ring.full[kt], L::kStageBytes);
+    tma_load_3d_hint(ring.stages + kt * L::kStageBytes + L::kABytes, w2_map, kt * kK, c.block * kBN, c.expert,
+                     &ring.full[kt], pol.weights);
+  }
+#endif
+}
+
 // GEMM2's loads for one tile c (token tile, kBN output columns): A is the intermediate in
 // sorted order (a 2-D tensor map), B the expert's w2 rows. With a block run (`keep_rows`) a
 // k-stage whose buffer still holds the same tile rows (the run's previous block put them
-// there: N's k-stages divide the ring's stages, which the oracle checks) loads B alone.
+// there: N's k-stages divide the ring's stages, which the oracle checks) loads B alone. With
+// `weights_before_wait` the ring's first stages (the CTA's first tile's first k-stages) had
+// their B and their barrier's expectation issued before the PDL wait (gemm2_early_weights):
+// they load A alone. (The count comes from kernel parameters rather than a variable kept
+// across the tiles, which cost the 16-bit t128 GEMM2 8 more bytes of spills.)
 template <typename TA, int BM>
 __device__ __forceinline__ void gemm2_produce(const TensorMap* inter_map, const TensorMap* w2_map, int N,
                                               const TileCoord& c, int l2_hints, bool keep_rows,
-                                              HeldRows<Tile<BM>::kStages>& held, Ring& ring) {
+                                              HeldRows<Tile<BM>::kStages>& held, Ring& ring,
+                                              int weights_before_wait) {
 #ifdef SWAPMOE_SM90A
   using L = Tile<BM>;
   constexpr int kK = kStageK<TA>;
@@ -586,6 +653,11 @@ __device__ __forceinline__ void gemm2_produce(const TensorMap* inter_map, const 
   const LoadPolicies pol(l2_hints);
   auto load = [&](int kt, unsigned char* a, unsigned char* b, uint64_t* bar) {
     const int k0 = kt * kK, st = (int)(bar - ring.full), tag = 8 * c.start + kt;
+    if (ring.g < gemm2_early_stages<TA, BM>(weights_before_wait, N)) {
+      tma_load_2d_hint(a, inter_map, k0, c.start, bar, pol.acts);
+      held.tag[st] = tag;
+      return;
+    }
     const bool have = keep_rows && held.tag[st] == tag;
     mbar_arrive_expect(bar, have ? kBBytes : L::kStageBytes);
     if (!have) {
@@ -596,6 +668,19 @@ __device__ __forceinline__ void gemm2_produce(const TensorMap* inter_map, const 
   };
   produce<BM, false>((N + kK - 1) / kK, ring, load);
 #endif
+}
+
+// The start of a GEMM2 (every thread): with `weights_before_wait` its producer thread begins
+// the first tile's weights, then every thread waits for the kernel before (PDL: GEMM1, or the
+// intermediate's quantization) and lets the top-k sum begin its launch. Without PDL the wait
+// returns at once.
+template <typename TA, int BM>
+__device__ __forceinline__ void gemm2_start(const TensorMap* w2_map, int N, int K, const Tiles& tl,
+                                            int weights_before_wait, Ring& ring) {
+  if (weights_before_wait && threadIdx.x == 0)
+    gemm2_early_weights<TA, BM>(w2_map, N, K, tl, tl.gemm2_block_run, ring);
+  pdl_wait();
+  pdl_launch_dependents();
 }
 
 // The main loops of the bf16/f16 GEMMs for one tile, both roles: the producer warpgroup runs
@@ -633,17 +718,16 @@ __device__ __forceinline__ void fp8_roles(const Tiles& tl, int blocks, int bm, P
 #endif
 }
 
-// The CTA's ring for GEMM1 (full barriers: the TMA thread, plus the 128 gathering threads).
-// The _ga GEMM1s (kGroup) have initialized its barriers already, before their PDL wait
-// (gemm1_tiles).
+// The CTA's ring for GEMM1 (full barriers: the TMA thread, plus the 128 gathering threads),
+// whose barriers every GEMM1 has initialized already, before its PDL wait (gemm1_tiles).
 template <bool kGatherA>
 __device__ __forceinline__ constexpr int gemm1_full_arrivals() {
   return kGatherA ? 1 + kGatherThreads : 1;
 }
-template <int BM, bool kGatherA, bool kGroup>
+template <int BM, bool kGatherA>
 __device__ __forceinline__ Ring gemm1_ring(const TensorMap* xs_map, const TensorMap* w1_map) {
 #ifdef SWAPMOE_SM90A
-  return make_ring<BM, !kGroup>(gemm1_full_arrivals<kGatherA>(), kGatherA ? nullptr : xs_map, w1_map);
+  return make_ring<BM, false>(gemm1_full_arrivals<kGatherA>(), kGatherA ? nullptr : xs_map, w1_map);
 #else
   return Ring{};
 #endif
@@ -871,19 +955,24 @@ __device__ __forceinline__ void activate_gate_up(float (&acc)[kAccs], const floa
 // (`Plan::align_in_gemm1`: no align kernel) in the shared memory past its stages
 // (`oracle::cta_align_smem_bytes` more than the stages' bytes). Every thread calls it. Only the
 // _ga GEMM1s group (kGroup); the others keep route_align's tiles, read from the kernel's
-// parameters, and compile to the same SASS as before the grouping existed (a grouping chosen
-// at run time measured 1.6-1.8 us per layer slower where it did not group, H100 2026-12-06).
-// The code after the `if constexpr` return is dead in those (checked by SASS; an `else`
-// around it rescheduled half of the _ga kernels, so it stays as they were tested).
+// parameters (a grouping chosen at run time measured 1.6-1.8 us per layer slower where it did
+// not group, H100 2026-12-06). The code after the `if constexpr` return is dead in those (an
+// `else` around it rescheduled half of the _ga kernels, so it stays as they were tested).
+// Every GEMM1 lets its dependent launch begin once its wait returns (a GEMM2 launched with PDL,
+// `Plan::wgmma_gemm2_pdl`, can only take the SMs GEMM1's CTAs leave, the persistent grid's
+// CTAs holding all of an SM's registers).
 template <int BM, bool kGatherA, bool kGroup>
 __device__ __forceinline__ Tiles gemm1_tiles(const Tiles& tl, const CtaAlign& align, int topk,
                                              const TensorMap* xs_map, const TensorMap* w1_map) {
 #ifdef SWAPMOE_SM90A
-  if constexpr (!kGroup) return tl;
   // What needs nothing of the kernel before runs ahead of the wait: the ring's barriers and
-  // the prefetch of the tensor maps (gemm1_ring then leaves the barriers as they are).
+  // the prefetch of the tensor maps (gemm1_ring then leaves the barriers as they are). Launched
+  // with PDL (the first kernel, or `Plan::wgmma_gemm1_pdl`), GEMM1 reads the ids or the tile
+  // list only once the kernel before is done; without PDL the wait returns at once.
   init_ring_barriers<BM>(gemm1_full_arrivals<kGatherA>(), kGatherA ? nullptr : xs_map, w1_map);
-  pdl_wait();  // launched first with PDL, GEMM1 reads the ids only once the kernel before is done
+  pdl_wait();
+  pdl_launch_dependents();  // GEMM2, launched with PDL, may take the SMs GEMM1's CTAs leave
+  if constexpr (!kGroup) return tl;
   extern __shared__ unsigned char smem_raw[];
   int* ints = reinterpret_cast<int*>(smem_raw + Tile<BM>::kSmemBytes);
   const CtaAlignOut o = align_in_cta<kThreads>(
@@ -902,7 +991,7 @@ __device__ __forceinline__ void gemm1_act(const T* __restrict__ x, long long x_r
                                           int topk_weights_code, long long topk_weights_row_stride, const Tiles& tl,
                                           int topk, int N, int K, int act, int weight_on_input, T* __restrict__ inter) {
   using L = Tile<BM>;
-  Ring ring = gemm1_ring<BM, kGatherA, kGroup>(xs_map, w1_map);
+  Ring ring = gemm1_ring<BM, kGatherA>(xs_map, w1_map);
   for_each_tile(tl, (N + kBN / 2 - 1) / (kBN / 2), BM, [&](const TileCoord& c) {
     float acc[L::kAccs];
     if (!both_roles<T, BM, kGatherA>(
@@ -1020,9 +1109,10 @@ template <typename T, int BM>
 __device__ __forceinline__ void gemm2(const TensorMap* inter_map, const TensorMap* w2_map,
                                       const void* __restrict__ topk_weights, int topk_weights_code,
                                       long long topk_weights_row_stride, const Tiles& tl, int topk, int N, int K,
-                                      int weight_on_input, T* __restrict__ y) {
+                                      int weight_on_input, T* __restrict__ y, int weights_before_wait) {
   using L = Tile<BM>;
   Ring ring = gemm2_ring<BM>(inter_map, w2_map);
+  gemm2_start<T, BM>(w2_map, N, K, tl, weights_before_wait, ring);
   HeldRows<L::kStages> held;
   const int run = tl.gemm2_block_run;
   for_each_tile(
@@ -1030,7 +1120,8 @@ __device__ __forceinline__ void gemm2(const TensorMap* inter_map, const TensorMa
       [&](const TileCoord& c) {
         float acc[L::kAccs];
         if (!both_roles<T, BM, false>(
-                [&] { gemm2_produce<T, BM>(inter_map, w2_map, N, c, tl.l2_hints, run > 1, held, ring); },
+                [&] { gemm2_produce<T, BM>(inter_map, w2_map, N, c, tl.l2_hints, run > 1, held, ring,
+                                          weights_before_wait); },
                 (N + kStageK<T> - 1) / kStageK<T>, ring, acc))
           return;
         const auto rows = gemm2_weight_rows(row_slots<BM>(tl, c), topk_weights, topk_weights_code,
@@ -1293,7 +1384,7 @@ __device__ __forceinline__ void fp8_gemm1(const uint8_t* __restrict__ xq, long l
                                           const void* __restrict__ topk_weights, int topk_weights_code,
                                           long long topk_weights_row_stride, const Tiles& tl, int topk, int N, int K,
                                           int act, int weight_on_input, void* __restrict__ inter) {
-  Ring ring = gemm1_ring<BM, kGatherA, kGroup>(xs_map, w1_map);
+  Ring ring = gemm1_ring<BM, kGatherA>(xs_map, w1_map);
   int tiles_done = 0;  // the consumers' count of this CTA's tiles (the block epilogue's parity)
   fp8_roles(
       tl, (N + kBN / 2 - 1) / (kBN / 2), BM,
@@ -1317,6 +1408,7 @@ __device__ __forceinline__ void fp8_quant_inter(const float* __restrict__ inter,
                                                 const int* __restrict__ sorted_slots,
                                                 const int* __restrict__ expert_offsets, int local_experts, int N,
                                                 uint8_t* __restrict__ inter_q) {
+  pdl_launch_dependents();  // GEMM2 (PDL) may begin its launch and its first weights
   const int p = blockIdx.x;
   if (p >= expert_offsets[local_experts]) return;
   const float s = inter_scale<SCHEME>(inter_amax, nullptr, SCHEME == kQChannel ? sorted_slots[p] : 0, 0, 1);
@@ -1443,14 +1535,16 @@ template <typename T, int SCHEME, int BM>
 __device__ __forceinline__ void fp8_gemm2(const TensorMap* inter_map, const TensorMap* w2_map, WgmmaFp8Scales sc,
                                           const void* __restrict__ topk_weights, int topk_weights_code,
                                           long long topk_weights_row_stride, const Tiles& tl, int topk, int N, int K,
-                                          int weight_on_input, T* __restrict__ y) {
+                                          int weight_on_input, T* __restrict__ y, int weights_before_wait) {
   Ring ring = gemm2_ring<BM>(inter_map, w2_map);
+  gemm2_start<__nv_fp8_e4m3, BM>(w2_map, N, K, tl, weights_before_wait, ring);
   HeldRows<Tile<BM>::kStages> held;
   const int run = tl.gemm2_block_run;
   fp8_roles(
       tl, (K + kBN - 1) / kBN, BM,
       [&](const TileCoord& c) {
-        gemm2_produce<__nv_fp8_e4m3, BM>(inter_map, w2_map, N, c, tl.l2_hints, run > 1, held, ring);
+        gemm2_produce<__nv_fp8_e4m3, BM>(inter_map, w2_map, N, c, tl.l2_hints, run > 1, held, ring,
+                                         weights_before_wait);
       },
       [&](const TileCoord& c) {
         fp8_gemm2_tile<T, SCHEME, BM>(sc, topk_weights, topk_weights_code, topk_weights_row_stride, tl, topk, N, K,
@@ -1465,6 +1559,7 @@ template <typename T>
 __device__ __forceinline__ void topk_reduce(const T* __restrict__ y, const int* __restrict__ slot_expert, int topk,
                                             int K, T* __restrict__ out, long long out_row_stride) {
   pdl_launch_dependents();
+  pdl_wait();  // launched with PDL under GEMM2 (`Plan::wgmma_gemm2_pdl`): y is complete past here
   const int t = blockIdx.y;
   const int c = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
   if (c >= K) return;
@@ -1543,10 +1638,10 @@ extern "C" __global__ void __launch_bounds__(swapmoe::kPreGatherThreads)
   extern "C" __global__ void __launch_bounds__(swapmoe::kThreads, 1) wgmma_moe_gemm2_##SUFFIX##_t##BM(            \
       const __grid_constant__ swapmoe::TensorMap inter_map, const __grid_constant__ swapmoe::TensorMap w2_map,    \
       const void* topk_weights, int topk_weights_code, long long topk_weights_row_stride, SWAPMOE_WGMMA_TILES,    \
-      int topk, int N, int K, int weight_on_input, T* y) {                                                        \
+      int topk, int N, int K, int weight_on_input, T* y, int weights_before_wait) {                               \
     SWAPMOE_WGMMA_MAKE_TILES;                                                                                     \
     swapmoe::gemm2<T, BM>(&inter_map, &w2_map, topk_weights, topk_weights_code, topk_weights_row_stride, tl,      \
-                          topk, N, K, weight_on_input, y);                                                        \
+                          topk, N, K, weight_on_input, y, weights_before_wait);                                   \
   }
 
 #define SWAPMOE_WGMMA_REDUCE(SUFFIX, T)                                                                           \
@@ -1590,10 +1685,12 @@ SWAPMOE_WGMMA_INSTANTIATE(f16, __half, 128)
   extern "C" __global__ void __launch_bounds__(swapmoe::kThreads, 1) wgmma_moe_fp8_gemm2_##SUFFIX##_##NAME##_t##BM( \
       const __grid_constant__ swapmoe::TensorMap inter_map, const __grid_constant__ swapmoe::TensorMap w2_map,    \
       swapmoe::WgmmaFp8Scales scales, const void* topk_weights, int topk_weights_code,                            \
-      long long topk_weights_row_stride, SWAPMOE_WGMMA_TILES, int topk, int N, int K, int weight_on_input, T* y) { \
+      long long topk_weights_row_stride, SWAPMOE_WGMMA_TILES, int topk, int N, int K, int weight_on_input, T* y,  \
+      int weights_before_wait) {                                                                                  \
     SWAPMOE_WGMMA_MAKE_TILES;                                                                                     \
     swapmoe::fp8_gemm2<T, SCHEME, BM>(&inter_map, &w2_map, scales, topk_weights, topk_weights_code,               \
-                                      topk_weights_row_stride, tl, topk, N, K, weight_on_input, y);               \
+                                      topk_weights_row_stride, tl, topk, N, K, weight_on_input, y,                \
+                                      weights_before_wait);                                                       \
   }
 #define SWAPMOE_WGMMA_FP8_TILE(BM)                                                                                \
   SWAPMOE_WGMMA_FP8_GEMM1(wgmma_moe_fp8_gemm1_tensor_t##BM, swapmoe::kQTensor, BM, false)                         \

@@ -872,7 +872,8 @@ impl WgmmaArgs {
     /// Launches wgmma GEMM `id` (GEMM1: N inter columns per token tile in blocks of
     /// WGMMA_GEMM1_COLUMNS; GEMM2: K output columns in blocks of WGMMA_GEMM2_COLUMNS), as the
     /// plan's persistent grid or one CTA per (token tile, column block) item; `pdl`: with
-    /// programmatic dependent launch (a GEMM1 that groups the slots itself waits first).
+    /// programmatic dependent launch (every wgmma GEMM waits before it reads what the kernels
+    /// before it wrote).
     #[allow(clippy::too_many_arguments)]
     fn launch(
         &self,
@@ -972,28 +973,56 @@ fn wgmma_gemms(
                 KernelId::WgmmaGemm1Act(..) | KernelId::WgmmaGemm1Grouping(..)
             )
         })?;
-        // Grouping the slots itself, GEMM1 is the first kernel (it waits before reading ids).
-        let pdl = plan.align_in_gemm1 && first_pdl;
+        // Grouping the slots itself, GEMM1 is the first kernel (it waits before reading ids);
+        // otherwise it follows route_align (or the gather), by PDL where the plan says.
+        let pdl = if plan.align_in_gemm1 {
+            first_pdl
+        } else {
+            plan.wgmma_gemm1_pdl
+        };
         wa.launch(dev, plan, id, WgmmaGemm::One, pdl, stream, &mut args)?;
     }
     {
         let (inter_map, w2_map) = wa.gemm2_maps(p, d, stage_k, inter)?;
-        let mut args = wgmma_params!([inter_map, w2_map], wa, [wa.on_input, slot_out]);
+        let early = wgmma_weights_before_wait(plan, p);
+        let mut args = wgmma_params!([inter_map, w2_map], wa, [wa.on_input, slot_out, early]);
         let id = find_kernel(plan, "a GEMM2", |k| matches!(k, KernelId::WgmmaGemm2(..)))?;
-        wa.launch(dev, plan, id, WgmmaGemm::Two, false, stream, &mut args)?;
+        wa.launch(
+            dev,
+            plan,
+            id,
+            WgmmaGemm::Two,
+            plan.wgmma_gemm2_pdl,
+            stream,
+            &mut args,
+        )?;
     }
     let slot_expert = ws(layout.slot_expert);
     let reduce = find_kernel(plan, "a top-k sum", |k| {
         matches!(k, KernelId::WgmmaTopkReduce(..))
     })?;
-    wgmma_topk_reduce(dev, p, reduce, slot_out, slot_expert, stream)
+    wgmma_topk_reduce(dev, p, plan, reduce, slot_out, slot_expert, stream)
+}
+
+/// `weights_before_wait` of a wgmma GEMM2 (cuda/sm90_wgmma_moe.cu): with PDL, where
+/// `oracle::wgmma_gemm2_weights_before_wait` says its tile list may be read before its wait.
+fn wgmma_weights_before_wait(plan: &Plan, p: &MoeProblem) -> i32 {
+    i32::from(
+        plan.wgmma_gemm2_pdl
+            && crate::oracle::wgmma_gemm2_weights_before_wait(
+                plan.align_in_gemm1,
+                p.quant.as_ref(),
+            ),
+    )
 }
 
 /// The wgmma path's top-k sum: out[t] = the sum over k of the per-slot outputs (in the
-/// activation dtype) of t's local slots.
+/// activation dtype) of t's local slots; launched with PDL under GEMM2 where the plan says
+/// (`Plan::wgmma_gemm2_pdl`; it waits before it reads).
 fn wgmma_topk_reduce(
     dev: &DeviceState,
     p: &MoeProblem,
+    plan: &Plan,
     id: KernelId,
     slot_out: u64,
     slot_expert: u64,
@@ -1015,7 +1044,7 @@ fn wgmma_topk_reduce(
         WGMMA_REDUCE_THREADS as u32,
         0,
         stream,
-        false,
+        plan.wgmma_gemm2_pdl,
         &mut args,
     )
 }
@@ -1170,9 +1199,14 @@ fn wgmma_fp8(
             wa,
             [wa.act, wa.on_input, inter, wa.align]
         );
-        // Grouping the slots itself, GEMM1 waits for the quantization (griddepcontrol.wait)
-        // before it reads anything, so its launch may overlap it.
-        let pdl = plan.align_in_gemm1 && crate::oracle::first_kernel_uses_pdl(&dev.caps);
+        // GEMM1 waits for the kernel before it (griddepcontrol.wait) before it reads anything,
+        // so its launch may overlap it: always where it groups the slots itself (after the
+        // quantization), else where the plan says (after quantize-x, route_align or the gather).
+        let pdl = if plan.align_in_gemm1 {
+            crate::oracle::first_kernel_uses_pdl(&dev.caps)
+        } else {
+            plan.wgmma_gemm1_pdl
+        };
         wa.launch(dev, plan, gemm1, WgmmaGemm::One, pdl, stream, &mut args)?;
     }
     if !gemm1_quantizes {
@@ -1187,6 +1221,8 @@ fn wgmma_fp8(
             wa.n,
             inter_q
         );
+        // Without PDL: GEMM2's weights before its wait rely on GEMM1 having finished here
+        // (`oracle::wgmma_gemm2_weights_before_wait`).
         launch(
             dev,
             id,
@@ -1214,12 +1250,33 @@ fn wgmma_fp8(
             inter_groups: f.groups_n,
             w_scale_rows: block_rows(q.scheme.groups(p.k)),
         };
-        let mut args = wgmma_params!([inter_map, w2_map, scales], wa, [wa.on_input, slot_out]);
+        let early = wgmma_weights_before_wait(plan, p);
+        let mut args = wgmma_params!(
+            [inter_map, w2_map, scales],
+            wa,
+            [wa.on_input, slot_out, early]
+        );
         let id = find(plan, |k| matches!(k, KernelId::WgmmaFp8Gemm2(..)))?;
-        wa.launch(dev, plan, id, WgmmaGemm::Two, false, stream, &mut args)?;
+        wa.launch(
+            dev,
+            plan,
+            id,
+            WgmmaGemm::Two,
+            plan.wgmma_gemm2_pdl,
+            stream,
+            &mut args,
+        )?;
     }
     let reduce = find(plan, |k| matches!(k, KernelId::WgmmaTopkReduce(..)))?;
-    wgmma_topk_reduce(dev, p, reduce, slot_out, ws(layout.slot_expert), stream)
+    wgmma_topk_reduce(
+        dev,
+        p,
+        plan,
+        reduce,
+        slot_out,
+        ws(layout.slot_expert),
+        stream,
+    )
 }
 
 /// The kernel arguments of the kernels that read topk_ids themselves (the decode, FP8 decode
