@@ -139,25 +139,19 @@ struct NoStageHook {
 #ifdef SWAPMOE_SM90A
 constexpr int kGatherThreads = 128;  // producer threads that gather GEMM1's A rows
 
-// Work item `bid`'s token tile (its column block in *block), in raster groups of
-// `raster_group` token tiles.
-__device__ __forceinline__ int raster_tile(int tiles_bound, int blocks, int raster_group, int bid, int* block) {
-  const int per_group = raster_group * blocks;
-  const int group = bid / per_group;
-  const int first = group * raster_group;
-  const int size = min(raster_group, tiles_bound - first);
-  const int within = bid - group * per_group;
-  *block = within / size;
-  return first + within % size;
-}
-
 // Decodes work item `bid` into (token tile, column block), in raster groups; false when the
 // tile does not exist (route_align made fewer than the bound).
 __device__ __forceinline__ bool tile_coord(const int* __restrict__ tile_expert, const int* __restrict__ tile_start,
                                            const int* __restrict__ num_tiles, const int* __restrict__ expert_offsets,
                                            int tiles_bound, int blocks, int raster_group, int bm, int bid,
                                            TileCoord& c) {
-  const int tile = raster_tile(tiles_bound, blocks, raster_group, bid, &c.block);
+  const int per_group = raster_group * blocks;
+  const int group = bid / per_group;
+  const int first = group * raster_group;
+  const int size = min(raster_group, tiles_bound - first);
+  const int within = bid - group * per_group;
+  const int tile = first + within % size;
+  c.block = within / size;
   if (tile >= *num_tiles) return false;
   c.expert = tile_expert[tile];
   c.start = tile_start[tile];
@@ -509,34 +503,6 @@ __device__ __forceinline__ void for_each_tile(const Tiles& tl, int blocks, int b
 #endif
 }
 
-// The first tile for_each_tile(tl, blocks, bm, body, run) hands this CTA's body (its block the
-// first of a run), or false when the CTA has none. Read before the PDL wait, so through L2 only
-// (ld.global.cg): no L1 line an earlier kernel's reads left may answer.
-__device__ __forceinline__ bool first_tile(const Tiles& tl, int blocks, int bm, int run, TileCoord& c) {
-#ifdef SWAPMOE_SM90A
-  const int num_tiles = __ldcg(tl.num_tiles);
-  int tile = -1;
-  if (run > 1) {
-    const int runs = (blocks + run - 1) / run;
-    tile = blockIdx.x / runs;
-    c.block = (blockIdx.x - tile * runs) * run;
-    if (blockIdx.x >= tl.tiles_bound * runs) tile = num_tiles;
-  } else {
-    for (int item = blockIdx.x; item < tl.tiles_bound * blocks; item += gridDim.x) {
-      tile = raster_tile(tl.tiles_bound, blocks, tl.raster_group, item, &c.block);
-      if (tile < num_tiles) break;
-    }
-  }
-  if (tile < 0 || tile >= num_tiles) return false;
-  c.expert = __ldcg(tl.tile_expert + tile);
-  c.start = __ldcg(tl.tile_start + tile);
-  c.count = min(bm, __ldcg(tl.expert_offsets + c.expert + 1) - c.start);
-  return true;
-#else
-  return false;
-#endif
-}
-
 // GEMM1's loads for one tile c (token tile, kBN / 2 inter columns; the producer
 // warpgroup). TA is the element type of both operands: bf16/f16, or e4m3 (x quantized
 // first, e4m3 weights). kGatherA: the producer warpgroup gathers the A rows from x
@@ -605,47 +571,14 @@ struct HeldRows {
   }
 };
 
-// GEMM2's weights for the first stages of the CTA's first tile, issued by the producer thread
-// before the PDL wait (`weights_before_wait`: the tile list was complete before the kernel
-// before started, and w2 is the caller's), so that they stream under that kernel's tail.
-// The stages so begun are the first gemm2_early_stages of the ring (ring.g 0, 1, ...): their
-// full barriers expect the whole stage, and the producer then loads only their intermediate
-// rows (gemm2_produce).
-template <typename TA, int BM>
-__device__ __forceinline__ int gemm2_early_stages(int weights_before_wait, int N) {
-  return weights_before_wait ? min(Tile<BM>::kStages, (N + kStageK<TA> - 1) / kStageK<TA>) : 0;
-}
-template <typename TA, int BM>
-__device__ __forceinline__ void gemm2_early_weights(const TensorMap* w2_map, int N, int K, const Tiles& tl, int run,
-                                                   Ring& ring) {
-#ifdef SWAPMOE_SM90A
-  using L = Tile<BM>;
-  constexpr int kK = kStageK<TA>;
-  TileCoord c;
-  if (!first_tile(tl, (K + kBN - 1) / kBN, BM, run, c)) return;  // no tile: the producer loads nothing
-  const int stages = gemm2_early_stages<TA, BM>(1, N);
-  const LoadPolicies pol(tl.l2_hints);
-  for (int kt = 0; kt < stages; ++kt) {  // ring.g == 0: stage kt is buffer kt
-    mbar_arrive_expect(&ring.full[kt], L::kStageBytes);
-    tma_load_3d_hint(ring.stages + kt * L::kStageBytes + L::kABytes, w2_map, kt * kK, c.block * kBN, c.expert,
-                     &ring.full[kt], pol.weights);
-  }
-#endif
-}
-
 // GEMM2's loads for one tile c (token tile, kBN output columns): A is the intermediate in
 // sorted order (a 2-D tensor map), B the expert's w2 rows. With a block run (`keep_rows`) a
 // k-stage whose buffer still holds the same tile rows (the run's previous block put them
-// there: N's k-stages divide the ring's stages, which the oracle checks) loads B alone. With
-// `weights_before_wait` the ring's first stages (the CTA's first tile's first k-stages) had
-// their B and their barrier's expectation issued before the PDL wait (gemm2_early_weights):
-// they load A alone. (The count comes from kernel parameters rather than a variable kept
-// across the tiles, which cost the 16-bit t128 GEMM2 8 more bytes of spills.)
+// there: N's k-stages divide the ring's stages, which the oracle checks) loads B alone.
 template <typename TA, int BM>
 __device__ __forceinline__ void gemm2_produce(const TensorMap* inter_map, const TensorMap* w2_map, int N,
                                               const TileCoord& c, int l2_hints, bool keep_rows,
-                                              HeldRows<Tile<BM>::kStages>& held, Ring& ring,
-                                              int weights_before_wait) {
+                                              HeldRows<Tile<BM>::kStages>& held, Ring& ring) {
 #ifdef SWAPMOE_SM90A
   using L = Tile<BM>;
   constexpr int kK = kStageK<TA>;
@@ -653,11 +586,6 @@ __device__ __forceinline__ void gemm2_produce(const TensorMap* inter_map, const 
   const LoadPolicies pol(l2_hints);
   auto load = [&](int kt, unsigned char* a, unsigned char* b, uint64_t* bar) {
     const int k0 = kt * kK, st = (int)(bar - ring.full), tag = 8 * c.start + kt;
-    if (ring.g < gemm2_early_stages<TA, BM>(weights_before_wait, N)) {
-      tma_load_2d_hint(a, inter_map, k0, c.start, bar, pol.acts);
-      held.tag[st] = tag;
-      return;
-    }
     const bool have = keep_rows && held.tag[st] == tag;
     mbar_arrive_expect(bar, have ? kBBytes : L::kStageBytes);
     if (!have) {
@@ -668,19 +596,6 @@ __device__ __forceinline__ void gemm2_produce(const TensorMap* inter_map, const 
   };
   produce<BM, false>((N + kK - 1) / kK, ring, load);
 #endif
-}
-
-// The start of a GEMM2 (every thread): with `weights_before_wait` its producer thread begins
-// the first tile's weights, then every thread waits for the kernel before (PDL: GEMM1, or the
-// intermediate's quantization) and lets the top-k sum begin its launch. Without PDL the wait
-// returns at once.
-template <typename TA, int BM>
-__device__ __forceinline__ void gemm2_start(const TensorMap* w2_map, int N, int K, const Tiles& tl,
-                                            int weights_before_wait, Ring& ring) {
-  if (weights_before_wait && threadIdx.x == 0)
-    gemm2_early_weights<TA, BM>(w2_map, N, K, tl, tl.gemm2_block_run, ring);
-  pdl_wait();
-  pdl_launch_dependents();
 }
 
 // The main loops of the bf16/f16 GEMMs for one tile, both roles: the producer warpgroup runs
@@ -958,20 +873,16 @@ __device__ __forceinline__ void activate_gate_up(float (&acc)[kAccs], const floa
 // parameters (a grouping chosen at run time measured 1.6-1.8 us per layer slower where it did
 // not group, H100 2026-12-06). The code after the `if constexpr` return is dead in those (an
 // `else` around it rescheduled half of the _ga kernels, so it stays as they were tested).
-// Every GEMM1 lets its dependent launch begin once its wait returns (a GEMM2 launched with PDL,
-// `Plan::wgmma_gemm2_pdl`, can only take the SMs GEMM1's CTAs leave, the persistent grid's
-// CTAs holding all of an SM's registers).
 template <int BM, bool kGatherA, bool kGroup>
 __device__ __forceinline__ Tiles gemm1_tiles(const Tiles& tl, const CtaAlign& align, int topk,
                                              const TensorMap* xs_map, const TensorMap* w1_map) {
 #ifdef SWAPMOE_SM90A
   // What needs nothing of the kernel before runs ahead of the wait: the ring's barriers and
   // the prefetch of the tensor maps (gemm1_ring then leaves the barriers as they are). Launched
-  // with PDL (the first kernel, or `Plan::wgmma_gemm1_pdl`), GEMM1 reads the ids or the tile
-  // list only once the kernel before is done; without PDL the wait returns at once.
+  // with PDL (the first kernel, or `Plan::wgmma_gemm1_pdl`), GEMM1 reads the ids, the tile list
+  // or the token rows only once the kernel before is done; without PDL the wait returns at once.
   init_ring_barriers<BM>(gemm1_full_arrivals<kGatherA>(), kGatherA ? nullptr : xs_map, w1_map);
   pdl_wait();
-  pdl_launch_dependents();  // GEMM2, launched with PDL, may take the SMs GEMM1's CTAs leave
   if constexpr (!kGroup) return tl;
   extern __shared__ unsigned char smem_raw[];
   int* ints = reinterpret_cast<int*>(smem_raw + Tile<BM>::kSmemBytes);
@@ -1109,10 +1020,9 @@ template <typename T, int BM>
 __device__ __forceinline__ void gemm2(const TensorMap* inter_map, const TensorMap* w2_map,
                                       const void* __restrict__ topk_weights, int topk_weights_code,
                                       long long topk_weights_row_stride, const Tiles& tl, int topk, int N, int K,
-                                      int weight_on_input, T* __restrict__ y, int weights_before_wait) {
+                                      int weight_on_input, T* __restrict__ y) {
   using L = Tile<BM>;
   Ring ring = gemm2_ring<BM>(inter_map, w2_map);
-  gemm2_start<T, BM>(w2_map, N, K, tl, weights_before_wait, ring);
   HeldRows<L::kStages> held;
   const int run = tl.gemm2_block_run;
   for_each_tile(
@@ -1120,8 +1030,7 @@ __device__ __forceinline__ void gemm2(const TensorMap* inter_map, const TensorMa
       [&](const TileCoord& c) {
         float acc[L::kAccs];
         if (!both_roles<T, BM, false>(
-                [&] { gemm2_produce<T, BM>(inter_map, w2_map, N, c, tl.l2_hints, run > 1, held, ring,
-                                          weights_before_wait); },
+                [&] { gemm2_produce<T, BM>(inter_map, w2_map, N, c, tl.l2_hints, run > 1, held, ring); },
                 (N + kStageK<T> - 1) / kStageK<T>, ring, acc))
           return;
         const auto rows = gemm2_weight_rows(row_slots<BM>(tl, c), topk_weights, topk_weights_code,
@@ -1408,7 +1317,6 @@ __device__ __forceinline__ void fp8_quant_inter(const float* __restrict__ inter,
                                                 const int* __restrict__ sorted_slots,
                                                 const int* __restrict__ expert_offsets, int local_experts, int N,
                                                 uint8_t* __restrict__ inter_q) {
-  pdl_launch_dependents();  // GEMM2 (PDL) may begin its launch and its first weights
   const int p = blockIdx.x;
   if (p >= expert_offsets[local_experts]) return;
   const float s = inter_scale<SCHEME>(inter_amax, nullptr, SCHEME == kQChannel ? sorted_slots[p] : 0, 0, 1);
@@ -1535,16 +1443,14 @@ template <typename T, int SCHEME, int BM>
 __device__ __forceinline__ void fp8_gemm2(const TensorMap* inter_map, const TensorMap* w2_map, WgmmaFp8Scales sc,
                                           const void* __restrict__ topk_weights, int topk_weights_code,
                                           long long topk_weights_row_stride, const Tiles& tl, int topk, int N, int K,
-                                          int weight_on_input, T* __restrict__ y, int weights_before_wait) {
+                                          int weight_on_input, T* __restrict__ y) {
   Ring ring = gemm2_ring<BM>(inter_map, w2_map);
-  gemm2_start<__nv_fp8_e4m3, BM>(w2_map, N, K, tl, weights_before_wait, ring);
   HeldRows<Tile<BM>::kStages> held;
   const int run = tl.gemm2_block_run;
   fp8_roles(
       tl, (K + kBN - 1) / kBN, BM,
       [&](const TileCoord& c) {
-        gemm2_produce<__nv_fp8_e4m3, BM>(inter_map, w2_map, N, c, tl.l2_hints, run > 1, held, ring,
-                                         weights_before_wait);
+        gemm2_produce<__nv_fp8_e4m3, BM>(inter_map, w2_map, N, c, tl.l2_hints, run > 1, held, ring);
       },
       [&](const TileCoord& c) {
         fp8_gemm2_tile<T, SCHEME, BM>(sc, topk_weights, topk_weights_code, topk_weights_row_stride, tl, topk, N, K,
@@ -1559,7 +1465,6 @@ template <typename T>
 __device__ __forceinline__ void topk_reduce(const T* __restrict__ y, const int* __restrict__ slot_expert, int topk,
                                             int K, T* __restrict__ out, long long out_row_stride) {
   pdl_launch_dependents();
-  pdl_wait();  // launched with PDL under GEMM2 (`Plan::wgmma_gemm2_pdl`): y is complete past here
   const int t = blockIdx.y;
   const int c = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
   if (c >= K) return;
@@ -1638,10 +1543,10 @@ extern "C" __global__ void __launch_bounds__(swapmoe::kPreGatherThreads)
   extern "C" __global__ void __launch_bounds__(swapmoe::kThreads, 1) wgmma_moe_gemm2_##SUFFIX##_t##BM(            \
       const __grid_constant__ swapmoe::TensorMap inter_map, const __grid_constant__ swapmoe::TensorMap w2_map,    \
       const void* topk_weights, int topk_weights_code, long long topk_weights_row_stride, SWAPMOE_WGMMA_TILES,    \
-      int topk, int N, int K, int weight_on_input, T* y, int weights_before_wait) {                               \
+      int topk, int N, int K, int weight_on_input, T* y) {                                                        \
     SWAPMOE_WGMMA_MAKE_TILES;                                                                                     \
     swapmoe::gemm2<T, BM>(&inter_map, &w2_map, topk_weights, topk_weights_code, topk_weights_row_stride, tl,      \
-                          topk, N, K, weight_on_input, y, weights_before_wait);                                   \
+                          topk, N, K, weight_on_input, y);                                                        \
   }
 
 #define SWAPMOE_WGMMA_REDUCE(SUFFIX, T)                                                                           \
@@ -1685,12 +1590,10 @@ SWAPMOE_WGMMA_INSTANTIATE(f16, __half, 128)
   extern "C" __global__ void __launch_bounds__(swapmoe::kThreads, 1) wgmma_moe_fp8_gemm2_##SUFFIX##_##NAME##_t##BM( \
       const __grid_constant__ swapmoe::TensorMap inter_map, const __grid_constant__ swapmoe::TensorMap w2_map,    \
       swapmoe::WgmmaFp8Scales scales, const void* topk_weights, int topk_weights_code,                            \
-      long long topk_weights_row_stride, SWAPMOE_WGMMA_TILES, int topk, int N, int K, int weight_on_input, T* y,  \
-      int weights_before_wait) {                                                                                  \
+      long long topk_weights_row_stride, SWAPMOE_WGMMA_TILES, int topk, int N, int K, int weight_on_input, T* y) { \
     SWAPMOE_WGMMA_MAKE_TILES;                                                                                     \
     swapmoe::fp8_gemm2<T, SCHEME, BM>(&inter_map, &w2_map, scales, topk_weights, topk_weights_code,               \
-                                      topk_weights_row_stride, tl, topk, N, K, weight_on_input, y,                \
-                                      weights_before_wait);                                                       \
+                                      topk_weights_row_stride, tl, topk, N, K, weight_on_input, y);               \
   }
 #define SWAPMOE_WGMMA_FP8_TILE(BM)                                                                                \
   SWAPMOE_WGMMA_FP8_GEMM1(wgmma_moe_fp8_gemm1_tensor_t##BM, swapmoe::kQTensor, BM, false)                         \

@@ -195,9 +195,6 @@ pub const SWAP_GEMM2_ONE_PER_SM_SMEM_BYTES: usize = 112 * 1024;
 /// `$SWAPMOE_SWAP_GEMM2_PDL` = "0" | "1": force `Plan::swap_gemm2_pdl` (where the plan has
 /// PDL at all); for tuning.
 pub const SWAP_GEMM2_PDL_ENV: &str = "SWAPMOE_SWAP_GEMM2_PDL";
-/// `$SWAPMOE_WGMMA_GEMM2_PDL` = "0" | "1": force `Plan::wgmma_gemm2_pdl` (on sm_90+); for
-/// tuning.
-pub const WGMMA_GEMM2_PDL_ENV: &str = "SWAPMOE_WGMMA_GEMM2_PDL";
 /// `$SWAPMOE_WGMMA_GEMM1_PDL` = "0" | "1": force `Plan::wgmma_gemm1_pdl` (on sm_90+, where
 /// the plan has kernels before GEMM1); for tuning.
 pub const WGMMA_GEMM1_PDL_ENV: &str = "SWAPMOE_WGMMA_GEMM1_PDL";
@@ -1350,15 +1347,12 @@ pub struct Plan {
     /// stream their first weights before they wait). False: it starts once GEMM1 has
     /// finished, on an idle machine. Always false where `pdl` is.
     pub swap_gemm2_pdl: bool,
-    /// cuda_wgmma: GEMM2 and the top-k sum are launched with PDL, GEMM2's CTAs taking the SMs
-    /// that GEMM1's (or the intermediate's quantization's) leave and, where route_align made the
-    /// tile list, streaming their first tile's first weight stages before they wait. False
-    /// for other backends and before sm_90.
-    pub wgmma_gemm2_pdl: bool,
     /// cuda_wgmma: a GEMM1 after the plan's own kernels (route_align, quantize-x, the gather)
     /// is launched with PDL: its CTAs set up their ring and prefetch their tensor maps under
     /// the kernel before, then wait. False for other backends, before sm_90, and where GEMM1
-    /// groups the slots itself (it is then the first kernel: `first_kernel_pdl`).
+    /// groups the slots itself (it is then the first kernel: `first_kernel_pdl`). GEMM2 and
+    /// the top-k sum stay without PDL: launched by PDL they measured 3-6 us per layer slower
+    /// (H100, 2026-12-06, benches/NOTES.md).
     pub wgmma_gemm1_pdl: bool,
     /// cuda_wgmma_swap (bf16/fp16): GEMM1's CTAs fit one resident wave, which is why the
     /// plan starts GEMM1 without PDL (`first_kernel_pdl` false although `pdl` is true).
@@ -2087,15 +2081,6 @@ fn wgmma_align_in_gemm1(
         format!("align: its own kernel before GEMM1 ({detail})")
     };
     (on, Some(text))
-}
-
-/// Whether a cuda_wgmma GEMM2 launched with PDL may read its tile list, and so begin its first
-/// weights, before its wait (`weights_before_wait`, cuda/sm90_wgmma_moe.cu): where the list was
-/// complete before its predecessor started. route_align's always is (every later kernel waits
-/// for it before it lets its own dependents launch); GEMM1's own grouping is when the
-/// intermediate's quantization runs between them (launched without PDL, after GEMM1 ends).
-pub fn wgmma_gemm2_weights_before_wait(align_in_gemm1: bool, quant: Option<&Fp8Quant>) -> bool {
-    !align_in_gemm1 || quant.is_some_and(|q| !wgmma_gemm1_quantizes(q))
 }
 
 /// cuda_wgmma's plan up to its GEMMs: whether GEMM1 groups the slots itself
@@ -3840,28 +3825,6 @@ impl<'a> Candidates<'a> {
         } else {
             false
         };
-        let wgmma_gemm2_pdl = if b == Backend::CudaWgmma && pdl_ok {
-            let what = |on: bool| -> String {
-                if on {
-                    "gemm2: launched with PDL, its CTAs taking the SMs GEMM1's leave (the top-k sum likewise under GEMM2)".into()
-                } else {
-                    "gemm2: starts once the kernel before has finished (no PDL)".into()
-                }
-            };
-            let why = reasons.wanted().then(|| {
-                let early = if wgmma_gemm2_weights_before_wait(align_in_gemm1, self.p.quant.as_ref()) {
-                    "its tile list complete before the kernel before it started, each CTA streams its first tile's first weight stages before it waits"
-                } else {
-                    "it reads the tile list GEMM1 made only after its wait, so no weights stream before it"
-                };
-                format!("{}; {early}", what(true))
-            });
-            let (on, why) = env_switch(WGMMA_GEMM2_PDL_ENV, true, what, why);
-            reasons.extend(why);
-            on
-        } else {
-            false
-        };
         let wgmma_gemm1_pdl = if b == Backend::CudaWgmma && pdl_ok && !align_in_gemm1 {
             let what = |on: bool| -> String {
                 if on {
@@ -3900,7 +3863,6 @@ impl<'a> Candidates<'a> {
             splits,
             swap_gemm2_one_per_sm,
             swap_gemm2_pdl,
-            wgmma_gemm2_pdl,
             wgmma_gemm1_pdl,
             swap_gemm1_ring,
             swap_gemm2_ring,
@@ -4103,92 +4065,6 @@ mod tests {
             .filter(|k| k.module() == "sm90_wgmma_moe" && k.symbol().contains("gemm1"))
             .count();
         assert_eq!(seen, gemm1s, "GEMM1s read from ptxas' output");
-    }
-
-    #[test]
-    fn wgmma_gemm2_starts_by_pdl_on_hopper_unless_forced_off() {
-        let _knobs = ENV_KNOBS.write().unwrap_or_else(|e| e.into_inner());
-        std::env::remove_var(WGMMA_GEMM2_PDL_ENV);
-        std::env::remove_var(ALIGN_IN_GEMM1_ENV);
-        let plan = |backend: Backend, quant: Option<QuantScheme>| {
-            let req = Request {
-                backend: Some(backend),
-                ..Request::default()
-            };
-            plan_for_shape(
-                64,
-                128,
-                8,
-                2048,
-                768,
-                DType::BF16,
-                quant,
-                None,
-                &h200(),
-                &req,
-            )
-            .unwrap()
-        };
-        // on by default on sm_90, bf16 and FP8, with the reason; never for another backend.
-        // GEMM1 grouping the slots: GEMM2 reads the list before its wait only where the
-        // intermediate's quantization runs between (per channel; this helper's per-tensor
-        // plan has a static a2_scale, so GEMM1 quantizes, as with blocks)
-        std::env::set_var(ALIGN_IN_GEMM1_ENV, "on");
-        for (quant, early) in [
-            (None, false),
-            (Some(QuantScheme::Tensor), false),
-            (Some(QuantScheme::Channel), true),
-            (Some(QuantScheme::Block), false),
-        ] {
-            let p = plan(Backend::CudaWgmma, quant);
-            assert!(
-                p.wgmma_gemm2_pdl && p.align_in_gemm1,
-                "{quant:?}: {:?}",
-                p.reasons
-            );
-            let text = if early {
-                "each CTA streams its first tile's first weight stages before it waits"
-            } else {
-                "it reads the tile list GEMM1 made only after its wait"
-            };
-            assert!(
-                has(&p, &["gemm2: launched with PDL", text]),
-                "{quant:?}: {:?}",
-                p.reasons
-            );
-        }
-        // route_align's list: weights before the wait
-        std::env::set_var(ALIGN_IN_GEMM1_ENV, "off");
-        let aligned = plan(Backend::CudaWgmma, None);
-        std::env::remove_var(ALIGN_IN_GEMM1_ENV);
-        assert!(
-            has(&aligned, &["first weight stages before it waits"]),
-            "{:?}",
-            aligned.reasons
-        );
-        assert!(!plan(Backend::CudaWgmmaSwap, None).wgmma_gemm2_pdl);
-        assert!(!plan(Backend::CudaMma, None).wgmma_gemm2_pdl);
-        // forced off, with the reason; a bad value ignored with the reason
-        std::env::set_var(WGMMA_GEMM2_PDL_ENV, "0");
-        let off = plan(Backend::CudaWgmma, None);
-        std::env::set_var(WGMMA_GEMM2_PDL_ENV, "yes");
-        let bad = plan(Backend::CudaWgmma, None);
-        std::env::set_var(WGMMA_GEMM2_PDL_ENV, "1");
-        let on = plan(Backend::CudaWgmma, None);
-        std::env::remove_var(WGMMA_GEMM2_PDL_ENV);
-        assert!(!off.wgmma_gemm2_pdl);
-        assert!(
-            has(&off, &["no PDL), forced by $SWAPMOE_WGMMA_GEMM2_PDL=0"]),
-            "{:?}",
-            off.reasons
-        );
-        assert!(bad.wgmma_gemm2_pdl);
-        assert!(
-            has(&bad, &["$SWAPMOE_WGMMA_GEMM2_PDL=\"yes\" ignored"]),
-            "{:?}",
-            bad.reasons
-        );
-        assert!(on.wgmma_gemm2_pdl);
     }
 
     #[test]

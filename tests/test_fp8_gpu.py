@@ -542,22 +542,18 @@ def test_wgmma_gemm1_groups_the_slots_itself(scheme, case, tile, rng, monkeypatc
     assert same_bits(outs["on"], outs["off"]), f"{case.id}: GEMM1's grouping and route_align's differ"
 
 
-# cuda_wgmma's e4m3 GEMM2 and top-k sum launched by PDL ($SWAPMOE_WGMMA_GEMM2_PDL), and GEMM1
-# after quantize-x and route_align ($SWAPMOE_WGMMA_GEMM1_PDL): GEMM2 after GEMM1 (the per-tensor
-# static and block schemes, whose GEMM1 writes the e4m3 intermediate) or after the intermediate's
-# quantization (per-tensor dynamic, per channel); tile lists from route_align and from GEMM1's
-# grouping; fewer k-stages than the ring's stages and more; block runs of 4 column blocks
-# (K = 2048, tile 128).
-GEMM2_PDL_CASES = [(64, _case(24)), (64, _case(17, (1024, 256), E=64, topk=6, ids="invalid", ep=True)),
+# cuda_wgmma's e4m3 GEMM1 after quantize-x and route_align launched by PDL
+# ($SWAPMOE_WGMMA_GEMM1_PDL): every scheme (the intermediate written by GEMM1 or quantized after
+# it); fewer k-stages than the ring's stages and more; tile 128.
+GEMM1_PDL_CASES = [(64, _case(24)), (64, _case(17, (1024, 256), E=64, topk=6, ids="invalid", ep=True)),
                    (64, _case(200, E=8, topk=2, ids="concentrated")),
                    (128, _case(200, (256, 2048), E=8, topk=2, ids="concentrated"))]
 
 
 @needs_sm90
-@pytest.mark.parametrize("align", ["route_align", "gemm1"])
-@pytest.mark.parametrize("tile,case", GEMM2_PDL_CASES, ids=[f"t{t}-{c.id}" for t, c in GEMM2_PDL_CASES])
+@pytest.mark.parametrize("tile,case", GEMM1_PDL_CASES, ids=[f"t{t}-{c.id}" for t, c in GEMM1_PDL_CASES])
 @pytest.mark.parametrize("scheme", SWAP_SCHEMES, ids=_scheme_id)
-def test_wgmma_gemm2_by_pdl(scheme, tile, case, align, rng, monkeypatch):
+def test_wgmma_gemm1_by_pdl(scheme, tile, case, rng, monkeypatch):
     """Against the FP8 reference and bit-identical to the plan without PDL, each on a 0xFF
     workspace and a NaN output; then 3 calls with PDL queued back to back, each bit-identical
     too. The oracle's plan says which launches ran."""
@@ -565,7 +561,7 @@ def test_wgmma_gemm2_by_pdl(scheme, tile, case, align, rng, monkeypatch):
     monkeypatch.setenv("SWAPMOE_MMA_TOKEN_TILE", str(tile))
     monkeypatch.setenv("SWAPMOE_WGMMA_PERSISTENT", "on")
     monkeypatch.setenv("SWAPMOE_WGMMA_GEMM2_BLOCK_RUN", "4" if tile == 128 else "1")
-    monkeypatch.setenv("SWAPMOE_ALIGN_IN_GEMM1", "on" if align == "gemm1" else "off")
+    monkeypatch.setenv("SWAPMOE_ALIGN_IN_GEMM1", "off")
     inp = to_fp8_inputs(make_fp8_problem(rng, case, scheme[0], static=scheme[1]), case, "torch", "bfloat16", DEV)
     ref, flips = fp8_reference(inp, case)
     quant = {"tensor": "fp8_tensor", "channel": "fp8_channel", "block": "fp8_block128"}[scheme[0]]
@@ -579,19 +575,16 @@ def test_wgmma_gemm2_by_pdl(scheme, tile, case, align, rng, monkeypatch):
 
     outs = {}
     for pdl in ("1", "0"):
-        monkeypatch.setenv("SWAPMOE_WGMMA_GEMM2_PDL", pdl)
         monkeypatch.setenv("SWAPMOE_WGMMA_GEMM1_PDL", pdl)
         plan = swapmoe.select_backend(case.M, case.E, case.topk, case.K, case.N, quant=quant)
         assert plan.backend == "cuda_wgmma", plan.reasons
-        assert plan.tile["wgmma_gemm2_pdl"] == (pdl == "1"), plan.reasons
-        assert plan.tile["wgmma_gemm1_pdl"] == (pdl == "1" and align == "route_align"), plan.reasons
-        assert plan.tile["align_in_gemm1"] == (align == "gemm1"), plan.reasons
+        assert plan.tile["wgmma_gemm1_pdl"] == (pdl == "1"), plan.reasons
+        assert not plan.tile["align_in_gemm1"], plan.reasons
         assert plan.tile["wgmma_gemm2_block_run"] == (4 if tile == 128 else 1), plan.reasons
         outs[pdl] = snapshot(call_with_workspace(inp, case, junk_workspace(inp, quant), poison(inp["x"]),
                                                  **fp8_kwargs(inp)))
     check_fp8_close(torch.from_numpy(outs["1"]).view(torch.bfloat16), ref, flips, "bfloat16", what=case.id)
-    assert same_bits(outs["1"], outs["0"]), f"{case.id}: GEMM2 by PDL differs from GEMM2 after GEMM1"
-    monkeypatch.setenv("SWAPMOE_WGMMA_GEMM2_PDL", "1")
+    assert same_bits(outs["1"], outs["0"]), f"{case.id}: GEMM1 by PDL differs from GEMM1 after route_align"
     monkeypatch.setenv("SWAPMOE_WGMMA_GEMM1_PDL", "1")
     for i, out in enumerate(run(3)):
         assert same_bits(out, outs["1"]), f"{case.id}: queued call {i} moved"

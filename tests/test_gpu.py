@@ -357,17 +357,13 @@ def test_wgmma_gemm1_groups_the_slots_itself(case, tile, persistent, rng, monkey
         assert same_bits(_rerun(inp, case), outs["on"]), f"{case.id}: a rerun moved"
 
 
-# cuda_wgmma's GEMM2 and top-k sum launched by PDL ($SWAPMOE_WGMMA_GEMM2_PDL,
-# `Plan::wgmma_gemm2_pdl`): GEMM2's CTAs start under GEMM1's tail and, where route_align made
-# the tile list, its producer begins the first tile's weight stages before it waits; the top-k
-# sum waits for GEMM2. With them, a GEMM1 after route_align by PDL ($SWAPMOE_WGMMA_GEMM1_PDL).
-# Tile lists from route_align and from GEMM1's own grouping; fewer k-stages than the ring's
-# stages (N = 128) and more (N = 1024: the early stages fill the whole ring); a long GEMM1
-# (K = 4096) under a short GEMM2; ragged experts with invalid ids and an expert map; CTAs with
-# no tile (3 tokens); the persistent grid and one CTA per item; block runs of 4 column blocks
-# (tile 128: the early stages belong to the run's first block, whose rows the run's others
-# find in the ring).
-GEMM2_PDL_CASES = [
+# cuda_wgmma's GEMM1 after route_align launched by PDL ($SWAPMOE_WGMMA_GEMM1_PDL,
+# `Plan::wgmma_gemm1_pdl`): its CTAs set up their ring under route_align's tail and wait before
+# they read the tile list, the ids or the token rows. GEMM1 with fewer k-stages than the ring's
+# stages (K = 64, 256) and more (K = 4096); ragged experts with invalid ids and an expert map;
+# CTAs with no tile (3 tokens); the persistent grid and one CTA per item; tile 128 (GEMM2 in
+# block runs of 4).
+GEMM1_PDL_CASES = [
     (64, Case(64, 128, 8, 128, 512, out="poison")),
     (64, Case(17, 64, 6, 1024, 256, "gelu", ids="invalid", ep=True, out="poison")),
     (64, Case(200, 8, 2, 128, 4096, ids="concentrated", out="poison")),
@@ -389,9 +385,8 @@ def _queued_reruns(inp, case, n, **kw):
 
 @pytest.mark.skipif(not HAS_BACKEND_ARG, reason="this build has no backend= argument")
 @pytest.mark.parametrize("persistent", ["on", "off"], ids=lambda v: f"persistent={v}")
-@pytest.mark.parametrize("align", ["route_align", "gemm1"])
-@pytest.mark.parametrize("tile,case", GEMM2_PDL_CASES, ids=[f"t{t}-{c.id}" for t, c in GEMM2_PDL_CASES])
-def test_wgmma_gemm2_by_pdl(tile, case, align, persistent, rng, monkeypatch):
+@pytest.mark.parametrize("tile,case", GEMM1_PDL_CASES, ids=[f"t{t}-{c.id}" for t, c in GEMM1_PDL_CASES])
+def test_wgmma_gemm1_by_pdl(tile, case, persistent, rng, monkeypatch):
     """Against the reference and bit-identical to the plan without PDL, each on a 0xFF workspace
     and a NaN output; then 4 calls with PDL queued back to back, each bit-identical too. The
     plan says which launches ran."""
@@ -400,25 +395,22 @@ def test_wgmma_gemm2_by_pdl(tile, case, align, persistent, rng, monkeypatch):
     monkeypatch.setenv("SWAPMOE_MMA_TOKEN_TILE", str(tile))
     monkeypatch.setenv("SWAPMOE_WGMMA_PERSISTENT", persistent)
     monkeypatch.setenv("SWAPMOE_WGMMA_GEMM2_BLOCK_RUN", "4" if tile == 128 else "1")
-    monkeypatch.setenv("SWAPMOE_ALIGN_IN_GEMM1", "on" if align == "gemm1" else "off")
+    monkeypatch.setenv("SWAPMOE_ALIGN_IN_GEMM1", "off")
     inp = to_inputs(make_problem(rng, case), case, "torch", "bfloat16", DEV)
     ref = reference(inp, case)
     outs = {}
     for pdl in ("1", "0"):
-        monkeypatch.setenv("SWAPMOE_WGMMA_GEMM2_PDL", pdl)
         monkeypatch.setenv("SWAPMOE_WGMMA_GEMM1_PDL", pdl)
         plan = swapmoe._core.describe_plan(inp["x"], inp["w1"], inp["w2"], inp["tw"], inp["ids"],
                                            expert_map=inp["expert_map"], activation=case.act)
         assert plan["backend"] == "cuda_wgmma", plan["reasons"]
-        assert plan["wgmma_gemm2_pdl"] == (pdl == "1"), plan["reasons"]
-        assert plan["wgmma_gemm1_pdl"] == (pdl == "1" and align == "route_align"), plan["reasons"]
-        assert plan["align_in_gemm1"] == (align == "gemm1"), plan["reasons"]
+        assert plan["wgmma_gemm1_pdl"] == (pdl == "1"), plan["reasons"]
+        assert not plan["align_in_gemm1"], plan["reasons"]
         runs = 4 if tile == 128 and persistent == "on" else 1
         assert plan["wgmma_gemm2_block_run"] == runs, plan["reasons"]
         outs[pdl] = _rerun(inp, case)
     check_close(torch.from_numpy(outs["1"]).view(torch.bfloat16), ref, "bfloat16", what=case.id)
-    assert same_bits(outs["1"], outs["0"]), f"{case.id}: GEMM2 by PDL differs from GEMM2 after GEMM1"
-    monkeypatch.setenv("SWAPMOE_WGMMA_GEMM2_PDL", "1")
+    assert same_bits(outs["1"], outs["0"]), f"{case.id}: GEMM1 by PDL differs from GEMM1 after route_align"
     monkeypatch.setenv("SWAPMOE_WGMMA_GEMM1_PDL", "1")
     for i, out in enumerate(_queued_reruns(inp, case, 4)):
         assert same_bits(out, outs["1"]), f"{case.id}: queued call {i} moved"

@@ -141,9 +141,8 @@ def describe_plan(
     rows_per_cta, tokens_per_pass, splits, swap_gemm1_ring (stages of the swap-AB GEMM1's ring
     when smaller than its own, 0 otherwise), swap_gemm2_ring (the same for its e4m3 GEMM2,
     so that its CTAs fit beside GEMM1's; $SWAPMOE_SWAP_GEMM2_RING forces it), swap_gemm2_one_per_sm, swap_gemm2_pdl (the swap-AB
-    GEMM2 starts by programmatic dependent launch under GEMM1), wgmma_gemm2_pdl (so do
-    cuda_wgmma's GEMM2 and top-k sum), wgmma_gemm1_pdl (and its GEMM1 after the plan's own
-    kernels), align_ctas (CTAs of the
+    GEMM2 starts by programmatic dependent launch under GEMM1), wgmma_gemm1_pdl (so does
+    cuda_wgmma's GEMM1 after the plan's own kernels), align_ctas (CTAs of the
     routing alignment, one thread-block cluster past 1), align_in_gemm1 (cuda_wgmma's GEMM1
     groups the slots itself: no align kernel), pdl (later kernels start by
     programmatic dependent launch), first_kernel_pdl (so does the first: fused_experts' first

@@ -479,8 +479,6 @@ def cmd_explain(args: argparse.Namespace) -> int:
             clusters += " gemm2_after_gemm1"
         if t.get("wgmma_gemm1_pdl"):
             clusters += " gemm1_pdl"
-        if t.get("wgmma_gemm2_pdl"):
-            clusters += " gemm2_pdl"
         print(f"  rows_per_cta={t['rows_per_cta']} tokens_per_pass={t['tokens_per_pass']} "
               f"gemm1_vec={t['gemm1_vec']} gemm2_vec={t['gemm2_vec']} pdl={t['pdl']} "
               f"first_kernel_pdl={t['first_kernel_pdl']}{clusters}")

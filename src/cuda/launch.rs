@@ -872,8 +872,8 @@ impl WgmmaArgs {
     /// Launches wgmma GEMM `id` (GEMM1: N inter columns per token tile in blocks of
     /// WGMMA_GEMM1_COLUMNS; GEMM2: K output columns in blocks of WGMMA_GEMM2_COLUMNS), as the
     /// plan's persistent grid or one CTA per (token tile, column block) item; `pdl`: with
-    /// programmatic dependent launch (every wgmma GEMM waits before it reads what the kernels
-    /// before it wrote).
+    /// programmatic dependent launch (GEMM1 waits before it reads what the kernels before it
+    /// wrote).
     #[allow(clippy::too_many_arguments)]
     fn launch(
         &self,
@@ -984,45 +984,22 @@ fn wgmma_gemms(
     }
     {
         let (inter_map, w2_map) = wa.gemm2_maps(p, d, stage_k, inter)?;
-        let early = wgmma_weights_before_wait(plan, p);
-        let mut args = wgmma_params!([inter_map, w2_map], wa, [wa.on_input, slot_out, early]);
+        let mut args = wgmma_params!([inter_map, w2_map], wa, [wa.on_input, slot_out]);
         let id = find_kernel(plan, "a GEMM2", |k| matches!(k, KernelId::WgmmaGemm2(..)))?;
-        wa.launch(
-            dev,
-            plan,
-            id,
-            WgmmaGemm::Two,
-            plan.wgmma_gemm2_pdl,
-            stream,
-            &mut args,
-        )?;
+        wa.launch(dev, plan, id, WgmmaGemm::Two, false, stream, &mut args)?;
     }
     let slot_expert = ws(layout.slot_expert);
     let reduce = find_kernel(plan, "a top-k sum", |k| {
         matches!(k, KernelId::WgmmaTopkReduce(..))
     })?;
-    wgmma_topk_reduce(dev, p, plan, reduce, slot_out, slot_expert, stream)
-}
-
-/// `weights_before_wait` of a wgmma GEMM2 (cuda/sm90_wgmma_moe.cu): with PDL, where
-/// `oracle::wgmma_gemm2_weights_before_wait` says its tile list may be read before its wait.
-fn wgmma_weights_before_wait(plan: &Plan, p: &MoeProblem) -> i32 {
-    i32::from(
-        plan.wgmma_gemm2_pdl
-            && crate::oracle::wgmma_gemm2_weights_before_wait(
-                plan.align_in_gemm1,
-                p.quant.as_ref(),
-            ),
-    )
+    wgmma_topk_reduce(dev, p, reduce, slot_out, slot_expert, stream)
 }
 
 /// The wgmma path's top-k sum: out[t] = the sum over k of the per-slot outputs (in the
-/// activation dtype) of t's local slots; launched with PDL under GEMM2 where the plan says
-/// (`Plan::wgmma_gemm2_pdl`; it waits before it reads).
+/// activation dtype) of t's local slots.
 fn wgmma_topk_reduce(
     dev: &DeviceState,
     p: &MoeProblem,
-    plan: &Plan,
     id: KernelId,
     slot_out: u64,
     slot_expert: u64,
@@ -1044,7 +1021,7 @@ fn wgmma_topk_reduce(
         WGMMA_REDUCE_THREADS as u32,
         0,
         stream,
-        plan.wgmma_gemm2_pdl,
+        false,
         &mut args,
     )
 }
@@ -1221,8 +1198,6 @@ fn wgmma_fp8(
             wa.n,
             inter_q
         );
-        // Without PDL: GEMM2's weights before its wait rely on GEMM1 having finished here
-        // (`oracle::wgmma_gemm2_weights_before_wait`).
         launch(
             dev,
             id,
@@ -1250,33 +1225,12 @@ fn wgmma_fp8(
             inter_groups: f.groups_n,
             w_scale_rows: block_rows(q.scheme.groups(p.k)),
         };
-        let early = wgmma_weights_before_wait(plan, p);
-        let mut args = wgmma_params!(
-            [inter_map, w2_map, scales],
-            wa,
-            [wa.on_input, slot_out, early]
-        );
+        let mut args = wgmma_params!([inter_map, w2_map, scales], wa, [wa.on_input, slot_out]);
         let id = find(plan, |k| matches!(k, KernelId::WgmmaFp8Gemm2(..)))?;
-        wa.launch(
-            dev,
-            plan,
-            id,
-            WgmmaGemm::Two,
-            plan.wgmma_gemm2_pdl,
-            stream,
-            &mut args,
-        )?;
+        wa.launch(dev, plan, id, WgmmaGemm::Two, false, stream, &mut args)?;
     }
     let reduce = find(plan, |k| matches!(k, KernelId::WgmmaTopkReduce(..)))?;
-    wgmma_topk_reduce(
-        dev,
-        p,
-        plan,
-        reduce,
-        slot_out,
-        ws(layout.slot_expert),
-        stream,
-    )
+    wgmma_topk_reduce(dev, p, reduce, slot_out, ws(layout.slot_expert), stream)
 }
 
 /// The kernel arguments of the kernels that read topk_ids themselves (the decode, FP8 decode

@@ -621,7 +621,6 @@ fn describe_plan<'py>(
     d.set_item("swap_gemm2_ring", plan.swap_gemm2_ring)?;
     d.set_item("swap_gemm2_one_per_sm", plan.swap_gemm2_one_per_sm)?;
     d.set_item("swap_gemm2_pdl", plan.swap_gemm2_pdl)?;
-    d.set_item("wgmma_gemm2_pdl", plan.wgmma_gemm2_pdl)?;
     d.set_item("wgmma_gemm1_pdl", plan.wgmma_gemm1_pdl)?;
     d.set_item("align_ctas", plan.align_ctas)?;
     d.set_item("align_in_gemm1", plan.align_in_gemm1)?;
@@ -776,7 +775,6 @@ fn select_backend<'py>(
     tile.set_item("swap_gemm2_ring", plan.swap_gemm2_ring)?;
     tile.set_item("swap_gemm2_one_per_sm", plan.swap_gemm2_one_per_sm)?;
     tile.set_item("swap_gemm2_pdl", plan.swap_gemm2_pdl)?;
-    tile.set_item("wgmma_gemm2_pdl", plan.wgmma_gemm2_pdl)?;
     tile.set_item("wgmma_gemm1_pdl", plan.wgmma_gemm1_pdl)?;
     tile.set_item("align_ctas", plan.align_ctas)?;
     tile.set_item("align_in_gemm1", plan.align_in_gemm1)?;
