@@ -13,11 +13,10 @@ cat "$OUT/gpu.txt"
 export TIMEOUT_SIGNAL=KILL
 install_wheels main g1 || exit 1
 K="(wgmma and not swap) or long_predecessor or queued_ahead or align_cluster or (fused_moe_matches_separate and wgmma) or cuda_graph_fused_moe"
-gpu_pytest wgmma g1 260 -m gpu -n 16 -o faulthandler_timeout=60 -k "($K) and not gemm1_by_pdl" tests/test_gpu.py tests/test_fp8_gpu.py tests/test_routing_fused_gpu.py
-BENCH_TIMEOUT=40 ab g1_bf16 "main g1 g1 main" "deepseek-v3-tp8:16,64 qwen3-30b-a3b:32" "" 90
+gpu_pytest wgmma g1 240 -m gpu -n 16 -o faulthandler_timeout=60 -k "($K) and not gemm1_by_pdl" tests/test_gpu.py tests/test_fp8_gpu.py tests/test_routing_fused_gpu.py
 left=$((D - $(el) - 5))
-[ $left -gt 40 ] && BENCH_TIMEOUT=60 ab g1_prefill "main g1 g1 main" "mixtral-8x7b:4096 deepseek-v3-tp8:1024" "" $((left / 2))
+[ $left -gt 40 ] && BENCH_TIMEOUT=40 ab g1_bf16 "main g1 g1 main" "deepseek-v3-tp8:16,64 mixtral-8x7b:4096" "" $((left < 130 ? left : 130))
 left=$((D - $(el) - 5))
-[ $left -gt 40 ] && BENCH_TIMEOUT=60 ab g1_prefill_fp8 "main g1 g1 main" "mixtral-8x7b:4096 deepseek-v3-tp8:1024" "--quant fp8_tensor" $left
+[ $left -gt 40 ] && BENCH_TIMEOUT=40 ab g1_prefill_fp8 "main g1 g1 main" "mixtral-8x7b:4096 deepseek-v3-tp8:1024" "--quant fp8_tensor" $left
 pack 'pytest_*.log' 'ab_*_summary.txt'
 echo "[$(el) s] end"
