@@ -496,6 +496,17 @@ def queued_ahead_of_the_gpu():
     assert not fired.is_set(), f"a call waited for the device while the stream was held (> {QUEUE_WATCHDOG_S} s)"
 
 
+def queued_reruns(inp: dict, case: Case, n: int, quant: Optional[str] = None, **kw) -> list:
+    """``n`` calls of the op queued back to back (queued_ahead_of_the_gpu), so that each kernel
+    launched by PDL overlaps the one before it, each on its own 0xFF workspace (``quant``'s
+    size, junk_workspace) and NaN output; ``kw`` goes to call_with_workspace. Returns the
+    outputs' snapshots."""
+    bufs = [(junk_workspace(inp, quant), poison(inp["x"])) for _ in range(n)]
+    with queued_ahead_of_the_gpu():
+        for workspace, out in bufs:
+            call_with_workspace(inp, case, workspace, out, **kw)
+    return [snapshot(out) for _, out in bufs]
+
 def chain_three(inp: dict, step) -> list:
     """Three calls queued back to back, each on the previous one's output: ``step(inp, out)``
     runs the op on ``inp`` into ``out``. The outputs (NaN until written) are allocated first,

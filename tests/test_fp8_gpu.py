@@ -27,7 +27,7 @@ from conftest import (
     junk_workspace,
     make_fp8_problem,
     poison,
-    queued_ahead_of_the_gpu,
+    queued_reruns,
     reference,
     run_fp8_case,
     same_bits,
@@ -566,13 +566,6 @@ def test_wgmma_gemm1_by_pdl(scheme, tile, case, rng, monkeypatch):
     ref, flips = fp8_reference(inp, case)
     quant = {"tensor": "fp8_tensor", "channel": "fp8_channel", "block": "fp8_block128"}[scheme[0]]
 
-    def run(n):
-        bufs = [(junk_workspace(inp, quant), poison(inp["x"])) for _ in range(n)]
-        with queued_ahead_of_the_gpu():
-            for workspace, out in bufs:
-                call_with_workspace(inp, case, workspace, out, **fp8_kwargs(inp))
-        return [snapshot(out) for _, out in bufs]
-
     outs = {}
     for pdl in ("1", "0"):
         monkeypatch.setenv("SWAPMOE_WGMMA_GEMM1_PDL", pdl)
@@ -586,7 +579,7 @@ def test_wgmma_gemm1_by_pdl(scheme, tile, case, rng, monkeypatch):
     check_fp8_close(torch.from_numpy(outs["1"]).view(torch.bfloat16), ref, flips, "bfloat16", what=case.id)
     assert same_bits(outs["1"], outs["0"]), f"{case.id}: GEMM1 by PDL differs from GEMM1 after route_align"
     monkeypatch.setenv("SWAPMOE_WGMMA_GEMM1_PDL", "1")
-    for i, out in enumerate(run(3)):
+    for i, out in enumerate(queued_reruns(inp, case, 3, quant, **fp8_kwargs(inp))):
         assert same_bits(out, outs["1"]), f"{case.id}: queued call {i} moved"
 
 

@@ -22,6 +22,7 @@ from conftest import (
     chain_three,
     current_cuda_context,
     queued_ahead_of_the_gpu,
+    queued_reruns,
     check_close,
     has_cuda,
     junk_workspace,
@@ -372,17 +373,6 @@ GEMM1_PDL_CASES = [
 ]
 
 
-def _queued_reruns(inp, case, n, **kw):
-    """``n`` calls queued back to back (conftest.queued_ahead_of_the_gpu), so that each kernel
-    launched by PDL overlaps the one before it, each on its own 0xFF workspace and NaN output."""
-    quant = kw.pop("quant", None)
-    bufs = [(junk_workspace(inp, quant), poison(inp["x"])) for _ in range(n)]
-    with queued_ahead_of_the_gpu():
-        for workspace, out in bufs:
-            call_with_workspace(inp, case, workspace, out, **kw)
-    return [snapshot(out) for _, out in bufs]
-
-
 @pytest.mark.skipif(not HAS_BACKEND_ARG, reason="this build has no backend= argument")
 @pytest.mark.parametrize("persistent", ["on", "off"], ids=lambda v: f"persistent={v}")
 @pytest.mark.parametrize("tile,case", GEMM1_PDL_CASES, ids=[f"t{t}-{c.id}" for t, c in GEMM1_PDL_CASES])
@@ -412,7 +402,7 @@ def test_wgmma_gemm1_by_pdl(tile, case, persistent, rng, monkeypatch):
     check_close(torch.from_numpy(outs["1"]).view(torch.bfloat16), ref, "bfloat16", what=case.id)
     assert same_bits(outs["1"], outs["0"]), f"{case.id}: GEMM1 by PDL differs from GEMM1 after route_align"
     monkeypatch.setenv("SWAPMOE_WGMMA_GEMM1_PDL", "1")
-    for i, out in enumerate(_queued_reruns(inp, case, 4)):
+    for i, out in enumerate(queued_reruns(inp, case, 4)):
         assert same_bits(out, outs["1"]), f"{case.id}: queued call {i} moved"
 
 
