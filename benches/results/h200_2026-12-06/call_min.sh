@@ -11,15 +11,16 @@ source benches/call_common.sh
 D=${DEADLINE:-565}
 cat "$OUT/gpu.txt"
 export TIMEOUT_SIGNAL=KILL
-install_wheels main || exit 1
+W=${WHEEL:-main}  # dist/$W: main by default; call2.sh passes g1 (= main's kernels since b33c5f5)
+install_wheels $W || exit 1
 DECODE=1,2,4,8,16,32,64
-PYTHONPATH=/tmp/site_main bench_shapes none $DECODE
-PYTHONPATH=/tmp/site_main bench_shapes fp8_tensor $DECODE
-routing_bench main 80 3
+PYTHONPATH=/tmp/site_$W bench_shapes none $DECODE
+PYTHONPATH=/tmp/site_$W bench_shapes fp8_tensor $DECODE
+routing_bench $W 80 3
 left=$((D - $(el) - 10))
-[ $left -gt 70 ] && gpu_pytest swap_splits main $((left < 90 ? left : 90)) -m "gpu and not serial" -k "$SPLIT_TESTS" -n 16 tests/test_gpu.py tests/test_fp8_gpu.py
-sanitize_variants main 50 $((D - 60))
+[ $left -gt 70 ] && gpu_pytest swap_splits $W $((left < 90 ? left : 90)) -m "gpu and not serial" -k "$SPLIT_TESTS" -n 16 tests/test_gpu.py tests/test_fp8_gpu.py
+sanitize_variants $W 50 $((D - 60))
 left=$((D - $(el) - 8))
-[ $left -gt 25 ] && gpu_pytest routing main $((left < 60 ? left : 60)) -m gpu -n 16 tests/test_routing_gpu.py tests/test_routing_fused_gpu.py
-pack 'pytest_*.log' 'routing_main.txt' 'sanitize_*.txt' 'bench/*_fp8_tensor.txt'
+[ $left -gt 25 ] && gpu_pytest routing $W $((left < 60 ? left : 60)) -m gpu -n 16 tests/test_routing_gpu.py tests/test_routing_fused_gpu.py
+pack 'pytest_*.log' "routing_$W.txt" 'sanitize_*.txt' 'bench/*_fp8_tensor.txt'
 echo "[$(el) s] end"
