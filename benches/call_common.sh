@@ -9,8 +9,10 @@
 #   gpu_pytest LOG WHEEL SECONDS PYTEST_ARGS...
 #                              pytest with dist/WHEEL's install (install_wheels, or ab.sh's),
 #                              killed after SECONDS ($TIMEOUT_SIGNAL, default TERM; KILL where a
-#                              deadlock may ignore TERM), its log as $OUT/pytest_LOG.log; prints
-#                              its exit status, last line and failures, and returns the status
+#                              deadlock may ignore TERM), its log as $OUT/pytest_LOG.log (with
+#                              the $PYTEST_DURATIONS slowest tests, default 15: the suite's time
+#                              grew); prints its exit status, last line and failures, and
+#                              returns the status
 #   ab NAME WHEELS CASES ARGS TIMEOUT
 #                              one benches/ab.sh run (two rounds; $BENCH_TIMEOUT s per bench,
 #                              default 60), its log as $OUT/ab_NAME.txt and its summary
@@ -52,7 +54,7 @@ gpu_pytest() {
   local name=$1 log="$OUT/pytest_$1.log" wheel=$2 seconds=$3 rc
   shift 3
   PYTHONPATH=/tmp/site_$wheel timeout -s "${TIMEOUT_SIGNAL:-TERM}" "$seconds" python3 -m pytest -q -p no:cacheprovider -rfE \
-    "$@" > "$log" 2>&1
+    --durations="${PYTEST_DURATIONS:-15}" "$@" > "$log" 2>&1
   rc=$?
   echo "$(status "pytest $name ($wheel)" $rc) ; $(tail -1 "$log")"
   grep -E "^(FAILED|ERROR)" "$log" | head -20
