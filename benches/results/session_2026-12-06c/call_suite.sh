@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # The rest of the whole GPU suite on main's kernels (dist/g1, = main since b33c5f5), after
 # call2.sh (which ran the wgmma selection, or call_min.sh's swap split and routing tests on an
-# H200), in one call of ~450 s (H100 times of 2026-12-06 00:42 in brackets):
+# H200). The whole of it is ~1,350 s of GPU time now: three calls (H100 times of 2026-12-06 20:15
+# in brackets; each part's log lists its 15 slowest tests):
 #   run(command="OUT=$OUT bash benches/results/session_2026-12-06c/call_suite.sh", carry=["dist/g1"], kind="nvidia-h200")
 # STEPS picks and orders the parts (default: every part call2.sh did not run on this card);
-# each part starts only while its time is left before $DEADLINE (default 480 s).
-#   rest          every GPU file but the FP8 and routing ones, not serial   (470 tests, 119 s)
-#   fp8_other     the FP8 file, not wgmma-named, not serial                 (562, 49 s)
-#   serial        the serial tests of every file, alone                      (72, 120 s)
-#   swap_splits   the swap split/launch-variant tests ($SPLIT_TESTS)        (224, 76 s)
-#   routing       the routing files                                          (585, 23 s)
-#   wgmma         call2.sh's wgmma selection                                 (574, ~230 s)
+# each part starts only while its time is left before $DEADLINE (default 480 s). Two calls that
+# fit: STEPS="rest fp8_other" (~320 s), then STEPS="routing swap_splits serial" (~330 s).
+#   rest          every GPU file but the FP8 and routing ones, not serial   (667 + 35 skipped, 233 s)
+#   fp8_other     the FP8 file, not wgmma-named, not serial                 (660 + 9 skipped, 76 s)
+#   serial        the serial tests of every file, alone                      (72, 153 s)
+#   swap_splits   the swap split/launch-variant tests ($SPLIT_TESTS)        (242, 123 s)
+#   routing       the routing files                                          (597, 36 s)
+#   wgmma         call2.sh's wgmma selection                                 (548, 202 s)
 source benches/call_common.sh
 D=${DEADLINE:-480}
 cat "$OUT/gpu.txt"
@@ -27,12 +29,12 @@ part() {  # NAME NEEDED_SECONDS PYTEST_ARGS...: runs if NEEDED_SECONDS are left,
 }
 for step in ${STEPS:-$default}; do
   case $step in
-    rest) part rest 140 -m "gpu and not serial" -n 16 $REST ;;
-    fp8_other) part fp8_other 70 -m "gpu and not serial" -n 16 -k "not wgmma" tests/test_fp8_gpu.py ;;
-    serial) part serial 140 -m "gpu and serial" tests/test_*gpu*.py ;;
-    swap_splits) part swap_splits 90 -m "gpu and not serial" -n 16 -k "$SPLIT_TESTS" tests/test_gpu.py tests/test_fp8_gpu.py ;;
-    routing) part routing 40 -m "gpu and not serial" -n 16 tests/test_routing_gpu.py tests/test_routing_fused_gpu.py ;;
-    wgmma) part wgmma 250 -m gpu -n 16 -o faulthandler_timeout=60 -k "$K_WGMMA" tests/test_gpu.py tests/test_fp8_gpu.py tests/test_routing_fused_gpu.py ;;
+    rest) part rest 250 -m "gpu and not serial" -n 16 $REST ;;
+    fp8_other) part fp8_other 90 -m "gpu and not serial" -n 16 -k "not wgmma" tests/test_fp8_gpu.py ;;
+    serial) part serial 170 -m "gpu and serial" tests/test_*gpu*.py ;;
+    swap_splits) part swap_splits 135 -m "gpu and not serial" -n 16 -k "$SPLIT_TESTS" tests/test_gpu.py tests/test_fp8_gpu.py ;;
+    routing) part routing 45 -m "gpu and not serial" -n 16 tests/test_routing_gpu.py tests/test_routing_fused_gpu.py ;;
+    wgmma) part wgmma 220 -m gpu -n 16 -o faulthandler_timeout=60 -k "$K_WGMMA" tests/test_gpu.py tests/test_fp8_gpu.py tests/test_routing_fused_gpu.py ;;
     *) echo "unknown step $step" ;;
   esac
 done
