@@ -7,6 +7,9 @@
 # STEPS picks and orders the parts (default: every part call2.sh did not run on this card);
 # each part starts only while its time is left before $DEADLINE (default 480 s). Two calls that
 # fit: STEPS="rest fp8_other" (~320 s), then STEPS="routing swap_splits serial" (~330 s).
+# WORKERS: pytest-xdist processes for the parallel parts (default 16). Without MPS the GPU
+# time-slices between the processes' contexts, and run_case synchronizes 10-20 times (its
+# snapshots), so fewer workers may be as fast: untested (NOTES "Next steps (2026-12-06, 20:45)").
 #   rest          every GPU file but the FP8 and routing ones, not serial   (667 + 35 skipped, 233 s)
 #   fp8_other     the FP8 file, not wgmma-named, not serial                 (660 + 9 skipped, 76 s)
 #   serial        the serial tests of every file, alone                      (72, 153 s)
@@ -29,12 +32,12 @@ part() {  # NAME NEEDED_SECONDS PYTEST_ARGS...: runs if NEEDED_SECONDS are left,
 }
 for step in ${STEPS:-$default}; do
   case $step in
-    rest) part rest 250 -m "gpu and not serial" -n 16 $REST ;;
-    fp8_other) part fp8_other 90 -m "gpu and not serial" -n 16 -k "not wgmma" tests/test_fp8_gpu.py ;;
+    rest) part rest 250 -m "gpu and not serial" -n ${WORKERS:-16} $REST ;;
+    fp8_other) part fp8_other 90 -m "gpu and not serial" -n ${WORKERS:-16} -k "not wgmma" tests/test_fp8_gpu.py ;;
     serial) part serial 170 -m "gpu and serial" tests/test_*gpu*.py ;;
-    swap_splits) part swap_splits 135 -m "gpu and not serial" -n 16 -k "$SPLIT_TESTS" tests/test_gpu.py tests/test_fp8_gpu.py ;;
-    routing) part routing 45 -m "gpu and not serial" -n 16 tests/test_routing_gpu.py tests/test_routing_fused_gpu.py ;;
-    wgmma) part wgmma 220 -m gpu -n 16 -o faulthandler_timeout=60 -k "$K_WGMMA" tests/test_gpu.py tests/test_fp8_gpu.py tests/test_routing_fused_gpu.py ;;
+    swap_splits) part swap_splits 135 -m "gpu and not serial" -n ${WORKERS:-16} -k "$SPLIT_TESTS" tests/test_gpu.py tests/test_fp8_gpu.py ;;
+    routing) part routing 45 -m "gpu and not serial" -n ${WORKERS:-16} tests/test_routing_gpu.py tests/test_routing_fused_gpu.py ;;
+    wgmma) part wgmma 220 -m gpu -n ${WORKERS:-16} -o faulthandler_timeout=60 -k "$K_WGMMA" tests/test_gpu.py tests/test_fp8_gpu.py tests/test_routing_fused_gpu.py ;;
     *) echo "unknown step $step" ;;
   esac
 done
