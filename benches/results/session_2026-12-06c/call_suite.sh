@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The rest of the whole GPU suite on main's kernels (dist/g1, = main since b33c5f5), after
 # call2.sh (which ran the wgmma selection, or call_min.sh's swap split and routing tests on an
-# H200). The whole of it is ~1,350 s of GPU time now: three calls (H100 times of 2026-12-06 20:15
+# H200). All six parts are 823 s of pytest time now: two calls at least (H100 times of 2026-12-06 20:15
 # in brackets; each part's log lists its 15 slowest tests):
 #   run(command="OUT=$OUT bash benches/results/session_2026-12-06c/call_suite.sh", carry=["dist/g1"], kind="nvidia-h200")
 # STEPS picks and orders the parts (default: every part call2.sh did not run on this card);
