@@ -507,6 +507,7 @@ def queued_reruns(inp: dict, case: Case, n: int, quant: Optional[str] = None, **
             call_with_workspace(inp, case, workspace, out, **kw)
     return [snapshot(out) for _, out in bufs]
 
+
 def chain_three(inp: dict, step) -> list:
     """Three calls queued back to back, each on the previous one's output: ``step(inp, out)``
     runs the op on ``inp`` into ``out``. The outputs (NaN until written) are allocated first,
