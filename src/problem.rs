@@ -1027,7 +1027,20 @@ pub struct WorkspaceLayout {
     pub total: usize,
 }
 
-const WS_ALIGN: usize = 256;
+/// Byte offsets of `fused_moe`'s router outputs in a caller-owned workspace
+/// (`WorkspaceLayout::routing_tail`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RoutingTail {
+    /// float32 [M, topk]: the router weights
+    pub weights: usize,
+    /// int32 [M, topk]: the expert ids
+    pub ids: usize,
+    /// bytes of the whole workspace, the experts' sections included
+    pub total: usize,
+}
+
+/// Alignment of every workspace section, and of a caller-owned workspace's address.
+pub const WS_ALIGN: usize = 256;
 /// Smallest token tile of the tensor-core kernels (sizes the tile lists).
 pub const MIN_TOKEN_TILE: usize = 16;
 /// CTAs of the dynamic per-tensor input absmax kernel (`kAmaxPartials` in cuda/generic_moe.cu).
@@ -1150,6 +1163,21 @@ impl WorkspaceLayout {
         ))
     }
 
+    /// Where `fused_moe` keeps the router's outputs when the caller gives no tensors for
+    /// them (a caller-owned workspace: CuPy under graph capture, other DLPack producers):
+    /// after the experts' sections, float32 weights [M, topk], then int32 ids [M, topk].
+    /// `total` saturates to usize::MAX where the size overflows.
+    pub fn routing_tail(&self, m: usize, topk: usize) -> RoutingTail {
+        let bytes = size(&[4, m, topk]);
+        let weights = self.total;
+        let ids = align_up(weights.saturating_add(bytes));
+        RoutingTail {
+            weights,
+            ids,
+            total: align_up(ids.saturating_add(bytes)),
+        }
+    }
+
     pub fn for_problem(p: &MoeProblem) -> Self {
         Self::with_quant(
             p.m,
@@ -1209,6 +1237,23 @@ mod tests {
         );
         let e = WorkspaceLayout::overflow_error(1, 2, 3, 4, 5);
         assert_eq!(e.class_name(), "OutOfMemoryError");
+    }
+
+    #[test]
+    fn the_routing_tail_follows_the_experts_sections_aligned() {
+        let experts = WorkspaceLayout::with_quant(5, 3, 16, 64, 128, 2, None);
+        let tail = experts.routing_tail(5, 3);
+        assert_eq!(tail.weights, experts.total);
+        assert_eq!(tail.weights % WS_ALIGN, 0);
+        // 5 x 3 float32 weights round up to one aligned block, then the ids alike
+        assert_eq!(tail.ids, tail.weights + WS_ALIGN);
+        assert_eq!(tail.total, tail.ids + WS_ALIGN);
+        let none = WorkspaceLayout::with_quant(0, 3, 16, 64, 128, 2, None).routing_tail(0, 3);
+        assert_eq!((none.ids, none.total), (none.weights, none.weights));
+        let nk = (1usize << 31) - 1;
+        let huge = WorkspaceLayout::with_quant(1 << 20, 1 << 10, 8192, 4 * nk, nk, 2, None);
+        assert!(huge.overflows());
+        assert_eq!(huge.routing_tail(1 << 20, 1 << 10).total, usize::MAX);
     }
 
     #[test]

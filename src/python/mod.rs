@@ -7,7 +7,8 @@ use crate::cuda;
 use crate::error::{Error, CLASS_NAMES};
 use crate::oracle;
 use crate::problem::{
-    Activation, DType, MoeArgs, MoeProblem, QuantArgs, QuantScheme, WorkspaceLayout,
+    Activation, DType, Device, MoeArgs, MoeProblem, QuantArgs, QuantScheme, TensorDesc,
+    WorkspaceLayout, WS_ALIGN,
 };
 use crate::routing::{RouterConfig, RouterProblem, Scoring};
 use crate::tables::{ExternalBackend, Quant};
@@ -104,10 +105,13 @@ impl MoeInputs {
         topk_ids: &Bound<'_, PyAny>,
         expert_map: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        let hidden_states = tensor::import("hidden_states", hidden_states)?;
+        let w1 = tensor::import("w1", w1)?;
+        let w2 = tensor::import("w2", w2)?;
         Ok(MoeInputs {
-            hidden_states: tensor::import("hidden_states", hidden_states)?,
-            w1: tensor::import("w1", w1)?,
-            w2: tensor::import("w2", w2)?,
+            hidden_states,
+            w1,
+            w2,
             topk_weights: tensor::import("topk_weights", topk_weights)?,
             topk_ids: tensor::import("topk_ids", topk_ids)?,
             expert_map: expert_map
@@ -115,6 +119,31 @@ impl MoeInputs {
                 .transpose()?,
             quant: QuantInputs::default(),
         })
+    }
+
+    /// Every imported tensor, named, for the workspace's overlap check.
+    fn named(&self) -> Vec<(&'static str, &TensorDesc)> {
+        let q = &self.quant;
+        let mut v = vec![
+            ("hidden_states", &self.hidden_states.desc),
+            ("w1", &self.w1.desc),
+            ("w2", &self.w2.desc),
+            ("topk_weights", &self.topk_weights.desc),
+            ("topk_ids", &self.topk_ids.desc),
+        ];
+        let optional = [
+            ("expert_map", &self.expert_map),
+            ("w1_scale", &q.w1_scale),
+            ("w2_scale", &q.w2_scale),
+            ("a1_scale", &q.a1_scale),
+            ("a2_scale", &q.a2_scale),
+        ];
+        v.extend(
+            optional
+                .into_iter()
+                .filter_map(|(name, t)| t.as_ref().map(|t| (name, &t.desc))),
+        );
+        v
     }
 
     fn problem(
@@ -194,6 +223,9 @@ fn fused_experts(
             global_num_experts,
         )
         .py_err(py)?;
+    let ws = workspace
+        .map(|w| tensor::import("workspace", w))
+        .transpose()?;
 
     match problem.device {
         crate::problem::Device::Cpu => {
@@ -217,7 +249,17 @@ fn fused_experts(
                 py.detach(|| cuda::launch::check_ids(&problem, stream))
                     .py_err(py)?;
             }
-            let (ws_addr, ws_bytes) = workspace_buffer(py, &problem, workspace)?;
+            let mut named = inputs.named();
+            named.push(("out", &t_out.desc));
+            let need = WorkspaceLayout::for_problem(&problem).total;
+            let (ws_addr, ws_bytes) = workspace_buffer(
+                ws.as_ref(),
+                &problem,
+                need,
+                "swapmoe.workspace_bytes(hidden_states, w1, topk_ids, quant)",
+                &named,
+            )
+            .py_err(py)?;
             py.detach(|| cuda::launch::fused_experts(&problem, &plan, ws_addr, ws_bytes, stream))
                 .py_err(py)
         }
@@ -238,44 +280,128 @@ fn cuda_plan(
     oracle::plan_for_launch(problem, Some(&dev.caps), forced).py_err(py)
 }
 
-/// The CUDA workspace's (address, bytes), checked against the problem's device.
-fn workspace_buffer(
-    py: Python<'_>,
-    problem: &MoeProblem,
-    workspace: Option<&Bound<'_, PyAny>>,
-) -> PyResult<(usize, usize)> {
-    let need = WorkspaceLayout::for_problem(problem).total;
-    match workspace {
-        Some(w) => {
-            let t = tensor::import("workspace", w)?;
-            if t.desc.device != problem.device {
-                return Err(to_pyerr(
-                    py,
-                    Error::Device(format!(
-                        "workspace: expected device {} (the device of hidden_states), got {}",
-                        problem.device, t.desc.device
-                    )),
-                ));
-            }
-            let Some(bytes) = t.desc.contiguous_bytes() else {
-                return Err(to_pyerr(
-                    py,
-                    Error::Shape(format!(
-                        "workspace: expected a contiguous buffer (row-major, no broadcast or strided view), got shape {:?} with strides {:?}",
-                        t.desc.shape, t.desc.strides
-                    )),
-                ));
-            };
-            Ok((t.desc.addr, bytes))
+/// fused_moe's router outputs as views into the caller's workspace: float32 weights at byte
+/// `weights_at`, int32 ids at `ids_at`, each [M, topk] with M from `gating_output` ([M, E]).
+/// Address 0 without a workspace (the call then fails on the missing workspace unless M = 0,
+/// where nothing is launched). The workspace's own checks come later (`workspace_buffer`).
+fn routing_views(
+    gating_output: &TensorDesc,
+    topk: usize,
+    workspace: Option<&tensor::Imported>,
+    weights_at: usize,
+    ids_at: usize,
+) -> crate::error::Result<(tensor::Imported, tensor::Imported)> {
+    let m = match gating_output.shape.as_slice() {
+        [m, _] => *m,
+        _ => {
+            return Err(Error::Shape(format!(
+                "gating_output: expected shape [M, E], got {:?}",
+                gating_output.shape
+            )))
         }
-        None if need == 0 || problem.m == 0 => Ok((0, 0)),
-        None => Err(to_pyerr(
-            py,
-            Error::Argument(format!(
-                "workspace: expected a CUDA buffer of at least {need} bytes for CUDA tensors, got None"
-            )),
+    };
+    let (base, device) = match workspace {
+        Some(w) => (w.desc.addr, w.desc.device),
+        None => (0, gating_output.device),
+    };
+    let at = |off: usize| {
+        if base == 0 {
+            0
+        } else {
+            base.saturating_add(off)
+        }
+    };
+    let shape = [m, topk as i64];
+    Ok((
+        tensor::Imported::view(TensorDesc::contiguous(
+            DType::F32,
+            &shape,
+            device,
+            at(weights_at),
         )),
+        tensor::Imported::view(TensorDesc::contiguous(
+            DType::I32,
+            &shape,
+            device,
+            at(ids_at),
+        )),
+    ))
+}
+
+/// The CUDA workspace's (address, bytes): at least `need` bytes (`sizing` says how a caller
+/// sizes it) on the problem's device, compact, writable, WS_ALIGN-aligned and overlapping
+/// none of `named` (the call's other tensors). None passes only where nothing needs it (M = 0).
+fn workspace_buffer(
+    workspace: Option<&tensor::Imported>,
+    p: &MoeProblem,
+    need: usize,
+    sizing: &str,
+    named: &[(&str, &TensorDesc)],
+) -> crate::error::Result<(usize, usize)> {
+    let device = p.device;
+    if p.m == 0 {
+        return Ok((0, 0)); // nothing is launched
     }
+    if need == usize::MAX {
+        return Err(WorkspaceLayout::overflow_error(
+            p.m,
+            p.topk,
+            p.n,
+            p.k,
+            p.local_experts,
+        ));
+    }
+    let Some(w) = workspace else {
+        if need == 0 {
+            return Ok((0, 0));
+        }
+        return Err(Error::Argument(format!(
+            "workspace: expected a CUDA buffer of at least {need} bytes for CUDA tensors ({sizing}), got None"
+        )));
+    };
+    let d = &w.desc;
+    if d.device != device {
+        return Err(Error::Device(format!(
+            "workspace: expected device {device} (the device of hidden_states), got {}",
+            d.device
+        )));
+    }
+    let Some(bytes) = d.contiguous_bytes() else {
+        return Err(Error::Shape(format!(
+            "workspace: expected a contiguous buffer (row-major, no broadcast or strided view), got shape {:?} with strides {:?}",
+            d.shape, d.strides
+        )));
+    };
+    if bytes < need {
+        return Err(Error::Shape(format!(
+            "workspace: expected at least {need} bytes ({sizing}), got {bytes}"
+        )));
+    }
+    if bytes == 0 {
+        return Ok((0, 0));
+    }
+    if d.read_only {
+        return Err(Error::Argument(
+            "workspace: expected a writable buffer, got one its producer exported read-only".into(),
+        ));
+    }
+    if d.addr % WS_ALIGN != 0 {
+        return Err(Error::Argument(format!(
+            "workspace: expected an address aligned to {WS_ALIGN} bytes (as torch and cupy allocate), got {:#x}",
+            d.addr
+        )));
+    }
+    let (w0, w1) = (d.addr, d.addr + bytes);
+    for (name, t) in named {
+        if let Some((t0, t1)) = t.byte_span() {
+            if w0 < t1 && t0 < w1 {
+                return Err(Error::Shape(format!(
+                    "workspace: expected memory that overlaps no other argument, got bytes [{w0:#x}, {w1:#x}) against {name}'s [{t0:#x}, {t1:#x})"
+                )));
+            }
+        }
+    }
+    Ok((d.addr, bytes))
 }
 
 /// The router's configuration from select_experts' arguments.
@@ -386,7 +512,9 @@ fn select_experts(
 /// Runs the whole layer from router logits: routes `gating_output` into `topk_weights`
 /// (fp32 [M, topk]) and `topk_ids` (int32), then the fused experts on them into `out`. On
 /// CUDA the oracle places the router: inside the experts' first kernel when that pays, else
-/// as its own kernel first. `workspace` as for `fused_experts`.
+/// as its own kernel first. `workspace` as for `fused_experts`; with `topk_weights` and
+/// `topk_ids` None (CUDA only) the router's outputs live in the workspace too, after the
+/// experts' sections (`workspace_bytes(..., routing=True)` sizes it).
 #[pyfunction]
 #[pyo3(signature = (hidden_states, w1, w2, gating_output, topk_weights, topk_ids, out, workspace, topk, renormalize=true, scoring="softmax", num_expert_group=None, topk_group=None, e_score_correction_bias=None, routed_scaling_factor=1.0, activation="silu", apply_router_weight_on_input=false, global_num_experts=-1, expert_map=None, stream=0, backend=None, use_fp8_w8a8=false, w1_scale=None, w2_scale=None, a1_scale=None, a2_scale=None, per_channel_quant=false, block_shape=None))]
 #[pyo3(
@@ -399,8 +527,8 @@ fn fused_moe(
     w1: &Bound<'_, PyAny>,
     w2: &Bound<'_, PyAny>,
     gating_output: &Bound<'_, PyAny>,
-    topk_weights: &Bound<'_, PyAny>,
-    topk_ids: &Bound<'_, PyAny>,
+    topk_weights: Option<&Bound<'_, PyAny>>,
+    topk_ids: Option<&Bound<'_, PyAny>>,
     out: &Bound<'_, PyAny>,
     workspace: Option<&Bound<'_, PyAny>>,
     topk: i64,
@@ -435,7 +563,42 @@ fn fused_moe(
     .py_err(py)?;
     let activation = Activation::parse(activation).py_err(py)?;
     let forced = oracle::forced_backend(backend).py_err(py)?;
-    let mut inputs = MoeInputs::import(hidden_states, w1, w2, topk_weights, topk_ids, expert_map)?;
+    let ws = workspace
+        .map(|w| tensor::import("workspace", w))
+        .transpose()?;
+    let g = tensor::import("gating_output", gating_output)?;
+    let (weights, ids, in_workspace) = match (topk_weights, topk_ids) {
+        (Some(w), Some(i)) => (
+            tensor::import("topk_weights", w)?,
+            tensor::import("topk_ids", i)?,
+            false,
+        ),
+        (None, None) => {
+            // placeholders at the workspace's start until the experts' layout, which needs
+            // the problem, places them after its sections (below)
+            let (w, i) = routing_views(&g.desc, cfg.topk, ws.as_ref(), 0, 0).py_err(py)?;
+            (w, i, true)
+        }
+        _ => {
+            return Err(to_pyerr(
+                py,
+                Error::Argument(
+                    "topk_weights, topk_ids: expected both tensors or both None (the router's outputs in the workspace), got one of them".into(),
+                ),
+            ))
+        }
+    };
+    let mut inputs = MoeInputs {
+        hidden_states: tensor::import("hidden_states", hidden_states)?,
+        w1: tensor::import("w1", w1)?,
+        w2: tensor::import("w2", w2)?,
+        topk_weights: weights,
+        topk_ids: ids,
+        expert_map: expert_map
+            .map(|m| tensor::import("expert_map", m))
+            .transpose()?,
+        quant: QuantInputs::default(),
+    };
     inputs.quant = QuantInputs::import(
         use_fp8_w8a8,
         per_channel_quant,
@@ -445,7 +608,6 @@ fn fused_moe(
         a1_scale,
         a2_scale,
     )?;
-    let g = tensor::import("gating_output", gating_output)?;
     if g.desc.device != inputs.hidden_states.desc.device {
         return Err(to_pyerr(
             py,
@@ -459,6 +621,30 @@ fn fused_moe(
         .map(|b| tensor::import("e_score_correction_bias", b))
         .transpose()?;
     let t_out = tensor::import("out", out)?;
+    if in_workspace {
+        if inputs.hidden_states.desc.device == Device::Cpu {
+            return Err(to_pyerr(
+                py,
+                Error::Argument(
+                    "topk_weights, topk_ids: expected tensors for CPU inputs (only a CUDA call keeps the router's outputs in its workspace), got None".into(),
+                ),
+            ));
+        }
+        // The experts' layout from a problem over the placeholders, then the real places.
+        let probe = inputs
+            .problem(
+                &t_out.desc,
+                activation,
+                apply_router_weight_on_input,
+                global_num_experts,
+            )
+            .py_err(py)?;
+        let tail = WorkspaceLayout::for_problem(&probe).routing_tail(probe.m, probe.topk);
+        let (w, i) =
+            routing_views(&g.desc, cfg.topk, ws.as_ref(), tail.weights, tail.ids).py_err(py)?;
+        inputs.topk_weights = w;
+        inputs.topk_ids = i;
+    }
     let m_hidden = match inputs.hidden_states.desc.shape.as_slice() {
         [m, _] => Some((*m, "hidden_states.shape[0]")),
         _ => None,
@@ -510,7 +696,32 @@ fn fused_moe(
                 oracle::RouterRequest::from_env().py_err(py)?,
             );
             log_note(py, plan.log.take());
-            let (ws_addr, ws_bytes) = workspace_buffer(py, &problem, workspace)?;
+            let layout = WorkspaceLayout::for_problem(&problem);
+            let (need, sizing) = if in_workspace {
+                let tail = layout.routing_tail(problem.m, problem.topk);
+                (tail.total, "swapmoe.fused_moe_workspace_bytes(hidden_states, w1, topk, quant): the experts' sections, then the router's outputs")
+            } else {
+                (
+                    layout.total,
+                    "swapmoe.workspace_bytes(hidden_states, w1, topk_ids, quant)",
+                )
+            };
+            // (the router's outputs, when they live in the workspace, are not other arguments)
+            let mut named: Vec<_> = inputs
+                .named()
+                .into_iter()
+                .filter(|(name, _)| !(in_workspace && name.starts_with("topk_")))
+                .collect();
+            named.push(("out", &t_out.desc));
+            named.push(("gating_output", &g.desc));
+            if let Some(b) = &bias {
+                named.push(("e_score_correction_bias", &b.desc));
+            }
+            let (ws_addr, mut ws_bytes) =
+                workspace_buffer(ws.as_ref(), &problem, need, sizing, &named).py_err(py)?;
+            if in_workspace {
+                ws_bytes = ws_bytes.min(layout.total); // the experts stop at the router's outputs
+            }
             // without the GIL, as fused_experts' launches
             py.detach(|| {
                 cuda::launch::fused_moe(&router, &problem, &plan, ws_addr, ws_bytes, stream)
@@ -521,9 +732,11 @@ fn fused_moe(
 }
 
 /// Bytes of CUDA workspace `fused_experts` needs for M tokens (M*topk slots); `quant`:
-/// None, "fp8_tensor", "fp8_channel" or "fp8_block128".
+/// None, "fp8_tensor", "fp8_channel" or "fp8_block128". `routing=True`: fused_moe's
+/// workspace when it also holds the router's outputs (the call gets no topk_weights /
+/// topk_ids tensors).
 #[pyfunction]
-#[pyo3(signature = (m, topk, n, k, num_experts, elem_size, quant=None))]
+#[pyo3(signature = (m, topk, n, k, num_experts, elem_size, quant=None, routing=false))]
 #[allow(clippy::too_many_arguments)]
 fn workspace_bytes(
     py: Python<'_>,
@@ -534,16 +747,21 @@ fn workspace_bytes(
     num_experts: usize,
     elem_size: usize,
     quant: Option<&str>,
+    routing: bool,
 ) -> PyResult<usize> {
     let q = parse_quant(quant).py_err(py)?;
     let layout = WorkspaceLayout::with_quant(m, topk, num_experts, n, k, elem_size, q);
-    if layout.overflows() {
+    let total = match routing {
+        true => layout.routing_tail(m, topk).total,
+        false => layout.total,
+    };
+    if total == usize::MAX {
         return Err(to_pyerr(
             py,
             WorkspaceLayout::overflow_error(m, topk, n, k, num_experts),
         ));
     }
-    Ok(layout.total)
+    Ok(total)
 }
 
 fn parse_quant(quant: Option<&str>) -> crate::error::Result<Option<QuantScheme>> {
@@ -1003,4 +1221,94 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_module_global, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::problem::FakeAddresses;
+
+    /// A CUDA problem on fake addresses (M = 3, topk = 2, E = 4, N = 32, K = 64) and its
+    /// tensors, named.
+    fn problem(addrs: &FakeAddresses) -> (MoeProblem, Vec<(&'static str, TensorDesc)>) {
+        let dev = Device::Cuda(0);
+        let t = |d, shape: &[i64]| addrs.tensor(d, shape, dev);
+        let named = vec![
+            ("hidden_states", t(DType::BF16, &[3, 64])),
+            ("w1", t(DType::BF16, &[4, 64, 64])),
+            ("w2", t(DType::BF16, &[4, 64, 32])),
+            ("topk_weights", t(DType::F32, &[3, 2])),
+            ("topk_ids", t(DType::I32, &[3, 2])),
+            ("out", t(DType::BF16, &[3, 64])),
+        ];
+        let p = MoeProblem::new(&MoeArgs {
+            hidden_states: &named[0].1,
+            w1: &named[1].1,
+            w2: &named[2].1,
+            topk_weights: &named[3].1,
+            topk_ids: &named[4].1,
+            out: &named[5].1,
+            expert_map: None,
+            activation: Activation::Silu,
+            apply_router_weight_on_input: false,
+            global_num_experts: -1,
+            quant: QuantArgs::default(),
+        })
+        .unwrap();
+        (p, named)
+    }
+
+    #[test]
+    fn a_callers_workspace_is_checked_before_any_launch() {
+        let addrs = FakeAddresses::default();
+        let (p, named) = problem(&addrs);
+        let named: Vec<(&str, &TensorDesc)> = named.iter().map(|(n, t)| (*n, t)).collect();
+        let need = WorkspaceLayout::for_problem(&p).total;
+        let ws = |desc: TensorDesc| tensor::Imported::view(desc);
+        let check = |w: Option<&tensor::Imported>| workspace_buffer(w, &p, need, "sizing", &named);
+        let good = addrs.tensor(DType::Other(1, 8), &[need as i64], Device::Cuda(0));
+        assert_eq!(check(Some(&ws(good.clone()))).unwrap(), (good.addr, need));
+        let message = |w: TensorDesc| {
+            let e = check(Some(&ws(w))).unwrap_err();
+            format!("{}: {e}", e.class_name())
+        };
+        let mut small = good.clone();
+        small.shape = vec![need as i64 - 1];
+        assert!(message(small).starts_with(&format!(
+            "ShapeError: workspace: expected at least {need} bytes (sizing), got {}",
+            need - 1
+        )));
+        let mut read_only = good.clone();
+        read_only.read_only = true;
+        assert!(
+            message(read_only).starts_with("ArgumentError: workspace: expected a writable buffer")
+        );
+        let mut misaligned = good.clone();
+        misaligned.addr += 16;
+        assert!(message(misaligned).contains("expected an address aligned to 256 bytes"));
+        let mut strided = good.clone();
+        strided.strides = vec![2];
+        assert!(message(strided).starts_with("ShapeError: workspace: expected a contiguous buffer"));
+        let mut host = good.clone();
+        host.device = Device::Cpu;
+        assert!(message(host).starts_with("DeviceError: workspace: expected device"));
+        for (name, t) in &named {
+            let mut over = good.clone();
+            over.addr = t.addr / WS_ALIGN * WS_ALIGN; // starts at or just before the tensor
+            let m = message(over);
+            assert!(
+                m.contains("overlaps no other argument")
+                    && m.contains(&format!("against {name}'s")),
+                "{m}"
+            );
+        }
+        let m = check(None).unwrap_err().to_string();
+        assert!(m.contains(&format!("expected a CUDA buffer of at least {need} bytes for CUDA tensors (sizing), got None")), "{m}");
+        assert_eq!(
+            workspace_buffer(None, &p, usize::MAX, "sizing", &named)
+                .unwrap_err()
+                .class_name(),
+            "OutOfMemoryError"
+        );
+    }
 }

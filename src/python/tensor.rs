@@ -39,8 +39,18 @@ unsafe impl DlpackStream for ConsumerStream {
 }
 
 pub struct Imported {
-    _owner: ImportedDlpack,
+    /// The DLPack import that keeps the memory alive; None for a view into a buffer that
+    /// another `Imported` of the same call keeps alive (`Imported::view`).
+    _owner: Option<ImportedDlpack>,
     pub desc: TensorDesc,
+}
+
+impl Imported {
+    /// A tensor carved out of memory another import of the same call owns (the router's
+    /// outputs inside a caller's workspace). The caller keeps that import alive as long.
+    pub fn view(desc: TensorDesc) -> Self {
+        Imported { _owner: None, desc }
+    }
 }
 
 fn dtype_of(code: DLDataTypeCode, bits: u8, lanes: u16) -> DType {
@@ -127,7 +137,7 @@ pub fn import(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<Imported> {
         }
     };
     Ok(Imported {
-        _owner: imported,
+        _owner: Some(imported),
         desc,
     })
 }
