@@ -226,28 +226,33 @@ def test_fused_moe_runs_on_cupy_current_stream(rng):
     check_close(out.get(), ref, "float16", what="fused_moe side stream")
 
 
+@pytest.mark.parametrize("stream_given", [False, True], ids=["current_stream", "stream_arg"])
 @pytest.mark.parametrize("op", ["fused_experts", "fused_moe"])
-def test_cupy_graph_capture_is_refused(op, rng):
-    """Capturing a CuPy call in a CUDA graph raises ArgumentError before anything is queued
-    (the call's CuPy workspace would return to CuPy's pool while replays still use it), and the
-    capture itself stays valid. select_experts is allowed: its outputs are the caller's arrays."""
+def test_cupy_graph_capture_without_a_workspace_is_refused(op, stream_given, rng):
+    """Capturing a CuPy call without ``workspace=`` in a CUDA graph (on CuPy's current stream,
+    or on the capturing stream given as ``stream=``) raises ArgumentError naming it before
+    anything is queued (a workspace from CuPy's pool would return to the pool while replays
+    still use it), and the capture itself stays valid. select_experts is allowed: its outputs
+    are the caller's arrays."""
     r = BY_NAME["qwen3"]
     prob = moe_problem(rng, r, 4, ep=False)
     dev = to_cupy(moe_inputs(prob, "numpy", "float16"))
     out = cupy.empty_like(dev["x"])
+    side = cupy.cuda.Stream(non_blocking=True)
+    kw = dict(stream=side) if stream_given else {}
     if op == "fused_experts":
         w, ids = route(r, dev["logits"])
-        run = lambda: swapmoe.fused_experts(dev["x"], dev["w1"], dev["w2"], w, ids, out=out)  # noqa: E731
+        run = lambda: swapmoe.fused_experts(dev["x"], dev["w1"], dev["w2"], w, ids, out=out, **kw)  # noqa: E731
     else:
-        run = lambda: moe_call(r, dev, out=out)  # noqa: E731
-    side = cupy.cuda.Stream(non_blocking=True)
+        run = lambda: moe_call(r, dev, out=out, **kw)  # noqa: E731
     _warm_up(side, run)
     out.fill(np.nan)
     cupy.cuda.Device().synchronize()
     with side:
         side.begin_capture()
         try:
-            with pytest.raises(swapmoe.ArgumentError, match="stream: expected CuPy's current stream not to be capturing"):
+            with pytest.raises(swapmoe.ArgumentError, match="workspace: expected the caller's own workspace .* for a "
+                               "call on a CuPy stream that is capturing a CUDA graph"):
                 run()
         finally:
             graph = side.end_capture()
@@ -265,6 +270,53 @@ def test_cupy_graph_capture_is_refused(op, rng):
     graph.launch(side)
     side.synchronize()
     check_routing(r, (w.get(), ids.get()), route_ref(r, dev["logits"].get()), what="select_experts replayed")
+
+
+@pytest.mark.parametrize("op", ["fused_experts", "fused_moe"])
+def test_cupy_graph_capture_with_the_callers_workspace_replays_on_new_inputs(op, rng):
+    """With a workspace of its own (``workspace_bytes``, or ``fused_moe_workspace_bytes``,
+    which also holds the router's outputs) a CuPy call captures on a capturing stream given
+    as ``stream=``; each replay, after new hidden states (and logits) are written in place,
+    matches the float64 reference on those inputs. Nothing of the call lives in CuPy's pool
+    but the arrays the test holds."""
+    r = BY_NAME["qwen3"]
+    M = 5
+    dev = to_cupy(moe_inputs(moe_problem(rng, r, M, ep=False), "numpy", "float16", "float32"))
+    out = cupy.empty_like(dev["x"])
+    if op == "fused_experts":
+        w, ids = route(r, dev["logits"])
+        ws = cupy.empty(swapmoe.workspace_bytes(dev["x"], dev["w1"], ids), dtype=cupy.uint8)
+        run = lambda s: swapmoe.fused_experts(dev["x"], dev["w1"], dev["w2"], w, ids, out=out,  # noqa: E731
+                                              workspace=ws, stream=s)
+    else:
+        ws = cupy.empty(swapmoe.fused_moe_workspace_bytes(dev["x"], dev["w1"], r.topk), dtype=cupy.uint8)
+        run = lambda s: moe_call(r, dev, out=out, workspace=ws, stream=s)  # noqa: E731
+    side = cupy.cuda.Stream(non_blocking=True)
+    _warm_up(side, lambda: run(side))
+    side.begin_capture()
+    try:
+        got = run(side)
+    finally:
+        graph = side.end_capture()
+    assert got is out
+    for replay in range(2):
+        host = moe_inputs(moe_problem(rng, r, M, ep=False), "numpy", "float16", "float32")
+        dev["x"][...] = cupy.asarray(host["x"])
+        if op == "fused_moe":
+            dev["logits"][...] = cupy.asarray(host["logits"])
+        host["w1"], host["w2"] = dev["w1"].get(), dev["w2"].get()
+        out.fill(np.nan)
+        ws.fill(0xFF)  # what the last replay left is not trusted
+        cupy.cuda.Device().synchronize()
+        graph.launch(side)
+        side.synchronize()
+        if op == "fused_experts":
+            hx = dict(x=host["x"], w1=host["w1"], w2=host["w2"], tw=w.get(), ids=ids.get(), expert_map=None)
+            ref = reference(hx, Case(M, r.E, r.topk, host["w1"].shape[1] // 2, host["x"].shape[1]))
+        else:
+            host["logits"] = dev["logits"].get()
+            ref = moe_ref(r, host)
+        check_close(out.get(), ref, "float16", what=f"{op} replay {replay}")
 
 
 # --------------------------------------------------------------------------- routers

@@ -8,7 +8,7 @@ path. Importing swapmoe needs no GPU and no CUDA toolkit.
 import os as _os
 
 from . import _core
-from ._api import fused_experts, fused_moe, select_experts, workspace_bytes
+from ._api import fused_experts, fused_moe, fused_moe_workspace_bytes, select_experts, workspace_bytes
 from .errors import ArgumentError, CudaError, DeviceError, DTypeError, Error, OutOfMemoryError, ShapeError
 from .oracle import Plan, select_backend
 
@@ -42,6 +42,7 @@ __all__ = [
     "select_backend",
     "Plan",
     "workspace_bytes",
+    "fused_moe_workspace_bytes",
     "build_info",
     "warmup",
     "Error",

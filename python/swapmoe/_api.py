@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import operator
 import sys
+import warnings
 from typing import Any, List, Optional, Tuple
 
 from . import _core
@@ -24,21 +25,86 @@ def _shape(x: Any) -> Optional[tuple]:
         return None
 
 
-def workspace_bytes(hidden_states: Any, w1: Any, topk_ids: Any, quant: Optional[str] = None) -> int:
-    """Bytes of CUDA workspace one call needs, from the shapes of its inputs (0 when the
-    shapes are not those of a valid call: the op itself then raises a precise error).
-    ``quant``: None, ``"fp8_tensor"``, ``"fp8_channel"`` or ``"fp8_block128"``.
-    :class:`OutOfMemoryError` where the size passes 2^64 bytes."""
-    h, w, ids = _shape(hidden_states), _shape(w1), _shape(topk_ids)
-    if not h or not w or not ids or len(h) != 2 or len(w) != 3 or len(ids) != 2:
+def _workspace_size(hidden_states: Any, w1: Any, m: int, topk: int, quant: Optional[str], routing: bool) -> int:
+    h, w = _shape(hidden_states), _shape(w1)
+    if not h or not w or len(h) != 2 or len(w) != 3:
         return 0
-    if w[0] < 1 or w[1] % 2 or w[2] != h[1] or ids[0] != h[0] or min(h + w + ids) < 0:
+    if w[0] < 1 or w[1] % 2 or w[2] != h[1] or m != h[0] or min(h + w + (topk,)) < 0:
         return 0
     itemsize = getattr(getattr(hidden_states, "dtype", None), "itemsize", 0) or 2
     try:
-        return _core.workspace_bytes(h[0], ids[1], w[1] // 2, h[1], w[0], itemsize, quant)
+        return _core.workspace_bytes(h[0], topk, w[1] // 2, h[1], w[0], itemsize, quant, routing)
     except CONVERSION_ERRORS as e:
         raise_named(e, dict(quant=quant))
+
+
+def workspace_bytes(hidden_states: Any, w1: Any, topk_ids: Any, quant: Optional[str] = None) -> int:
+    """Bytes of CUDA workspace one :func:`fused_experts` call needs (its ``workspace=``),
+    from the shapes of its inputs (0 when the shapes are not those of a valid call: the op
+    itself then raises a precise error). ``quant``: None, ``"fp8_tensor"``, ``"fp8_channel"``
+    or ``"fp8_block128"``, the call's scheme. :class:`OutOfMemoryError` where the size passes
+    2^64 bytes."""
+    ids = _shape(topk_ids)
+    if not ids or len(ids) != 2:
+        return 0
+    return _workspace_size(hidden_states, w1, ids[0], ids[1], quant, False)
+
+
+def fused_moe_workspace_bytes(hidden_states: Any, w1: Any, topk: int, quant: Optional[str] = None) -> int:
+    """Bytes of CUDA workspace one :func:`fused_moe` call with ``workspace=`` needs: the
+    experts' sections, then the router's weights and ids (``[M, topk]`` each), which such a
+    call keeps in its workspace. Otherwise as :func:`workspace_bytes`."""
+    try:
+        topk = operator.index(topk)
+    except TypeError:
+        raise ArgumentError(f"topk: expected an integer, got {shown(topk)}") from None
+    h = _shape(hidden_states)
+    return _workspace_size(hidden_states, w1, h[0] if h else -1, topk, quant, True)
+
+
+_DL_CPU = 1  # DLPack's device type of host memory (dlpack.h: kDLCPU)
+
+
+def _on_host(tensor: Any) -> bool:
+    """Whether a DLPack tensor lives in host memory, where the CPU path runs it. A producer
+    without a working ``__dlpack_device__`` counts as host: the core's import then names the
+    device it finds."""
+    device = getattr(tensor, "__dlpack_device__", None)
+    if device is None:
+        return True
+    try:
+        return int(device()[0]) == _DL_CPU
+    except Exception:  # noqa: BLE001: a broken producer; the core's import reports it
+        return True
+
+
+def _stream_address(stream: Any) -> int:
+    """A CUstream address from ``stream``: an int (0: the legacy default stream), or a stream
+    object with ``cuda_stream`` (torch) or ``ptr`` (CuPy)."""
+    value = stream
+    for attr in ("cuda_stream", "ptr"):
+        if hasattr(stream, attr):
+            value = getattr(stream, attr)
+            break
+    if type(value) is bool:
+        value = None
+    try:
+        address = operator.index(value)
+    except TypeError:
+        address = -1
+    if not 0 <= address < 2**64:
+        raise ArgumentError(
+            "stream: expected a CUstream address (an int >= 0, 0 for the legacy default stream) or a "
+            f"stream object with .cuda_stream (torch) or .ptr (CuPy), got {shown(stream)}"
+        )
+    return address
+
+
+def _no_caller_buffers(library: str, why: str, workspace: Any, stream: Any) -> None:
+    """:class:`ArgumentError` for ``workspace`` / ``stream`` given where the call takes neither."""
+    for name, value in (("workspace", workspace), ("stream", stream)):
+        if value is not None:
+            raise ArgumentError(f"{name}: expected None for {library} ({why}), got {shown(value)}")
 
 
 def fused_experts(
@@ -62,6 +128,8 @@ def fused_experts(
     a2_scale: Any = None,
     per_channel_quant: bool = False,
     block_shape: Optional[List[int]] = None,
+    workspace: Any = None,
+    stream: Any = None,
 ) -> Any:
     """Fused MoE experts with vLLM's semantics; returns ``out`` ([M, K]).
 
@@ -102,24 +170,25 @@ def fused_experts(
       every absmax: it reaches exactly the output rows of its token. CUDA needs sm_89+.
 
     torch tensors go through ``torch.ops.swapmoe`` under ``torch.compile``; CUDA tensors
-    launch on ``torch.cuda.current_stream()``. numpy arrays run the CPU path. CuPy arrays
-    launch on CuPy's current stream of their device, with the output and workspace from CuPy's
-    pool; a CuPy stream that is capturing a CUDA graph raises :class:`ArgumentError` (the
-    workspace would return to the pool while replays still use it).
+    launch on ``torch.cuda.current_stream()`` with the workspace from torch's caching
+    allocator (``workspace`` and ``stream`` must be None). numpy arrays run the CPU path.
+
+    CUDA tensors of other libraries (CuPy, or any DLPack producer) may bring their own:
+
+    - workspace: a contiguous, writable buffer on the inputs' device, 256-byte aligned, of at
+      least :func:`workspace_bytes` bytes, overlapping no other argument. The call allocates
+      none and the caller owns it: keep it alive as long as a CUDA graph that captured the
+      call, and do not share it between calls that may run at once. CuPy arrays without one
+      take theirs from CuPy's pool, and then a CuPy stream that is capturing a CUDA graph
+      raises :class:`ArgumentError` (the pool would take it back while replays still use it).
+      Other producers need one (and ``out``).
+    - stream: where to launch, a CUstream address (int) or a stream object with
+      ``cuda_stream`` or ``ptr``; default CuPy's current stream of the inputs' device for CuPy,
+      the legacy default stream (0) for other producers. The inputs must be ready on it.
     """
     if not isinstance(activation, str):
         raise ArgumentError(f"activation: expected one of 'silu', 'gelu', got {shown(activation)}")
-    run = _fused_experts_dlpack
-    if _is_torch(hidden_states):
-        from . import ops
-
-        run = ops.fused_experts_torch
-    return run(
-        hidden_states,
-        w1,
-        w2,
-        topk_weights,
-        topk_ids,
+    kw = dict(
         activation=activation,
         apply_router_weight_on_input=apply_router_weight_on_input,
         global_num_experts=global_num_experts,
@@ -135,6 +204,17 @@ def fused_experts(
         per_channel_quant=per_channel_quant,
         block_shape=block_shape,
     )
+    if _is_torch(hidden_states):
+        from . import ops
+
+        _no_caller_buffers("torch tensors", _TORCH_BUFFERS, workspace, stream)
+        return ops.fused_experts_torch(hidden_states, w1, w2, topk_weights, topk_ids, **kw)
+    return _fused_experts_dlpack(hidden_states, w1, w2, topk_weights, topk_ids, workspace=workspace,
+                                 stream=stream, **kw)
+
+
+_TORCH_BUFFERS = "the op takes its workspace from torch's caching allocator and launches on torch's current stream"
+_HOST_BUFFERS = "the CPU path needs no workspace and no stream"
 
 
 def _require_dlpack(tensor: Any, name: str) -> None:
@@ -145,45 +225,66 @@ def _require_dlpack(tensor: Any, name: str) -> None:
         )
 
 
-def _cupy_launch_stream(cupy: Any) -> int:
-    """CuPy's current stream (of the current device) as a raw pointer, for a call that
-    allocates its workspace from CuPy's pool. A stream capturing a CUDA graph is refused: the
-    workspace goes back to the pool when the call returns, while every replay would still use
-    it. (torch's graphs keep it: their private pool lives as long as the graph.)"""
-    stream = cupy.cuda.get_current_stream()
-    if stream.is_capturing():
+def _cupy_stream(cupy: Any, stream: Any, pool_workspace: bool) -> int:
+    """The stream a CuPy call launches on: ``stream``, or CuPy's current stream of the current
+    device. A call whose workspace comes from CuPy's pool (``pool_workspace``) refuses a
+    stream that is capturing a CUDA graph: the workspace goes back to the pool when the call
+    returns, while every replay would still use it. (torch's graphs keep theirs: their
+    private pool lives as long as the graph; a caller's own workspace lives as long as the
+    caller keeps it.)"""
+    if stream is None:
+        s = cupy.cuda.get_current_stream()
+    else:
+        address = _stream_address(stream)
+        if not pool_workspace:
+            return address
+        with warnings.catch_warnings():
+            # CuPy 14 deprecates ExternalStream for objects with __cuda_stream__; a bare
+            # address has no other wrapper, and this one only asks whether it captures
+            warnings.simplefilter("ignore", DeprecationWarning)
+            s = cupy.cuda.ExternalStream(address)
+    if pool_workspace and s.ptr and s.is_capturing():
         raise ArgumentError(
-            "stream: expected CuPy's current stream not to be capturing a CUDA graph (the call's "
-            "CuPy workspace returns to CuPy's pool when the call returns, while a replay would still "
-            "use it; capture with torch tensors instead), got a stream that is capturing"
+            "workspace: expected the caller's own workspace (swapmoe.workspace_bytes(...) bytes, or "
+            "swapmoe.fused_moe_workspace_bytes for fused_moe) for a call on a CuPy stream that is capturing a "
+            "CUDA graph (a workspace from CuPy's pool returns to the pool when the call returns, while a replay "
+            "would still use it), got None"
         )
-    return stream.ptr
+    return s.ptr
 
 
-def _fused_experts_dlpack(hidden_states, w1, w2, topk_weights, topk_ids, *, out, **kw):
+def _fused_experts_dlpack(hidden_states, w1, w2, topk_weights, topk_ids, *, out, workspace, stream, **kw):
     _require_dlpack(hidden_states, "hidden_states")
     module = type(hidden_states).__module__.split(".")[0]
-    workspace = None
-    stream = 0
     if module == "cupy":
         import cupy  # type: ignore[import-not-found]
 
         quant = quant_name(kw.get("use_fp8_w8a8", False), kw.get("per_channel_quant", False), kw.get("block_shape"))
         with hidden_states.device:  # the inputs' GPU, whichever is CuPy's current one
-            stream = _cupy_launch_stream(cupy)
+            stream = _cupy_stream(cupy, stream, workspace is None)
             if out is None:
                 out = cupy.empty(hidden_states.shape, dtype=hidden_states.dtype)
-            workspace = cupy.empty(workspace_bytes(hidden_states, w1, topk_ids, quant), dtype=cupy.uint8)
-    elif out is None:
-        if module != "numpy":
+            if workspace is None:
+                workspace = cupy.empty(workspace_bytes(hidden_states, w1, topk_ids, quant), dtype=cupy.uint8)
+    elif module == "numpy" or _on_host(hidden_states):
+        _no_caller_buffers(f"{type(hidden_states).__name__} inputs in host memory", _HOST_BUFFERS, workspace, stream)
+        stream = 0
+        if out is None:
+            if module != "numpy":
+                raise ArgumentError(
+                    f"out: expected an output tensor for inputs of type {type(hidden_states).__name__} "
+                    "(swapmoe allocates only for torch, numpy and cupy), got None"
+                )
+            import numpy as np
+
+            out = np.empty(_shape(hidden_states) or (), dtype=hidden_states.dtype)
+    else:  # another library's CUDA tensors: its output, workspace and stream are the caller's
+        stream = 0 if stream is None else _stream_address(stream)
+        if out is None:
             raise ArgumentError(
                 f"out: expected an output tensor for inputs of type {type(hidden_states).__name__} "
                 "(swapmoe allocates only for torch, numpy and cupy), got None"
             )
-        import numpy as np
-
-        shape = _shape(hidden_states) or ()
-        out = np.empty(shape, dtype=hidden_states.dtype)
     try:
         _core.fused_experts(
             hidden_states, w1, w2, topk_weights, topk_ids, out, workspace=workspace, stream=stream, **kw
@@ -288,6 +389,8 @@ def fused_moe(
     a2_scale: Any = None,
     per_channel_quant: bool = False,
     block_shape: Optional[List[int]] = None,
+    workspace: Any = None,
+    stream: Any = None,
 ) -> Any:
     """The whole MoE layer from router logits: :func:`select_experts` then
     :func:`fused_experts`, with the same results, on the GPU for CUDA tensors with no host
@@ -303,8 +406,12 @@ def fused_moe(
 
     The library of ``hidden_states`` allocates the output and the routing buffers; the other
     tensors may come from any DLPack library on the same device (torch ``hidden_states`` with
-    numpy or cupy logits: the logits are viewed through ``torch.from_dlpack``, no copy)."""
-    shape = _shape(hidden_states)
+    numpy or cupy logits: the logits are viewed through ``torch.from_dlpack``, no copy).
+
+    ``workspace`` and ``stream`` as for :func:`fused_experts` (CUDA tensors of libraries other
+    than torch), except that a caller's workspace also holds the router's weights and ids:
+    size it with :func:`fused_moe_workspace_bytes`. With one, the call allocates nothing but
+    ``out`` (where none is given), so a CuPy stream may capture it in a CUDA graph."""
     g_shape, w_shape, m_shape = _shape(gating_output), _shape(w1), _shape(expert_map)
     try:
         global_num_experts = operator.index(global_num_experts)
@@ -349,11 +456,13 @@ def fused_moe(
     if _is_torch(hidden_states):
         from . import ops
 
+        _no_caller_buffers("torch tensors", _TORCH_BUFFERS, workspace, stream)
         if not _is_torch(gating_output):
             gating_output = _torch_view(gating_output, "gating_output")
 
         return ops.fused_moe_torch(hidden_states, w1, w2, gating_output, topk, out=out, **kw)
-    return _fused_moe_dlpack(hidden_states, w1, w2, gating_output, topk, out=out, **kw)
+    return _fused_moe_dlpack(hidden_states, w1, w2, gating_output, topk, out=out, workspace=workspace,
+                             stream=stream, **kw)
 
 
 def _torch_view(tensor: Any, name: str) -> Any:
@@ -373,24 +482,26 @@ def _torch_view(tensor: Any, name: str) -> Any:
         ) from None
 
 
-def _fused_moe_dlpack(hidden_states, w1, w2, gating_output, topk, *, out, **kw):
+def _fused_moe_dlpack(hidden_states, w1, w2, gating_output, topk, *, out, workspace, stream, **kw):
     _require_dlpack(hidden_states, "hidden_states")
     _require_dlpack(gating_output, "gating_output")
     module = type(hidden_states).__module__.split(".")[0]
     m, k = routing_shape(_shape(gating_output) or (), topk)
-    workspace = None
-    stream = 0
+    weights = ids = None  # None: the router's outputs live in the caller's workspace
     if module == "cupy":
         import cupy  # type: ignore[import-not-found]
 
         quant = quant_name(kw["use_fp8_w8a8"], kw["per_channel_quant"], kw["block_shape"])
         with hidden_states.device:
-            stream = _cupy_launch_stream(cupy)
+            stream = _cupy_stream(cupy, stream, workspace is None)
             if out is None:
                 out = cupy.empty(hidden_states.shape, dtype=hidden_states.dtype)
-            weights, ids = cupy.empty((m, k), cupy.float32), cupy.empty((m, k), cupy.int32)
-            workspace = cupy.empty(workspace_bytes(hidden_states, w1, ids, quant), dtype=cupy.uint8)
-    else:
+            if workspace is None:
+                weights, ids = cupy.empty((m, k), cupy.float32), cupy.empty((m, k), cupy.int32)
+                workspace = cupy.empty(workspace_bytes(hidden_states, w1, ids, quant), dtype=cupy.uint8)
+    elif module == "numpy" or _on_host(hidden_states):
+        _no_caller_buffers(f"{type(hidden_states).__name__} inputs in host memory", _HOST_BUFFERS, workspace, stream)
+        stream = 0
         if out is None and module != "numpy":
             raise ArgumentError(
                 f"out: expected an output tensor for inputs of type {type(hidden_states).__name__} "
@@ -401,6 +512,13 @@ def _fused_moe_dlpack(hidden_states, w1, w2, gating_output, topk, *, out, **kw):
         if out is None:
             out = np.empty(_shape(hidden_states) or (), dtype=hidden_states.dtype)
         weights, ids = np.empty((m, k), np.float32), np.empty((m, k), np.int32)
+    else:  # another library's CUDA tensors: its output, workspace and stream are the caller's
+        stream = 0 if stream is None else _stream_address(stream)
+        if out is None:
+            raise ArgumentError(
+                f"out: expected an output tensor for inputs of type {type(hidden_states).__name__} "
+                "(swapmoe allocates only for torch, numpy and cupy), got None"
+            )
     try:
         _core.fused_moe(
             hidden_states, w1, w2, gating_output, weights, ids, out, workspace, topk,

@@ -27,17 +27,18 @@ def fused_experts(
     per_channel_quant: bool = False,
     block_shape: Optional[list[int]] = None,
 ) -> None:
-    """Runs the op into ``out``. CUDA tensors need ``workspace`` (a CUDA buffer of at least
-    ``workspace_bytes(...)`` bytes) and launch on ``stream`` (a CUstream address; the
-    inputs must be ready on it)."""
+    """Runs the op into ``out``. CUDA tensors need ``workspace`` (a contiguous, writable,
+    256-byte aligned CUDA buffer of at least ``workspace_bytes(...)`` bytes that overlaps no
+    other argument) and launch on ``stream`` (a CUstream address; the inputs must be ready
+    on it)."""
 
 def fused_moe(
     hidden_states: Any,
     w1: Any,
     w2: Any,
     gating_output: Any,
-    topk_weights: Any,
-    topk_ids: Any,
+    topk_weights: Optional[Any],
+    topk_ids: Optional[Any],
     out: Any,
     workspace: Optional[Any],
     topk: int,
@@ -62,7 +63,9 @@ def fused_moe(
     block_shape: Optional[list[int]] = None,
 ) -> None:
     """Routes ``gating_output`` into ``topk_weights`` / ``topk_ids`` (fp32 / int32 [M, topk])
-    and runs the experts on them into ``out``; the oracle places the router on CUDA."""
+    and runs the experts on them into ``out``; the oracle places the router on CUDA. With both
+    None (CUDA only) the router's outputs live in ``workspace`` after the experts' sections
+    (``workspace_bytes(..., routing=True)`` bytes)."""
 
 def select_experts(
     gating_output: Any,
@@ -121,8 +124,17 @@ def _set_shipped_tables_dir(path: Optional[str]) -> None:
     """Sets the folder of the shipped tables (called by ``swapmoe/__init__.py``)."""
 
 def workspace_bytes(
-    m: int, topk: int, n: int, k: int, num_experts: int, elem_size: int, quant: Optional[str] = None
-) -> int: ...
+    m: int,
+    topk: int,
+    n: int,
+    k: int,
+    num_experts: int,
+    elem_size: int,
+    quant: Optional[str] = None,
+    routing: bool = False,
+) -> int:
+    """Bytes of CUDA workspace for M tokens; ``routing``: fused_moe's, with the router's
+    outputs in it too."""
 def describe_plan(
     hidden_states: Any,
     w1: Any,
