@@ -146,7 +146,7 @@ def test_foreign_fused_moe_keeps_the_router_outputs_in_the_workspace(r_name, M, 
     """fused_moe on another library's CUDA tensors: the router's weights and ids go into the
     caller's workspace (``fused_moe_workspace_bytes``, 0xFF), and the output has the torch
     call's bits, within tolerance of the float64 reference. The experts' size alone is
-    refused, naming the size that holds both."""
+    refused, naming the size that holds both, and a host workspace is refused as such."""
     r = BY_NAME[r_name]
     inp = moe_inputs(moe_problem(rng, r, M, ep), "torch", "bfloat16", "float32", device=DEV)
     want = moe_call(r, inp)
@@ -168,3 +168,6 @@ def test_foreign_fused_moe_keeps_the_router_outputs_in_the_workspace(r_name, M, 
     with pytest.raises(swapmoe.ShapeError,
                        match=rf"workspace: expected at least {need} bytes \(swapmoe\.fused_moe_workspace_bytes"):
         moe_call(r, f, out=Foreign(out), workspace=Foreign(junk(experts_only)))
+    host = torch.full((need,), 0xFF, dtype=torch.uint8)  # the router's outputs would land on the host
+    with pytest.raises(swapmoe.DeviceError, match=r"workspace: expected device"):
+        moe_call(r, f, out=Foreign(out), workspace=Foreign(host))

@@ -283,7 +283,8 @@ fn cuda_plan(
 /// fused_moe's router outputs as views into the caller's workspace: float32 weights at byte
 /// `weights_at`, int32 ids at `ids_at`, each [M, topk] with M from `gating_output` ([M, E]).
 /// Address 0 without a workspace (the call then fails on the missing workspace unless M = 0,
-/// where nothing is launched). The workspace's own checks come later (`workspace_buffer`).
+/// where nothing is launched). The workspace's own checks come later (`workspace_buffer`),
+/// before any launch.
 fn routing_views(
     gating_output: &TensorDesc,
     topk: usize,
@@ -300,10 +301,10 @@ fn routing_views(
             )))
         }
     };
-    let (base, device) = match workspace {
-        Some(w) => (w.desc.addr, w.desc.device),
-        None => (0, gating_output.device),
-    };
+    // on the logits' device whatever the workspace's: workspace_buffer names a workspace on
+    // another device (the problem would otherwise blame topk_weights)
+    let device = gating_output.device;
+    let base = workspace.map_or(0, |w| w.desc.addr);
     let at = |off: usize| {
         if base == 0 {
             0
