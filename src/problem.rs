@@ -1178,6 +1178,11 @@ impl WorkspaceLayout {
         }
     }
 
+    /// `overflow_error` for a problem's sizes.
+    pub fn problem_overflow_error(p: &MoeProblem) -> Error {
+        Self::overflow_error(p.m, p.topk, p.n, p.k, p.local_experts)
+    }
+
     pub fn for_problem(p: &MoeProblem) -> Self {
         Self::with_quant(
             p.m,

@@ -100,6 +100,14 @@ def _stream_address(stream: Any) -> int:
     return address
 
 
+def _no_out(hidden_states: Any) -> ArgumentError:
+    """The error for a call without ``out`` on tensors of a library swapmoe does not allocate for."""
+    return ArgumentError(
+        f"out: expected an output tensor for inputs of type {type(hidden_states).__name__} "
+        "(swapmoe allocates only for torch, numpy and cupy), got None"
+    )
+
+
 def _no_caller_buffers(library: str, why: str, workspace: Any, stream: Any) -> None:
     """:class:`ArgumentError` for ``workspace`` / ``stream`` given where the call takes neither."""
     for name, value in (("workspace", workspace), ("stream", stream)):
@@ -271,20 +279,14 @@ def _fused_experts_dlpack(hidden_states, w1, w2, topk_weights, topk_ids, *, out,
         stream = 0
         if out is None:
             if module != "numpy":
-                raise ArgumentError(
-                    f"out: expected an output tensor for inputs of type {type(hidden_states).__name__} "
-                    "(swapmoe allocates only for torch, numpy and cupy), got None"
-                )
+                raise _no_out(hidden_states)
             import numpy as np
 
             out = np.empty(_shape(hidden_states) or (), dtype=hidden_states.dtype)
     else:  # another library's CUDA tensors: its output, workspace and stream are the caller's
         stream = 0 if stream is None else _stream_address(stream)
         if out is None:
-            raise ArgumentError(
-                f"out: expected an output tensor for inputs of type {type(hidden_states).__name__} "
-                "(swapmoe allocates only for torch, numpy and cupy), got None"
-            )
+            raise _no_out(hidden_states)
     try:
         _core.fused_experts(
             hidden_states, w1, w2, topk_weights, topk_ids, out, workspace=workspace, stream=stream, **kw
@@ -503,10 +505,7 @@ def _fused_moe_dlpack(hidden_states, w1, w2, gating_output, topk, *, out, worksp
         _no_caller_buffers(f"{type(hidden_states).__name__} inputs in host memory", _HOST_BUFFERS, workspace, stream)
         stream = 0
         if out is None and module != "numpy":
-            raise ArgumentError(
-                f"out: expected an output tensor for inputs of type {type(hidden_states).__name__} "
-                "(swapmoe allocates only for torch, numpy and cupy), got None"
-            )
+            raise _no_out(hidden_states)
         import numpy as np
 
         if out is None:
@@ -515,10 +514,7 @@ def _fused_moe_dlpack(hidden_states, w1, w2, gating_output, topk, *, out, worksp
     else:  # another library's CUDA tensors: its output, workspace and stream are the caller's
         stream = 0 if stream is None else _stream_address(stream)
         if out is None:
-            raise ArgumentError(
-                f"out: expected an output tensor for inputs of type {type(hidden_states).__name__} "
-                "(swapmoe allocates only for torch, numpy and cupy), got None"
-            )
+            raise _no_out(hidden_states)
     try:
         _core.fused_moe(
             hidden_states, w1, w2, gating_output, weights, ids, out, workspace, topk,

@@ -307,13 +307,7 @@ fn experts(
     }
     let layout = WorkspaceLayout::for_problem(p);
     if layout.overflows() {
-        return Err(WorkspaceLayout::overflow_error(
-            p.m,
-            p.topk,
-            p.n,
-            p.k,
-            p.local_experts,
-        ));
+        return Err(WorkspaceLayout::problem_overflow_error(p));
     }
     if workspace_bytes < layout.total {
         return Err(Error::Shape(format!(

@@ -344,13 +344,7 @@ fn workspace_buffer(
         return Ok((0, 0)); // nothing is launched
     }
     if need == usize::MAX {
-        return Err(WorkspaceLayout::overflow_error(
-            p.m,
-            p.topk,
-            p.n,
-            p.k,
-            p.local_experts,
-        ));
+        return Err(WorkspaceLayout::problem_overflow_error(p));
     }
     let Some(w) = workspace else {
         if need == 0 {
