@@ -158,7 +158,8 @@ def fused_experts(
       (a host sync) and cannot be used during graph capture.
     - out: optional ``[M, K]`` output to write (may be ``hidden_states`` itself, but overlap
       no other input: :class:`ShapeError`).
-    - backend: force a backend (``"cuda_decode"``, ``"cuda_generic"``, ``"cpu"``) instead of
+    - backend: force a backend (``"cuda_decode"``, ``"cuda_wgmma_swap"``, ``"cuda_mma"``,
+      ``"cuda_wgmma"``, ``"cuda_bulk_decode"``, ``"cuda_generic"`` or ``"cpu"``) instead of
       the oracle's choice; ``$SWAPMOE_BACKEND`` does the same for every call. A backend that
       cannot run the call raises :class:`ArgumentError`.
     - FP8 W8A8 (vLLM's ``use_fp8_w8a8=True``): w1/w2 are float8_e4m3fn (numpy: uint8
