@@ -74,8 +74,8 @@ def _on_host(tensor: Any) -> bool:
         return True
     try:
         return int(device()[0]) == _DL_CPU
-    except Exception:  # noqa: BLE001: a broken producer; the core's import reports it
-        return True
+    except Exception:  # noqa: BLE001
+        return True  # a broken producer: the core's import reports it
 
 
 def _stream_address(stream: Any) -> int:
@@ -262,6 +262,25 @@ def _cupy_stream(cupy: Any, stream: Any, pool_workspace: bool) -> int:
     return s.ptr
 
 
+def _non_cupy_out_and_stream(hidden_states: Any, module: str, out: Any, workspace: Any, stream: Any):
+    """``(out, stream, on_host)`` for tensors that are not CuPy's. Host tensors run the CPU
+    path: no workspace and no stream, and numpy's output is allocated here. Another library's
+    CUDA tensors bring their output, workspace and stream (default the legacy stream, 0)."""
+    if module == "numpy" or _on_host(hidden_states):
+        _no_caller_buffers(f"{type(hidden_states).__name__} inputs in host memory", _HOST_BUFFERS, workspace, stream)
+        if out is None:
+            if module != "numpy":
+                raise _no_out(hidden_states)
+            import numpy as np
+
+            out = np.empty(_shape(hidden_states) or (), dtype=hidden_states.dtype)
+        return out, 0, True
+    stream = 0 if stream is None else _stream_address(stream)
+    if out is None:
+        raise _no_out(hidden_states)
+    return out, stream, False
+
+
 def _fused_experts_dlpack(hidden_states, w1, w2, topk_weights, topk_ids, *, out, workspace, stream, **kw):
     _require_dlpack(hidden_states, "hidden_states")
     module = type(hidden_states).__module__.split(".")[0]
@@ -275,19 +294,8 @@ def _fused_experts_dlpack(hidden_states, w1, w2, topk_weights, topk_ids, *, out,
                 out = cupy.empty(hidden_states.shape, dtype=hidden_states.dtype)
             if workspace is None:
                 workspace = cupy.empty(workspace_bytes(hidden_states, w1, topk_ids, quant), dtype=cupy.uint8)
-    elif module == "numpy" or _on_host(hidden_states):
-        _no_caller_buffers(f"{type(hidden_states).__name__} inputs in host memory", _HOST_BUFFERS, workspace, stream)
-        stream = 0
-        if out is None:
-            if module != "numpy":
-                raise _no_out(hidden_states)
-            import numpy as np
-
-            out = np.empty(_shape(hidden_states) or (), dtype=hidden_states.dtype)
-    else:  # another library's CUDA tensors: its output, workspace and stream are the caller's
-        stream = 0 if stream is None else _stream_address(stream)
-        if out is None:
-            raise _no_out(hidden_states)
+    else:
+        out, stream, _ = _non_cupy_out_and_stream(hidden_states, module, out, workspace, stream)
     try:
         _core.fused_experts(
             hidden_states, w1, w2, topk_weights, topk_ids, out, workspace=workspace, stream=stream, **kw
@@ -502,20 +510,12 @@ def _fused_moe_dlpack(hidden_states, w1, w2, gating_output, topk, *, out, worksp
             if workspace is None:
                 weights, ids = cupy.empty((m, k), cupy.float32), cupy.empty((m, k), cupy.int32)
                 workspace = cupy.empty(workspace_bytes(hidden_states, w1, ids, quant), dtype=cupy.uint8)
-    elif module == "numpy" or _on_host(hidden_states):
-        _no_caller_buffers(f"{type(hidden_states).__name__} inputs in host memory", _HOST_BUFFERS, workspace, stream)
-        stream = 0
-        if out is None and module != "numpy":
-            raise _no_out(hidden_states)
-        import numpy as np
+    else:
+        out, stream, on_host = _non_cupy_out_and_stream(hidden_states, module, out, workspace, stream)
+        if on_host:
+            import numpy as np
 
-        if out is None:
-            out = np.empty(_shape(hidden_states) or (), dtype=hidden_states.dtype)
-        weights, ids = np.empty((m, k), np.float32), np.empty((m, k), np.int32)
-    else:  # another library's CUDA tensors: its output, workspace and stream are the caller's
-        stream = 0 if stream is None else _stream_address(stream)
-        if out is None:
-            raise _no_out(hidden_states)
+            weights, ids = np.empty((m, k), np.float32), np.empty((m, k), np.int32)
     try:
         _core.fused_moe(
             hidden_states, w1, w2, gating_output, weights, ids, out, workspace, topk,

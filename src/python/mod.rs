@@ -105,15 +105,33 @@ impl MoeInputs {
         topk_ids: &Bound<'_, PyAny>,
         expert_map: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        Self::import_with(hidden_states, w1, w2, expert_map, || {
+            Ok((
+                tensor::import("topk_weights", topk_weights)?,
+                tensor::import("topk_ids", topk_ids)?,
+            ))
+        })
+    }
+
+    /// `import`, with the router's weights and ids from `routing` (imported, or views into a
+    /// workspace), in the same order: hidden_states, w1, w2, the routing, expert_map.
+    fn import_with(
+        hidden_states: &Bound<'_, PyAny>,
+        w1: &Bound<'_, PyAny>,
+        w2: &Bound<'_, PyAny>,
+        expert_map: Option<&Bound<'_, PyAny>>,
+        routing: impl FnOnce() -> PyResult<(tensor::Imported, tensor::Imported)>,
+    ) -> PyResult<Self> {
         let hidden_states = tensor::import("hidden_states", hidden_states)?;
         let w1 = tensor::import("w1", w1)?;
         let w2 = tensor::import("w2", w2)?;
+        let (topk_weights, topk_ids) = routing()?;
         Ok(MoeInputs {
             hidden_states,
             w1,
             w2,
-            topk_weights: tensor::import("topk_weights", topk_weights)?,
-            topk_ids: tensor::import("topk_ids", topk_ids)?,
+            topk_weights,
+            topk_ids,
             expert_map: expert_map
                 .map(|m| tensor::import("expert_map", m))
                 .transpose()?,
@@ -562,18 +580,9 @@ fn fused_moe(
         .map(|w| tensor::import("workspace", w))
         .transpose()?;
     let g = tensor::import("gating_output", gating_output)?;
-    let (weights, ids, in_workspace) = match (topk_weights, topk_ids) {
-        (Some(w), Some(i)) => (
-            tensor::import("topk_weights", w)?,
-            tensor::import("topk_ids", i)?,
-            false,
-        ),
-        (None, None) => {
-            // placeholders at the workspace's start until the experts' layout, which needs
-            // the problem, places them after its sections (below)
-            let (w, i) = routing_views(&g.desc, cfg.topk, ws.as_ref(), 0, 0).py_err(py)?;
-            (w, i, true)
-        }
+    let in_workspace = match (topk_weights, topk_ids) {
+        (Some(_), Some(_)) => false,
+        (None, None) => true,
         _ => {
             return Err(to_pyerr(
                 py,
@@ -583,17 +592,17 @@ fn fused_moe(
             ))
         }
     };
-    let mut inputs = MoeInputs {
-        hidden_states: tensor::import("hidden_states", hidden_states)?,
-        w1: tensor::import("w1", w1)?,
-        w2: tensor::import("w2", w2)?,
-        topk_weights: weights,
-        topk_ids: ids,
-        expert_map: expert_map
-            .map(|m| tensor::import("expert_map", m))
-            .transpose()?,
-        quant: QuantInputs::default(),
-    };
+    let mut inputs = MoeInputs::import_with(hidden_states, w1, w2, expert_map, || {
+        match (topk_weights, topk_ids) {
+            (Some(w), Some(i)) => Ok((
+                tensor::import("topk_weights", w)?,
+                tensor::import("topk_ids", i)?,
+            )),
+            // placeholders at the workspace's start until the experts' layout, which needs
+            // the problem, places them after its sections (below)
+            _ => routing_views(&g.desc, cfg.topk, ws.as_ref(), 0, 0).py_err(py),
+        }
+    })?;
     inputs.quant = QuantInputs::import(
         use_fp8_w8a8,
         per_channel_quant,
@@ -616,6 +625,16 @@ fn fused_moe(
         .map(|b| tensor::import("e_score_correction_bias", b))
         .transpose()?;
     let t_out = tensor::import("out", out)?;
+    let problem_of = |inputs: &MoeInputs| {
+        inputs
+            .problem(
+                &t_out.desc,
+                activation,
+                apply_router_weight_on_input,
+                global_num_experts,
+            )
+            .py_err(py)
+    };
     if in_workspace {
         if inputs.hidden_states.desc.device == Device::Cpu {
             return Err(to_pyerr(
@@ -626,14 +645,7 @@ fn fused_moe(
             ));
         }
         // The experts' layout from a problem over the placeholders, then the real places.
-        let probe = inputs
-            .problem(
-                &t_out.desc,
-                activation,
-                apply_router_weight_on_input,
-                global_num_experts,
-            )
-            .py_err(py)?;
+        let probe = problem_of(&inputs)?;
         let tail = WorkspaceLayout::for_problem(&probe).routing_tail(probe.m, probe.topk);
         let (w, i) =
             routing_views(&g.desc, cfg.topk, ws.as_ref(), tail.weights, tail.ids).py_err(py)?;
@@ -653,14 +665,7 @@ fn fused_moe(
         m_hidden,
     )
     .py_err(py)?;
-    let problem = inputs
-        .problem(
-            &t_out.desc,
-            activation,
-            apply_router_weight_on_input,
-            global_num_experts,
-        )
-        .py_err(py)?;
+    let problem = problem_of(&inputs)?;
     if router.experts != problem.global_experts {
         return Err(to_pyerr(
             py,
