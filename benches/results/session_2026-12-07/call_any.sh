@@ -9,8 +9,5 @@ if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
   exit
 fi
 source benches/call_common.sh
-export TIMEOUT_SIGNAL=KILL
-install_wheels main || exit 1
-gpu_pytest caller_workspace main 100 -m "gpu or not gpu" -n 8 tests/test_caller_workspace_gpu.py \
-  tests/test_caller_workspace.py tests/test_cupy_gpu.py
+OUT=$OUT bash benches/results/session_2026-12-07/call_cw_only.sh
 DEADLINE=$((${DEADLINE:-540} - $(el))) OUT=$OUT bash benches/results/session_2026-12-07/call_sh.sh
