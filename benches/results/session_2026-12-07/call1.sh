@@ -8,17 +8,13 @@
 # with the workspace checks) within $DEADLINE s.
 source benches/call_common.sh
 cat "$OUT/gpu.txt"
-export TIMEOUT_SIGNAL=KILL
-W=${WHEEL:-main}
-install_wheels $W || exit 1
+W=${WHEEL:-main}  # each step below installs dist/$W itself
 if grep -q H200 "$OUT/gpu.txt"; then
   WHEEL=$W DEADLINE=${H200_DEADLINE:-430} OUT=$OUT bash benches/results/h200_2026-12-06/call_min.sh
-  gpu_pytest caller_workspace $W 100 -m "gpu or not gpu" -n 8 tests/test_caller_workspace_gpu.py \
-    tests/test_caller_workspace.py tests/test_cupy_gpu.py
+  WHEEL=$W OUT=$OUT bash benches/results/session_2026-12-07/call_cw_only.sh
   pack 'pytest_*.log' "routing_$W.txt" 'sanitize_*.txt' 'bench/*'
 else
-  gpu_pytest caller_workspace $W 120 -m "gpu or not gpu" -n 8 tests/test_caller_workspace_gpu.py \
-    tests/test_caller_workspace.py tests/test_cupy_gpu.py
+  WHEEL=$W OUT=$OUT bash benches/results/session_2026-12-07/call_cw_only.sh
   STEPS="swap_splits serial" DEADLINE=$((${DEADLINE:-520} - $(el))) WHEEL=$W OUT=$OUT bash benches/results/session_2026-12-06c/call_suite.sh
   pack 'pytest_*.log'
 fi
