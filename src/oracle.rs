@@ -1484,12 +1484,13 @@ fn aligned(addr: usize, bytes: usize) -> bool {
     addr % bytes == 0
 }
 
-/// Environment variable that forces a backend for every call (`cpu` is implied by CPU
-/// tensors; `cuda_generic`, `cuda_decode` or `cuda_mma` for CUDA tensors).
+/// Environment variable that forces a backend for every call that passes no `backend=`
+/// (any name of `Backend::ALL`; the call raises where the forced backend cannot run it).
 pub const BACKEND_ENV: &str = "SWAPMOE_BACKEND";
 
 /// Environment variable that forces the token tile of the tensor-core kernels whenever the
-/// plan is `cuda_mma` (16, 64 or 128): `swapmoe tune` times each tile with it.
+/// plan is `cuda_mma` (16, 64 or 128) or `cuda_wgmma` (64 or 128): `swapmoe tune` times
+/// each tile with it.
 pub const MMA_TILE_ENV: &str = "SWAPMOE_MMA_TOKEN_TILE";
 
 /// The backend forced by the `backend=` argument, else by `$SWAPMOE_BACKEND`.
@@ -1508,6 +1509,16 @@ pub fn forced_backend(argument: Option<&str>) -> Result<Option<Backend>> {
                 "{source}: expected one of {names:?}, got {value:?}"
             )))
         }
+    }
+}
+
+/// Where a forced backend may have come from, for an error about it: the `backend` argument,
+/// and `$SWAPMOE_BACKEND` with its value where the environment sets it (the argument wins
+/// when both are given; the plan does not keep which one it was).
+fn forced_backend_source() -> String {
+    match std::env::var(BACKEND_ENV).ok().filter(|v| !v.is_empty()) {
+        Some(v) => format!("backend (the argument, else ${BACKEND_ENV}={v:?})"),
+        None => "backend".to_string(),
     }
 }
 
@@ -1545,7 +1556,8 @@ pub fn forced_first_kernel_pdl() -> Result<Option<bool>> {
 pub struct Request<'a> {
     /// A forced backend (`backend=` or `$SWAPMOE_BACKEND`): it must be able to run the call.
     pub backend: Option<Backend>,
-    /// A forced tensor-core token tile, applied when the plan is cuda_mma.
+    /// A forced tensor-core token tile, applied when the plan is cuda_mma or cuda_wgmma
+    /// (a tile cuda_wgmma is not built for is ignored, with a reason).
     pub mma_token_tile: Option<usize>,
     /// The table key's weight quantization; None: the problem's own (its FP8 scheme, if any).
     pub quant: Option<Quant>,
@@ -1645,7 +1657,8 @@ pub fn decide(p: &MoeProblem, caps: Option<&DeviceCaps>, req: &Request) -> Resul
     let backend = if let Some(want) = req.backend {
         if let Err(why) = c.eligible(want) {
             return Err(Error::Argument(format!(
-                "backend: {} cannot run {p}: {why}; the heuristic choice is {}",
+                "{}: {} cannot run {p}: {why}; the heuristic choice is {}",
+                forced_backend_source(),
                 want.name(),
                 plan(p, caps).backend.name()
             )));

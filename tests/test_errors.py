@@ -805,3 +805,28 @@ def test_cupy_and_torch_name_the_same_quant():
             for block in (None, [128, 128]):
                 want = None if not fp8 else "fp8_block128" if block else "fp8_channel" if channel else "fp8_tensor"
                 assert _args.quant_name(fp8, channel, block) == want
+
+
+@pytest.mark.parametrize("lib", LIBS)
+def test_a_forced_backend_that_cannot_run_names_where_it_was_forced(lib, rng, monkeypatch):
+    """A backend forced by the argument or by $SWAPMOE_BACKEND that cannot run the call (a
+    CUDA backend on host tensors) raises ArgumentError; where the environment sets the
+    variable the message names it and its value, since the user may never have passed
+    ``backend=``. An unknown name in the variable is named as the variable."""
+    case = Case(5, 8, 2, 40, 48)
+    inp = to_inputs(make_problem(rng, case), case, lib, "float32")
+    monkeypatch.delenv("SWAPMOE_BACKEND", raising=False)
+    with pytest.raises(swapmoe.ArgumentError, match=r"^backend: cuda_mma cannot run ") as e:
+        call(inp, case, backend="cuda_mma")
+    assert "SWAPMOE_BACKEND" not in str(e.value)
+    monkeypatch.setenv("SWAPMOE_BACKEND", "cuda_mma")
+    with pytest.raises(swapmoe.ArgumentError,
+                       match=r"^backend \(the argument, else \$SWAPMOE_BACKEND=\"cuda_mma\"\): cuda_mma cannot run "):
+        call(inp, case)
+    monkeypatch.setenv("SWAPMOE_BACKEND", "cuda_tcgen05")
+    with pytest.raises(swapmoe.ArgumentError,
+                       match=r"^SWAPMOE_BACKEND: expected one of \[.*\], got \"cuda_tcgen05\""):
+        call(inp, case)
+    # the argument wins over the variable, and the CPU backend runs host tensors
+    out = call(inp, case, backend="cpu")
+    assert out.shape == (case.M, case.K)
