@@ -334,6 +334,15 @@ def test_anchor_override(tmp_path, monkeypatch):
     mine.write_text(json.dumps({"rows": []}))
     monkeypatch.setenv("SWAPMOE_ANCHORS", str(mine))
     assert B.find_anchor() == str(mine)
+    assert B.find_anchor(src) == src  # --anchors before the environment
+    monkeypatch.setenv("SWAPMOE_ANCHORS", str(tmp_path))  # a folder without the anchor file
+    with pytest.raises(B.BenchError, match=r"\$SWAPMOE_ANCHORS: .*no such file"):
+        B.find_anchor()
+    (tmp_path / B.ANCHOR_FILE).write_text(json.dumps({"rows": []}))
+    assert B.find_anchor() == str(tmp_path / B.ANCHOR_FILE)
+    monkeypatch.setenv("SWAPMOE_ANCHORS", str(tmp_path / "missing.json"))
+    with pytest.raises(B.BenchError, match="SWAPMOE_ANCHORS"):
+        B.find_anchor()
 
 
 # ---------------------------------------------------------------------------------------

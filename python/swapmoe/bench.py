@@ -323,18 +323,17 @@ def moe_tflops(slots: int, N: int, K: int, time_us: float) -> float:
 
 def find_anchor(path: Optional[str] = None) -> Optional[str]:
     """``path``, else ``$SWAPMOE_ANCHORS`` (a file or folder), else shared/anchors next to
-    the working directory or the checkout, else the copy shipped in the package."""
-    if path:
-        if os.path.isdir(path):
-            path = os.path.join(path, ANCHOR_FILE)
-        if not os.path.isfile(path):
-            raise BenchError(f"--anchors: no such file {path}")
-        return path
+    the working directory or the checkout, else the copy shipped in the package. A path
+    given either way must exist (:class:`BenchError` naming it otherwise)."""
+    for given, what in ((path, "--anchors"), (os.environ.get("SWAPMOE_ANCHORS"), "$SWAPMOE_ANCHORS")):
+        if given:
+            found = os.path.join(given, ANCHOR_FILE) if os.path.isdir(given) else given
+            if not os.path.isfile(found):
+                raise BenchError(f"{what}: expected an anchor JSON file or a folder holding {ANCHOR_FILE}, "
+                                 f"got {given!r} (no such file {found})")
+            return found
     here = os.path.dirname(os.path.abspath(__file__))
     candidates = []
-    env = os.environ.get("SWAPMOE_ANCHORS")
-    if env:
-        candidates.append(env if env.endswith(".json") else os.path.join(env, ANCHOR_FILE))
     for base in (os.getcwd(), os.path.join(here, "..", "..")):
         candidates.append(os.path.join(base, "shared", "anchors", ANCHOR_FILE))
         candidates.append(os.path.join(base, "..", "shared", "anchors", ANCHOR_FILE))
