@@ -2,6 +2,25 @@
 
 from typing import Any, Optional
 
+__all__ = [
+    "fused_experts",
+    "workspace_bytes",
+    "select_experts",
+    "fused_moe",
+    "select_backend",
+    "describe_plan",
+    "table_file_name",
+    "read_table",
+    "tables_info",
+    "_set_shipped_tables_dir",
+    "build_info",
+    "driver_version",
+    "device_info",
+    "warmup",
+    "_module_global",
+    "__version__",
+]
+
 __version__: str
 
 def fused_experts(

@@ -27,7 +27,9 @@ class CudaError(Error, RuntimeError):
 
 
 class OutOfMemoryError(Error, MemoryError):
-    """A host buffer the call needs could not be allocated (the CPU path's intermediate)."""
+    """A buffer the call needs cannot exist: a host buffer that could not be allocated (the
+    CPU path's intermediate), or a CUDA workspace whose size passes 2^64 bytes
+    (:func:`swapmoe.workspace_bytes`)."""
 
 
 __all__ = ["Error", "ShapeError", "DTypeError", "DeviceError", "ArgumentError", "CudaError", "OutOfMemoryError"]
