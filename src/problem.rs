@@ -158,6 +158,11 @@ impl FakeAddresses {
 }
 
 impl TensorDesc {
+    /// The tensor as an error message's "got ...": its dtype and shape.
+    pub fn described(&self) -> String {
+        format!("a {} tensor of shape {:?}", self.dtype.name(), self.shape)
+    }
+
     /// Bytes of a compact row-major tensor (strides as `contiguous` gives them, ignoring
     /// dimensions of size 1), None for any other layout (a broadcast or strided view covers
     /// fewer bytes than its shape says) or a size that overflows.
@@ -430,27 +435,26 @@ impl Fp8Quant {
         device: Device,
     ) -> Result<Option<Fp8Quant>> {
         if !q.use_fp8_w8a8 {
+            let block = q.block_shape.map(|b| format!("{b:?}"));
             let given = [
-                ("per_channel_quant", q.per_channel_quant),
-                ("block_shape", q.block_shape.is_some()),
-                ("w1_scale", q.w1_scale.is_some()),
-                ("w2_scale", q.w2_scale.is_some()),
-                ("a1_scale", q.a1_scale.is_some()),
-                ("a2_scale", q.a2_scale.is_some()),
+                (
+                    "per_channel_quant",
+                    q.per_channel_quant.then(|| "True".to_string()),
+                ),
+                ("block_shape", block),
+                ("w1_scale", q.w1_scale.map(TensorDesc::described)),
+                ("w2_scale", q.w2_scale.map(TensorDesc::described)),
+                ("a1_scale", q.a1_scale.map(TensorDesc::described)),
+                ("a2_scale", q.a2_scale.map(TensorDesc::described)),
             ];
-            if let Some((name, _)) = given.iter().find(|(_, g)| *g) {
+            if let Some((name, Some(value))) = given.iter().find(|(_, g)| g.is_some()) {
+                let expected = if *name == "per_channel_quant" {
+                    "False"
+                } else {
+                    "None"
+                };
                 return Err(Error::Argument(format!(
-                    "{name}: expected {} without use_fp8_w8a8=True, got {}",
-                    if *name == "per_channel_quant" {
-                        "False"
-                    } else {
-                        "None"
-                    },
-                    if *name == "per_channel_quant" {
-                        "True"
-                    } else {
-                        "a value"
-                    }
+                    "{name}: expected {expected} without use_fp8_w8a8=True, got {value}"
                 )));
             }
             return Ok(None);
@@ -530,9 +534,10 @@ impl Fp8Quant {
                 "with per_channel_quant=True (activations are quantized dynamically per token)"
             };
             for (name, t) in [("a1_scale", q.a1_scale), ("a2_scale", q.a2_scale)] {
-                if t.is_some() {
+                if let Some(t) = t {
                     return Err(Error::Argument(format!(
-                        "{name}: expected None {why}, got a tensor"
+                        "{name}: expected None {why}, got {}",
+                        t.described()
                     )));
                 }
             }

@@ -830,3 +830,110 @@ def test_a_forced_backend_that_cannot_run_names_where_it_was_forced(lib, rng, mo
     # the argument wins over the variable, and the CPU backend runs host tensors
     out = call(inp, case, backend="cpu")
     assert out.shape == (case.M, case.K)
+
+
+@pytest.mark.parametrize("device", [None, "cpu", "cuda:x", "cuda:-1", "gpu:0", 1.5, True, 2**70, [0], b"cuda"])
+def test_warmup_names_a_device_it_cannot_read(device):
+    """``warmup(device)`` takes an ordinal, 'cuda[:N]', a torch.device or a CuPy Device; other
+    values raise ArgumentError naming ``device`` and the value (not a bare TypeError or
+    OverflowError from int())."""
+    with pytest.raises(swapmoe.ArgumentError, match=r"^device: expected a CUDA device ordinal \(int\), 'cuda'"):
+        swapmoe.warmup(device)
+
+
+@pytest.mark.parametrize("device, ordinal", [(0, 0), (3, 3), (np.int64(2), 2), ("cuda:1", 1), (" cuda:0 ", 0),
+                                             ("cuda", None), (-1, -1)])
+def test_warmup_device_forms(device, ordinal):
+    from swapmoe import _api
+    got = _api.device_ordinal(device)
+    if ordinal is None:  # "cuda": torch's current device where torch has CUDA, else 0
+        assert got == (torch.cuda.current_device() if torch is not None and torch.cuda.is_available() else 0)
+    else:
+        assert got == ordinal
+
+
+@pytest.mark.skipif(torch is None, reason="needs torch")
+def test_warmup_takes_a_torch_device():
+    from swapmoe import _api
+    assert _api.device_ordinal(torch.device("cuda", 2)) == 2
+    with pytest.raises(swapmoe.ArgumentError, match=r"^device: .*got device\(type='cpu'\)"):
+        swapmoe.warmup(torch.device("cpu"))
+
+
+@pytest.mark.parametrize("device", [-1, 64])
+def test_warmup_blames_device_for_an_ordinal_out_of_range(device):
+    with pytest.raises(swapmoe.DeviceError,
+                       match=rf"^device: expected a CUDA device ordinal in \[0, 64\), got {device}"):
+        swapmoe.warmup(device)
+
+
+@pytest.mark.parametrize("lib", LIBS)
+def test_a_host_buffer_too_large_to_allocate_raises_out_of_memory(lib):
+    """Inputs of 2^40 rows through stride-0 views cost nothing, but the output (and the
+    router's outputs) the wrappers allocate for them cannot exist: OutOfMemoryError (a
+    MemoryError) naming the buffer, not numpy's or torch's own allocation error."""
+    rows = 2**40
+    x = np.zeros((1, 48), np.float32)
+    w1, w2 = np.zeros((4, 16, 48), np.float32), np.zeros((4, 48, 8), np.float32)
+    if lib == "numpy":
+        wide = lambda a: np.lib.stride_tricks.as_strided(a, (rows, a.shape[1]), (0, a.strides[1]))  # noqa: E731
+    else:
+        x, w1, w2 = torch.from_numpy(x), torch.from_numpy(w1), torch.from_numpy(w2)
+        wide = lambda a: a.expand(rows, a.shape[1])  # noqa: E731
+    conv = (lambda a: a) if lib == "numpy" else torch.from_numpy
+    tw, ids = conv(np.full((1, 2), 0.5, np.float32)), conv(np.int32([[0, 1]]))
+    logits = conv(np.zeros((1, 4), np.float32))
+    with pytest.raises(swapmoe.OutOfMemoryError, match=r"^out: expected a host buffer of shape \(1099511627776, 48\)"):
+        swapmoe.fused_experts(wide(x), w1, w2, wide(tw), wide(ids))
+    with pytest.raises(swapmoe.OutOfMemoryError,
+                       match=r"^topk_weights: expected a host buffer of shape \(1099511627776, 2\)"):
+        swapmoe.select_experts(wide(logits), 2)
+    with pytest.raises(MemoryError):
+        swapmoe.fused_moe(wide(x), w1, w2, wide(logits), 2)
+
+
+@pytest.mark.parametrize("lib", LIBS)
+def test_block_shape_as_a_tensor_or_array(lib, rng):
+    """A 1-D tensor or array block_shape (as a config may hold it) is read as its list; any
+    other non-sequence is named."""
+    if lib == "torch" and not hasattr(torch, "float8_e4m3fn"):
+        pytest.skip("needs torch float8")
+    case = Case(3, 4, 2, 128, 128)
+    inp = to_inputs(make_problem(rng, case), case, lib, "float32")
+    with pytest.raises(swapmoe.ArgumentError,
+                       match=r"^block_shape: expected None or a list of integers, got \{128: 1\}"):
+        call(inp, case, use_fp8_w8a8=True, block_shape={128: 1})
+    as_tensor = np.array([128, 128]) if lib == "numpy" else torch.tensor([128, 128])
+    # the tensor passes the argument's conversion: the next error is the float32 weights'
+    with pytest.raises(swapmoe.DTypeError, match=r"^w1: expected float8_e4m3fn"):
+        call(inp, case, use_fp8_w8a8=True, block_shape=as_tensor)
+    two_d = np.array([[128, 128]]) if lib == "numpy" else torch.tensor([[128, 128]])
+    with pytest.raises(swapmoe.ArgumentError, match=r"^block_shape: expected None or a list of integers"):
+        call(inp, case, use_fp8_w8a8=True, block_shape=two_d)
+
+
+def test_fused_moe_workspace_bytes_names_a_topk_past_int64():
+    x, w1 = np.zeros((2, 48), np.float32), np.zeros((4, 16, 48), np.float32)
+    with pytest.raises(swapmoe.ArgumentError, match=r"^topk: expected an integer in"):
+        swapmoe.fused_moe_workspace_bytes(x, w1, 2**64)
+
+
+@pytest.mark.skipif(torch is None, reason="needs torch")
+def test_nested_and_storage_less_torch_tensors_are_named(rng):
+    """A nested tensor (whose ``.shape`` raises) is a DTypeError naming the argument; a tensor
+    DLPack cannot carry (sparse) is too, with torch's first line and its C++ stack left on
+    the chained cause."""
+    case = Case(5, 8, 2, 40, 48)
+    inp = to_inputs(make_problem(rng, case), case, "torch", "float32")
+    nested = torch.nested.nested_tensor([inp["x"][0], inp["x"][1]])
+    logits = torch.zeros(5, 8)
+    with pytest.raises(swapmoe.DTypeError, match=r"^hidden_states: expected a dense \(strided\) tensor, got a nested"):
+        swapmoe.fused_experts(nested, inp["w1"], inp["w2"], inp["tw"], inp["ids"])
+    with pytest.raises(swapmoe.DTypeError, match=r"^gating_output: expected a dense \(strided\) tensor"):
+        swapmoe.select_experts(torch.nested.nested_tensor([logits[0], logits[1]]), 2)
+    with pytest.raises(swapmoe.DTypeError, match=r"^gating_output: expected a dense \(strided\) tensor"):
+        swapmoe.fused_moe(inp["x"], inp["w1"], inp["w2"], torch.nested.nested_tensor([logits[0]] * 5), 2)
+    with pytest.raises(swapmoe.DTypeError, match=r"^w1: the tensor could not be imported through DLPack") as e:
+        swapmoe.fused_experts(inp["x"], inp["w1"].to_sparse(), inp["w2"], inp["tw"], inp["ids"])
+    assert "\n" not in str(e.value) and "frame #" not in str(e.value)
+    assert e.value.__cause__ is not None

@@ -330,14 +330,16 @@ SCALE_ERRORS = [
     ("channel", "w1_scale", f32(E), swapmoe.ShapeError, ["w1_scale", "[8, 80] or [8, 80, 1]", "got [8]"]),
     ("channel", "w1_scale", f32(E, N), swapmoe.ShapeError, ["w1_scale", "[8, 80]", "got [8, 40]"]),
     ("channel", "w2_scale", f32(E, N), swapmoe.ShapeError, ["w2_scale", "[8, 48] or [8, 48, 1]", "got [8, 40]"]),
-    ("channel", "a1_scale", f32(1), swapmoe.ArgumentError, ["a1_scale", "expected None with per_channel_quant=True"]),
+    ("channel", "a1_scale", f32(1), swapmoe.ArgumentError, ["a1_scale", "expected None with per_channel_quant=True",
+                                                           "got a float32 tensor of shape [1]"]),
     ("channel", "a2_scale", f32(1), swapmoe.ArgumentError, ["a2_scale", "expected None with per_channel_quant=True"]),
     ("block", "w1_scale", f32(E, 2, 2), swapmoe.ShapeError, ["w1_scale", "[8, 3, 2]", "ceil(2N/128)", "got [8, 2, 2]"]),
     ("block", "w2_scale", f32(E, 2, 1), swapmoe.ShapeError, ["w2_scale", "[8, 2, 2]", "ceil(K/128)", "got [8, 2, 1]"]),
     ("block", "w1_scale", f32(E), swapmoe.ShapeError, ["w1_scale", "got [8]"]),
     ("block", "w2_scale", np.ones((E, 2, 2), np.float16), swapmoe.DTypeError, ["w2_scale", "float32", "got float16"]),
     ("block", "a1_scale", f32(1), swapmoe.ArgumentError, ["a1_scale", "expected None with block_shape=[128, 128]"]),
-    ("block", "a2_scale", f32(), swapmoe.ArgumentError, ["a2_scale", "expected None with block_shape"]),
+    ("block", "a2_scale", f32(), swapmoe.ArgumentError, ["a2_scale", "expected None with block_shape",
+                                                       "got a float32 tensor of shape []"]),
 ]
 
 
@@ -405,7 +407,9 @@ def test_quant_arguments_without_flag(name, rng):
     inp = to_inputs(make_problem(rng, case), case, "numpy", "float32")
     kw = dict(hidden_states=inp["x"], w1=inp["w1"], w2=inp["w2"], topk_weights=inp["tw"], topk_ids=inp["ids"])
     kw[name] = {"per_channel_quant": True, "block_shape": [128, 128]}.get(name, f32(1))
-    _expect(swapmoe.ArgumentError, kw, name, "without use_fp8_w8a8=True")
+    given = {"per_channel_quant": "got True", "block_shape": "got [128, 128]"}.get(
+        name, "got a float32 tensor of shape [1]")
+    _expect(swapmoe.ArgumentError, kw, name, "without use_fp8_w8a8=True", given)
 
 
 @requires_torch

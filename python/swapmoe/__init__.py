@@ -6,8 +6,9 @@ path. Importing swapmoe needs no GPU and no CUDA toolkit.
 """
 
 import os as _os
+from typing import Any as _Any
 
-from . import _core
+from . import _api, _core
 from ._api import fused_experts, fused_moe, fused_moe_workspace_bytes, select_experts, workspace_bytes
 from .errors import ArgumentError, CudaError, DeviceError, DTypeError, Error, OutOfMemoryError, ShapeError
 from .oracle import Plan, select_backend
@@ -27,12 +28,17 @@ def build_info() -> dict:
     return dict(_core.build_info())
 
 
-def warmup(device: int = 0) -> int:
+def warmup(device: _Any = 0) -> int:
     """Loads the kernel modules on CUDA device ``device`` and resolves every kernel variant
     (every dtype, load width and tensor-core token tile, so whatever a tuned table or an
     override picks), so that a later CUDA-graph capture does no module work. Returns the
-    kernel count."""
-    return _core.warmup(int(device))
+    kernel count.
+
+    ``device``: an ordinal (int), ``"cuda"`` / ``"cuda:N"``, a ``torch.device`` of type
+    cuda, or a CuPy ``Device``; ``"cuda"`` without an index is torch's current device where
+    torch is imported, else 0. Anything else raises :class:`ArgumentError` naming
+    ``device``; an ordinal no GPU has, :class:`DeviceError`."""
+    return _core.warmup(_api.device_ordinal(device))
 
 
 __all__ = [

@@ -8,7 +8,7 @@ import warnings
 from typing import Any, List, Optional, Tuple
 
 from . import _core
-from ._args import CONVERSION_ERRORS, quant_name, raise_named, routing_shape, shown
+from ._args import CONVERSION_ERRORS, host_buffer, quant_name, raise_named, routing_shape, shown
 from .errors import ArgumentError, DTypeError, ShapeError
 
 
@@ -18,10 +18,12 @@ def _is_torch(x: Any) -> bool:
 
 
 def _shape(x: Any) -> Optional[tuple]:
-    shape = getattr(x, "shape", None)
+    """``x.shape`` as a tuple of ints, or None where it has none (a nested torch tensor's
+    ``.shape`` raises RuntimeError: the op's own checks then name the tensor)."""
     try:
+        shape = getattr(x, "shape", None)
         return tuple(int(d) for d in shape) if shape is not None else None
-    except TypeError:
+    except (TypeError, RuntimeError):
         return None
 
 
@@ -35,7 +37,7 @@ def _workspace_size(hidden_states: Any, w1: Any, m: int, topk: int, quant: Optio
     try:
         return _core.workspace_bytes(h[0], topk, w[1] // 2, h[1], w[0], itemsize, quant, routing)
     except CONVERSION_ERRORS as e:
-        raise_named(e, dict(quant=quant))
+        raise_named(e, dict(topk=topk, quant=quant))
 
 
 def workspace_bytes(hidden_states: Any, w1: Any, topk_ids: Any, quant: Optional[str] = None) -> int:
@@ -211,7 +213,7 @@ def fused_experts(
         a1_scale=a1_scale,
         a2_scale=a2_scale,
         per_channel_quant=per_channel_quant,
-        block_shape=block_shape,
+        block_shape=_listed(block_shape),
     )
     if _is_torch(hidden_states):
         from . import ops
@@ -220,6 +222,26 @@ def fused_experts(
         return ops.fused_experts_torch(hidden_states, w1, w2, topk_weights, topk_ids, **kw)
     return _fused_experts_dlpack(hidden_states, w1, w2, topk_weights, topk_ids, workspace=workspace,
                                  stream=stream, **kw)
+
+
+def _host_router_outputs(np: Any, m: int, k: int) -> Tuple[Any, Any]:
+    """The router's [m, k] weights (float32) and ids (int32) as numpy arrays."""
+    return (host_buffer(lambda: np.empty((m, k), np.float32), "topk_weights", (m, k), "float32"),
+            host_buffer(lambda: np.empty((m, k), np.int32), "topk_ids", (m, k), "int32"))
+
+
+def _listed(block_shape: Any) -> Any:
+    """``block_shape`` as the core takes it (a list or tuple of ints): a 1-D tensor or array
+    (``torch.tensor([128, 128])``) becomes its list; anything else goes on as it is, for the
+    core to take or the error path to name."""
+    if block_shape is None or isinstance(block_shape, (list, tuple)):
+        return block_shape
+    tolist = getattr(block_shape, "tolist", None)
+    if callable(tolist) and len(getattr(block_shape, "shape", ())) == 1:
+        listed = tolist()
+        if isinstance(listed, list):
+            return listed
+    return block_shape
 
 
 _TORCH_BUFFERS = "the op takes its workspace from torch's caching allocator and launches on torch's current stream"
@@ -273,7 +295,8 @@ def _non_cupy_out_and_stream(hidden_states: Any, module: str, out: Any, workspac
                 raise _no_out(hidden_states)
             import numpy as np
 
-            out = np.empty(_shape(hidden_states) or (), dtype=hidden_states.dtype)
+            shape = _shape(hidden_states) or ()
+            out = host_buffer(lambda: np.empty(shape, dtype=hidden_states.dtype), "out", shape, hidden_states.dtype)
         return out, 0, True
     stream = 0 if stream is None else _stream_address(stream)
     if out is None:
@@ -363,7 +386,7 @@ def select_experts(
     else:
         import numpy as np
 
-        weights, ids = np.empty((m, k), np.float32), np.empty((m, k), np.int32)
+        weights, ids = _host_router_outputs(np, m, k)
     try:
         _core.select_experts(
             gating_output, weights, ids, topk, renormalize, scoring, num_expert_group, topk_group,
@@ -462,7 +485,7 @@ def fused_moe(
         a1_scale=a1_scale,
         a2_scale=a2_scale,
         per_channel_quant=per_channel_quant,
-        block_shape=block_shape,
+        block_shape=_listed(block_shape),
     )
     if _is_torch(hidden_states):
         from . import ops
@@ -515,7 +538,7 @@ def _fused_moe_dlpack(hidden_states, w1, w2, gating_output, topk, *, out, worksp
         if on_host:
             import numpy as np
 
-            weights, ids = np.empty((m, k), np.float32), np.empty((m, k), np.int32)
+            weights, ids = _host_router_outputs(np, m, k)
     try:
         _core.fused_moe(
             hidden_states, w1, w2, gating_output, weights, ids, out, workspace, topk,
@@ -528,3 +551,37 @@ def _fused_moe_dlpack(hidden_states, w1, w2, gating_output, topk, *, out, worksp
     except CONVERSION_ERRORS as e:
         raise_named(e, dict(kw, topk=topk))
     return out
+
+
+def device_ordinal(device: Any) -> int:
+    """``swapmoe.warmup``'s ``device`` as a CUDA ordinal (the range is the core's to check)."""
+    bad = ArgumentError(
+        "device: expected a CUDA device ordinal (int), 'cuda', 'cuda:N', a torch.device of type "
+        f"cuda or a CuPy Device, got {shown(device)}")
+    if type(device) is bool:
+        raise bad
+    try:
+        ordinal = operator.index(device)
+    except TypeError:
+        ordinal = None
+    if ordinal is None and isinstance(getattr(device, "id", None), int) and type(device).__module__.startswith("cupy"):
+        ordinal = device.id  # cupy.cuda.Device
+    if ordinal is None:
+        kind, index = None, None
+        if isinstance(device, str):
+            kind, _, rest = device.strip().partition(":")
+            if rest:
+                if not rest.isdigit():
+                    raise bad
+                index = int(rest)
+        elif type(device).__name__ == "device" and type(device).__module__ == "torch":
+            kind, index = device.type, device.index
+        if kind != "cuda":
+            raise bad
+        if index is None:
+            torch = sys.modules.get("torch")
+            index = torch.cuda.current_device() if torch is not None and torch.cuda.is_available() else 0
+        ordinal = index
+    if not -(2**31) <= ordinal < 2**31:
+        raise bad
+    return ordinal

@@ -13,7 +13,7 @@ from __future__ import annotations
 import operator
 from typing import Any, Callable, Dict, NoReturn, Optional
 
-from .errors import ArgumentError, Error
+from .errors import ArgumentError, Error, OutOfMemoryError
 
 I64 = (-(2**63), 2**63 - 1)
 U64 = (0, 2**64 - 1)
@@ -196,3 +196,22 @@ def raise_named(err: BaseException, args: Dict[str, Any],
     if bad is err:
         raise err
     raise bad from err
+
+
+def host_buffer(allocate: Callable[[], Any], what: str, shape: Any, dtype: Any) -> Any:
+    """``allocate()`` of a host buffer the wrapper makes (numpy's or torch's ``empty``), with
+    a failure to allocate it raised as :class:`OutOfMemoryError` naming the buffer, its
+    shape and dtype (numpy raises a MemoryError of its own, torch a bare RuntimeError)."""
+    try:
+        return allocate()
+    except MemoryError as e:
+        err: BaseException = e
+    except RuntimeError as e:
+        if "alloc" not in str(e).lower():
+            raise
+        err = e
+    raise OutOfMemoryError(
+        f"{what}: expected a host buffer of shape {tuple(shape)} and dtype {dtype} to be allocatable, "
+        f"got an allocation failure ({type(err).__name__}); split M into smaller calls"
+        + (" or pass an out= of your own" if what == "out" else "")) from err
+

@@ -10,8 +10,8 @@ from typing import List, Optional
 import torch
 
 from . import _core
-from ._args import CONVERSION_ERRORS, quant_name, raise_named, routing_shape
-from .errors import ArgumentError
+from ._args import CONVERSION_ERRORS, host_buffer, quant_name, raise_named, routing_shape
+from .errors import ArgumentError, DTypeError
 
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -77,8 +77,18 @@ def _run(
         raise_named(e, locals())
 
 
+def _not_nested(tensor: torch.Tensor, name: str) -> None:
+    """A nested tensor has no shape to allocate by (its ``.shape`` raises): DTypeError
+    naming it, as the core names other tensors DLPack cannot carry."""
+    if tensor.is_nested:
+        raise DTypeError(f"{name}: expected a dense (strided) tensor, got a nested tensor")
+
+
 def _empty_out(hidden_states: torch.Tensor) -> torch.Tensor:
-    return torch.empty(hidden_states.shape, dtype=hidden_states.dtype, device=hidden_states.device)
+    shape, dtype, device = hidden_states.shape, hidden_states.dtype, hidden_states.device
+    if device.type != "cpu":
+        return torch.empty(shape, dtype=dtype, device=device)
+    return host_buffer(lambda: torch.empty(shape, dtype=dtype), "out", shape, dtype)
 
 
 @torch.library.custom_op("swapmoe::fused_experts", mutates_args=())
@@ -169,6 +179,7 @@ def fused_experts_torch(hidden_states, w1, w2, topk_weights, topk_ids, *, activa
             apply_router_weight_on_input, global_num_experts, expert_map, backend,
             use_fp8_w8a8, w1_scale, w2_scale, a1_scale, a2_scale, per_channel_quant, block_shape)
         return out
+    _not_nested(hidden_states, "hidden_states")
     if out is None:
         out = _empty_out(hidden_states) if hidden_states.dim() == 2 else hidden_states
     _run(hidden_states, w1, w2, topk_weights, topk_ids, out, activation,
@@ -179,8 +190,11 @@ def fused_experts_torch(hidden_states, w1, w2, topk_weights, topk_ids, *, activa
 
 def _empty_routing(gating_output: torch.Tensor, topk: int):
     m, k = routing_shape(gating_output.shape, topk)
-    return (gating_output.new_empty((m, k), dtype=torch.float32),
-            gating_output.new_empty((m, k), dtype=torch.int32))
+    if gating_output.device.type != "cpu":
+        return (gating_output.new_empty((m, k), dtype=torch.float32),
+                gating_output.new_empty((m, k), dtype=torch.int32))
+    return (host_buffer(lambda: torch.empty((m, k), dtype=torch.float32), "topk_weights", (m, k), torch.float32),
+            host_buffer(lambda: torch.empty((m, k), dtype=torch.int32), "topk_ids", (m, k), torch.int32))
 
 
 def _route(gating_output, topk_weights, topk_ids, topk, renormalize, scoring, num_expert_group,
@@ -227,6 +241,7 @@ def select_experts_torch(gating_output, topk, renormalize, scoring, num_expert_g
         return torch.ops.swapmoe.select_experts(gating_output, topk, renormalize, scoring,
                                                 num_expert_group, topk_group, e_score_correction_bias,
                                                 routed_scaling_factor, num_tokens)
+    _not_nested(gating_output, "gating_output")
     weights, ids = _empty_routing(gating_output, topk)
     _route(gating_output, weights, ids, topk, renormalize, scoring, num_expert_group, topk_group,
            e_score_correction_bias, routed_scaling_factor, num_tokens)
@@ -347,6 +362,8 @@ def fused_moe_torch(hidden_states, w1, w2, gating_output, topk, *, out=None, **k
             return torch.ops.swapmoe.fused_moe(hidden_states, w1, w2, gating_output, topk, *args)
         torch.ops.swapmoe.fused_moe_out(out, hidden_states, w1, w2, gating_output, topk, *args)
         return out
+    _not_nested(hidden_states, "hidden_states")
+    _not_nested(gating_output, "gating_output")
     if out is None:
         out = _empty_out(hidden_states) if hidden_states.dim() == 2 else hidden_states
     _run_moe(hidden_states, w1, w2, gating_output, topk, out, *args)

@@ -128,11 +128,17 @@ fn attribute(dev: sys::CUdevice, attr: sys::CUdevice_attribute, what: &str) -> R
 }
 
 /// The device's state, created on first use: primary context retained for the life of
-/// the process, every embedded module loaded.
+/// the process, every embedded module loaded. An ordinal out of range is blamed on
+/// `hidden_states` (the op's tensors name the device).
 pub fn device(ordinal: i32) -> Result<&'static DeviceState> {
+    device_for(ordinal, "hidden_states")
+}
+
+/// As [`device`], with `what` (the caller's argument) named in an ordinal's range error.
+pub fn device_for(ordinal: i32, what: &str) -> Result<&'static DeviceState> {
     if ordinal < 0 || ordinal as usize >= MAX_DEVICES {
         return Err(Error::Device(format!(
-            "hidden_states: expected a CUDA device ordinal in [0, {MAX_DEVICES}), got {ordinal}"
+            "{what}: expected a CUDA device ordinal in [0, {MAX_DEVICES}), got {ordinal}"
         )));
     }
     let slot = &DEVICES[ordinal as usize];
@@ -143,7 +149,7 @@ pub fn device(ordinal: i32) -> Result<&'static DeviceState> {
     if let Some(d) = slot.get() {
         return Ok(d);
     }
-    let state = std::panic::catch_unwind(|| init_device(ordinal)).unwrap_or_else(|_| {
+    let state = std::panic::catch_unwind(|| init_device(ordinal, what)).unwrap_or_else(|_| {
         Err(Error::Cuda(
             "the CUDA driver is missing a required function".into(),
         ))
@@ -152,13 +158,13 @@ pub fn device(ordinal: i32) -> Result<&'static DeviceState> {
     Ok(slot.get().expect("just set"))
 }
 
-fn init_device(ordinal: i32) -> Result<DeviceState> {
+fn init_device(ordinal: i32, what: &str) -> Result<DeviceState> {
     check_probe_build_allowed(std::env::var(PROBE_BUILD_OK_ENV).ok().as_deref())?;
     driver_version()?;
     let count = device_count()?;
     if ordinal >= count {
         return Err(Error::Device(format!(
-            "hidden_states: expected a CUDA device ordinal below {count} (devices visible), got {ordinal}"
+            "{what}: expected a CUDA device ordinal below {count} (devices visible), got {ordinal}"
         )));
     }
     let mut dev: sys::CUdevice = 0;

@@ -1171,7 +1171,7 @@ fn driver_version(py: Python<'_>) -> PyResult<i32> {
 /// Name, compute capability and SM count of CUDA device `ordinal`.
 #[pyfunction]
 fn device_info(py: Python<'_>, ordinal: i32) -> PyResult<Bound<'_, PyDict>> {
-    let dev = cuda::device(ordinal).py_err(py)?;
+    let dev = cuda::device_for(ordinal, "ordinal").py_err(py)?;
     let d = PyDict::new(py);
     d.set_item("ordinal", dev.ordinal)?;
     d.set_item("name", &dev.caps.name)?;
@@ -1184,7 +1184,9 @@ fn device_info(py: Python<'_>, ordinal: i32) -> PyResult<Bound<'_, PyDict>> {
 /// CUDA-graph capture). Returns the number of kernels resolved.
 #[pyfunction]
 fn warmup(py: Python<'_>, ordinal: i32) -> PyResult<usize> {
-    cuda::device(ordinal).and_then(|d| d.warmup()).py_err(py)
+    cuda::device_for(ordinal, "device")
+        .and_then(|d| d.warmup())
+        .py_err(py)
 }
 
 /// (device address, bytes) of the `__device__` variable `symbol` in the embedded kernel
@@ -1197,7 +1199,7 @@ fn _module_global(
     module: &str,
     symbol: &str,
 ) -> PyResult<(u64, usize)> {
-    cuda::device(ordinal)
+    cuda::device_for(ordinal, "ordinal")
         .and_then(|d| d.module_global(module, symbol))
         .py_err(py)
 }

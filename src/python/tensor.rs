@@ -95,12 +95,18 @@ pub fn import(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<Imported> {
                 if !e.is_instance_of::<PyException>(py) || e.is_instance_of::<PyMemoryError>(py) {
                     return e;
                 }
-                to_pyerr(
+                // The producer's first line says why; the rest (torch appends its C++
+                // stack) stays on the chained original.
+                let text = e.to_string();
+                let why = text.lines().next().unwrap_or_default();
+                let err = to_pyerr(
                     py,
                     Error::DType(format!(
-                        "{name}: the tensor could not be imported through DLPack: {e}"
+                        "{name}: the tensor could not be imported through DLPack: {why}"
                     )),
-                )
+                );
+                err.set_cause(py, Some(e));
+                err
             })?
         }
     };
