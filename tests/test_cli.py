@@ -114,9 +114,36 @@ def test_no_command_prints_help(capsys):
     (["bench", "--tp", "2"], "--tp"),
     (["bench", "--hf-config", "/nonexistent/config.json"], "--hf-config"),
     (["bench", "--device", "tpu"], "--device"),
+    # found by an audit (2026-12-07): each of these hung, ran with a silent default, or ended
+    # in a traceback (or only after the whole run)
+    (["bench", "--shape", ""], "--shape: expected four integers"),
+    (["bench", "--model", ""], "--model: expected one of"),
+    (["bench", "--layers", "99999999999"], "--layers: expected an integer in [1, 1024]"),
+    (["bench", "--layers", "0"], "--layers"),
+    (["bench", "--seed", "99999999999999999999999"], "--seed: expected an integer in [0, 2^62]"),
+    (["bench", "--seed", "-1"], "--seed"),
+    (["bench", "--zipf-s", "-5"], "--zipf-s: expected a finite exponent"),
+    (["bench", "--zipf-s", "inf"], "--zipf-s"),
+    (["bench", "--read-bw", "0"], "--read-bw: expected a positive finite number"),
+    (["bench", "--read-bw", "nan"], "--read-bw"),
+    (["bench", "--gemm-tflops", "-1"], "--gemm-tflops"),
+    (["bench", "--device", ""], "--device"),
+    (["bench", "--device", "cpu:1"], "--device"),
+    (["bench", "--m", "4294967296"], "--m: expected token counts in [1, 2^31 - 1]"),
+    (["bench", "--json", "/nonexistent/dir/x.json"], "--json: expected a path in an existing folder"),
+    (["bench", "--csv", "/nonexistent/dir/x.csv"], "--csv"),
+    (["bench", "--plot", "/nonexistent/dir/x.png"], "--plot"),
+    (["explain", "--shape", "", "--device-name", "NVIDIA H200"], "--shape: expected four integers"),
+    (["explain", "--model", "", "--device-name", "NVIDIA H200"], "--model: expected one of"),
+    (["explain", "--model", "qwen3-30b-a3b", "--device-name", "NVIDIA H200", "--m", "99999999999999999999999"],
+     "--m: expected token counts"),
+    (["explain", "--model", "qwen3-30b-a3b", "--device-name", ""], "--device-name (or --capability): expected"),
+    (["explain", "--model", "qwen3-30b-a3b", "--device-name", "NVIDIA H200", "--backend", "foo"],
+     "--backend: expected one of"),
+    (["tune", "--model", "qwen3-30b-a3b", "--layers", "5000", "--out-dir", "/tmp"], "--layers"),
 ])
 def test_bad_values_exit_2_with_message(argv, text, capsys):
-    assert cli.main(argv + ["--no-progress"]) == 2
+    assert cli.main(argv + (["--no-progress"] if argv[0] in ("bench", "tune") else [])) == 2
     err = capsys.readouterr().err
     assert "error" in err and text in err
 
@@ -221,6 +248,24 @@ def test_hf_config_errors(tmp_path):
     bad.write_text("{not json")
     with pytest.raises(B.BenchError, match="not valid JSON"):
         B.hf_config_shape(str(bad))
+    bad.write_bytes(b"\xff\xfe{}")
+    with pytest.raises(B.BenchError, match="not valid JSON"):
+        B.hf_config_shape(str(bad))
+    sizes = {"num_experts": 8, "num_experts_per_tok": 2, "hidden_size": 64, "moe_intermediate_size": 32}
+    # only JSON integers: 8.7 is not 8 experts, true is not topk 1, 1e400 (inf) is no size
+    for key, value in (("num_experts", 8.7), ("num_experts_per_tok", True), ("hidden_size", float("inf")),
+                       ("moe_intermediate_size", "32")):
+        with pytest.raises(B.BenchError, match=f"expected an integer .* got {value!r}"):
+            B.hf_config_shape(_write(tmp_path, dict(sizes, **{key: value})))
+    assert B.hf_config_shape(_write(tmp_path, sizes)).E == 8
+
+
+@pytest.mark.parametrize("content", [b"[1, 2]", b'{"rows": 5}', b'{"rows": [1]}', b"\xff\xfe", b"{"])
+def test_malformed_anchor_files_are_named(tmp_path, content):
+    path = tmp_path / "anchor.json"
+    path.write_bytes(content)
+    with pytest.raises(B.BenchError, match=r"^anchor .*anchor.json: expected "):
+        B.load_anchor(str(path))
 
 
 # ---------------------------------------------------------------------------------------

@@ -622,7 +622,7 @@ def test_explain_external_backends(tmp_path, monkeypatch, capsys):
     assert cli.main(argv) == 0
     assert "(heuristic;" in capsys.readouterr().out
     assert cli.main(argv + ["--external-backends", "cutlass"]) == 2
-    assert "external_backends" in capsys.readouterr().err
+    assert "error: --external-backends: expected names from" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("quant", ["fp8_tensor", "fp8_channel", "fp8_block128"])
@@ -1308,3 +1308,14 @@ def test_swap_launch_variants_are_timed_up_to_m_32_inclusive():
         assert T.ineligible(label, 32, shape, "bf16", H200, (9, 0)) is None
         assert "M <= 32" in T.ineligible(label, 33, shape, "bf16", H200, (9, 0))
     assert T.ineligible("cuda_wgmma_swap:r0p1g7", 32, shape, "bf16", H200, (9, 0), "fp8_tensor") is None
+
+
+def test_a_misspelt_tables_switch_keeps_the_tables_and_says_so(monkeypatch):
+    """$SWAPMOE_TABLES=of (a typo of off) leaves the tables on, as any value but off/0/none
+    does, and the reason is among the folders' errors that `swapmoe check` prints."""
+    monkeypatch.setenv("SWAPMOE_TABLES", "of")
+    info = _core.tables_info()
+    assert any(e.startswith("$SWAPMOE_TABLES: expected off") and '"of"' in e for e in info["dir_errors"])
+    assert info["files"], "the tables stay on"
+    monkeypatch.setenv("SWAPMOE_TABLES", "off")
+    assert not any("SWAPMOE_TABLES" in e for e in _core.tables_info()["dir_errors"])

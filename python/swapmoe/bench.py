@@ -232,8 +232,8 @@ def hf_config_shape(path: str, tp: int = 1, ep: int = 1) -> MoeShape:
             cfg = json.load(f)
     except OSError as e:
         raise BenchError(f"--hf-config: cannot read {path}: {e.strerror or e}") from None
-    except json.JSONDecodeError as e:
-        raise BenchError(f"--hf-config: {path} is not valid JSON: {e}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BenchError(f"--hf-config: {path} is not valid JSON (UTF-8): {e}") from None
     if not isinstance(cfg, dict):
         raise BenchError(f"--hf-config: expected a JSON object in {path}")
     scopes = [cfg] + [cfg[k] for k in _NESTED if isinstance(cfg.get(k), dict)]
@@ -251,13 +251,19 @@ def hf_config_shape(path: str, tp: int = 1, ep: int = 1) -> MoeShape:
         if v is None:
             raise BenchError(f"--hf-config: {path} has no {' / '.join(keys)}")
         found[what] = v
-    try:
-        E_i, topk, K, N = int(E), int(found["topk"]), int(found["K"]), int(found["N"])
-    except (TypeError, ValueError):
-        raise BenchError(f"--hf-config: non-integer sizes in {path}") from None
+    sizes = dict(experts=E, **found)
+    for what, v in sizes.items():
+        # JSON integers only: 8.7 is not 8 experts, true is not topk 1, 1e400 is no size at all
+        if type(v) is not int:
+            raise BenchError(f"--hf-config: expected an integer {what} in {path}, got {v!r}")
+    E_i, topk, K, N = E, found["topk"], found["K"], found["N"]
     name = cfg.get("_name_or_path") or scope.get("model_type") or cfg.get("model_type") or "hf-config"
     name = str(name).rstrip("/").split("/")[-1] or "hf-config"
     return shard_shape(name, E_i, topk, K, N, tp, ep, f"hf-config:{path}")
+
+
+#: the largest token count the command line takes (the op's slot indices are 32-bit)
+MAX_M = 2**31 - 1
 
 
 def parse_m_list(text: str) -> List[int]:
@@ -266,8 +272,8 @@ def parse_m_list(text: str) -> List[int]:
         ms = sorted({int(p) for p in str(text).replace(" ", "").split(",") if p})
     except ValueError:
         raise BenchError(f"--m: expected comma-separated token counts like 1,8,64, got {text!r}") from None
-    if not ms or ms[0] < 1:
-        raise BenchError(f"--m: expected positive token counts, got {text!r}")
+    if not ms or ms[0] < 1 or ms[-1] > MAX_M:
+        raise BenchError(f"--m: expected token counts in [1, 2^31 - 1], got {text!r}")
     return ms
 
 
@@ -345,10 +351,23 @@ def find_anchor(path: Optional[str] = None) -> Optional[str]:
 
 
 def load_anchor(path: Optional[str]) -> Optional[dict]:
+    """The anchor JSON at ``path`` (None: no anchor): an object whose ``rows`` is a list of
+    objects; anything else stops the bench with :class:`BenchError` naming the file."""
     if not path:
         return None
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            anchor = json.load(f)
+    except OSError as e:
+        raise BenchError(f"anchor {path}: cannot read it: {e.strerror or e}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BenchError(f"anchor {path}: expected JSON (UTF-8), got a file that does not parse: {e}") from None
+    rows = anchor.get("rows") if isinstance(anchor, dict) else None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise BenchError(f"anchor {path}: expected a JSON object whose \"rows\" is a list of objects, "
+                         f"got {type(anchor).__name__}" + (f" with rows of type {type(rows).__name__}"
+                                                             if isinstance(anchor, dict) else ""))
+    return anchor
 
 
 def anchor_row(anchor: Optional[dict], shape: MoeShape, variant: str, M: int) -> Optional[dict]:
@@ -1158,8 +1177,38 @@ def weight_copies(torch: Any, shape: MoeShape, bytes_per_weight: int, layers: in
 # --------------------------------------------------------------------------------------
 
 
+#: most calls (weight copies) one timed graph may hold: past this the bench would only cycle
+#: over the copies that fit in memory while spending minutes building the graph
+MAX_LAYERS = 1024
+#: seeds the bench's generators take, with the offsets it adds (torch.Generator.manual_seed)
+MAX_SEED = 2**62
+
+
+def check_layers_and_seed(layers: Any, seed: Any) -> None:
+    """``--layers`` in [1, MAX_LAYERS] and ``--seed`` in [0, MAX_SEED] (bench and tune)."""
+    if type(layers) is not int or not 1 <= layers <= MAX_LAYERS:
+        raise BenchError(f"--layers: expected an integer in [1, {MAX_LAYERS}], got {layers!r}")
+    if type(seed) is not int or not 0 <= seed <= MAX_SEED:
+        raise BenchError(f"--seed: expected an integer in [0, 2^62], got {seed!r}")
+
+
+def check_output_paths(**paths: Optional[str]) -> None:
+    """Each output path given (flag name -> path; None or "-": none) must be writable where
+    it points, checked before a run that may take minutes, not after it."""
+    for flag, path in paths.items():
+        if not path or path == "-":
+            continue
+        folder = os.path.dirname(os.path.abspath(path))
+        if os.path.isdir(path):
+            raise BenchError(f"--{flag}: expected a file path, got the folder {path!r}")
+        if not os.path.isdir(folder):
+            raise BenchError(f"--{flag}: expected a path in an existing folder, got {path!r} ({folder} does not exist)")
+        if not os.access(folder, os.W_OK):
+            raise BenchError(f"--{flag}: expected a path in a writable folder, got {path!r} ({folder} is not writable)")
+
+
 def resolve_device(torch: Any, device: Optional[str]) -> Any:
-    d = (device or "auto").strip().lower()
+    d = "auto" if device is None else str(device).strip().lower()
     if d == "auto":
         return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     try:
@@ -1173,7 +1222,7 @@ def resolve_device(torch: Any, device: Optional[str]) -> Any:
             dev = torch.device("cuda", torch.cuda.current_device())
         if dev.index >= torch.cuda.device_count():
             raise BenchError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s)")
-    elif dev.type != "cpu":
+    elif dev.type != "cpu" or dev.index is not None:
         raise BenchError(f"--device: expected auto, cpu, cuda or cuda:N, got {device!r}")
     return dev
 
@@ -1263,8 +1312,12 @@ def run_bench(
         raise BenchError("swapmoe bench needs torch (pip install torch)") from None
     if routing not in ("uniform", "skewed"):
         raise BenchError(f"--routing: expected uniform or skewed, got {routing!r}")
-    if layers < 1:
-        raise BenchError(f"--layers: expected a positive integer, got {layers}")
+    check_layers_and_seed(layers, seed)
+    if not (math.isfinite(zipf_s) and zipf_s >= 0):
+        raise BenchError(f"--zipf-s: expected a finite exponent >= 0, got {zipf_s}")
+    for flag, v in (("--read-bw", read_bw_tbps), ("--gemm-tflops", gemm_tflops)):
+        if v is not None and not (math.isfinite(v) and v > 0):
+            raise BenchError(f"{flag}: expected a positive finite number, got {v}")
     t_start = time.perf_counter()
     dev = resolve_device(torch, device)
     gpu = dev.type == "cuda"

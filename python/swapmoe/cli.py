@@ -16,11 +16,12 @@ from . import bench as B
 
 
 def _shape_from_args(args: argparse.Namespace) -> Optional[B.MoeShape]:
-    if args.hf_config:
+    # `is not None`: an empty --shape "" or --model "" is a bad value, not a missing one
+    if args.hf_config is not None:
         return B.hf_config_shape(args.hf_config, args.tp, args.ep)
-    if args.shape:
+    if args.shape is not None:
         return B.parse_shape(args.shape, args.tp, args.ep)
-    if args.model:
+    if args.model is not None:
         return B.preset_shape(args.model, args.tp, args.ep)
     if args.tp != 1 or args.ep != 1:
         raise B.BenchError("--tp/--ep: need a shape to shard (--model, --shape or --hf-config)")
@@ -422,11 +423,30 @@ def _explain_tables_line() -> str:
     return line
 
 
+def _as_flag(msg: str, args: argparse.Namespace) -> str:
+    """A select_backend error as the command line's: the argument it names becomes the flag
+    that gave it (``num_tokens: ...`` -> ``--m: ...``)."""
+    capability = "--capability" if args.capability else "--device-name (or --capability)"
+    flags = {
+        "num_tokens": "--m",
+        "quant": f"--quant {args.quant}",
+        "activation_scales": "--activation-scales",
+        "device_capability": capability,
+        "device_name": "--device-name",
+        "backend": "--backend",
+        "external_backends": "--external-backends",
+        "dtype": "--dtype",
+    }
+    name, sep, rest = msg.partition(": ")
+    return f"{flags[name]}: {rest}" if sep and name in flags else msg
+
+
 def cmd_explain(args: argparse.Namespace) -> int:
     import swapmoe
 
     shape = _shape_from_args(args)
-    assert shape is not None  # the shape group is required
+    if shape is None:  # argparse requires one of the shape flags; a caller of cmd_explain may not
+        raise B.BenchError("explain: name the shape: --model, --shape E,topk,K,N or --hf-config")
     quant = None if args.quant == "none" else args.quant
     external = [v for v in (args.external_backends or "").replace(" ", "").split(",") if v]
     cap = None
@@ -448,12 +468,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
                                           backend=args.backend, external_backends=external,
                                           activation_scales=args.activation_scales)
         except swapmoe.Error as e:
-            msg = str(e)
-            if quant and msg.startswith("quant: "):
-                msg = f"--quant {quant}: {msg[len('quant: '):]}"
-            if msg.startswith("activation_scales: "):
-                msg = f"--activation-scales: {msg[len('activation_scales: '):]}"
-            print(f"swapmoe explain: error: {msg}", file=sys.stderr)
+            print(f"swapmoe explain: error: {_as_flag(str(e), args)}", file=sys.stderr)
             return 2
         t = plan.tile
         fallback = f"; swapmoe fallback {plan.fallback}" if plan.fallback else ""
@@ -526,6 +541,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    B.check_output_paths(json=args.json, csv=args.csv, plot=args.plot)
     shape = _shape_from_args(args)
     ms = B.parse_m_list(args.m) if args.m else None
 

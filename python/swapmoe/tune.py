@@ -815,8 +815,10 @@ def run_tune(
     B.check_quant(quant)
     if dtype not in B.DTYPES:
         raise TuneError(f"--dtype: expected one of {', '.join(B.DTYPES)}, got {dtype!r}")
-    if layers < 1:
-        raise TuneError(f"--layers: expected a positive integer, got {layers}")
+    try:
+        B.check_layers_and_seed(layers, seed)
+    except B.BenchError as e:
+        raise TuneError(str(e)) from None
     if not shapes:
         raise TuneError("no shape to tune")
     ms = sorted(set(int(m) for m in (m_list or DEFAULT_M)))
