@@ -811,7 +811,7 @@ impl TableSet {
 }
 
 static SHIPPED_DIR: RwLock<Option<PathBuf>> = RwLock::new(None);
-type CacheKey = (Option<PathBuf>, Option<String>, bool);
+type CacheKey = (Option<PathBuf>, Option<String>, Option<String>);
 static CACHE: Mutex<Option<(CacheKey, Arc<TableSet>)>> = Mutex::new(None);
 
 /// Sets the folder of the tables shipped with the package (the Python package calls this
@@ -827,25 +827,45 @@ pub fn shipped_dir() -> Option<PathBuf> {
         .clone()
 }
 
+/// `$SWAPMOE_TABLES`: whether the tables are off (`off`, `0`, `none`), and for a value that
+/// is neither that nor on (`on`, `1`, `auto`, empty, unset) the reason, kept with the folders'
+/// errors (`swapmoe check` and the plans' reasons show it): the tables then stay on, as a
+/// bad table never makes the op fail.
+pub fn tables_switch(value: Option<&str>) -> (bool, Option<String>) {
+    let Some(v) = value else { return (false, None) };
+    match v.trim().to_ascii_lowercase().as_str() {
+        "off" | "0" | "none" => (true, None),
+        "" | "on" | "1" | "auto" => (false, None),
+        _ => (
+            false,
+            Some(format!(
+                "${TABLES_ENV}: expected off (or 0, none) to turn the tables off, or on (1, auto, unset), got {v:?}; the tables stay on"
+            )),
+        ),
+    }
+}
+
 /// The tables of the shipped folder and `$SWAPMOE_TABLES_DIR`, read on the first call and
 /// again only when either location (or `$SWAPMOE_TABLES`) changes: edits inside a folder
 /// are seen by the next process.
 pub fn global() -> Arc<TableSet> {
     let user = std::env::var(TABLES_DIR_ENV).ok().filter(|v| !v.is_empty());
-    let off = std::env::var(TABLES_ENV)
-        .is_ok_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "off" | "0" | "none"));
-    let key: CacheKey = (shipped_dir(), user, off);
+    let switch = std::env::var(TABLES_ENV).ok();
+    let (off, switch_error) = tables_switch(switch.as_deref());
+    let key: CacheKey = (shipped_dir(), user, switch);
     let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((k, set)) = cache.as_ref() {
         if *k == key {
             return set.clone();
         }
     }
-    let set = Arc::new(if off {
+    let mut set = if off {
         TableSet::disabled()
     } else {
         TableSet::load(key.0.as_deref(), key.1.as_deref().map(Path::new))
-    });
+    };
+    set.dir_errors.extend(switch_error);
+    let set = Arc::new(set);
     *cache = Some((key, set.clone()));
     set
 }
@@ -1149,5 +1169,23 @@ mod tests {
                 Loaded::Bad { error, .. } => panic!("{name}: {error}"),
             }
         }
+    }
+
+    #[test]
+    fn tables_switch_values() {
+        for v in ["off", "OFF", " 0 ", "none"] {
+            assert_eq!(tables_switch(Some(v)), (true, None), "{v:?}");
+        }
+        for v in [None, Some(""), Some("on"), Some("1"), Some("auto")] {
+            assert_eq!(tables_switch(v), (false, None), "{v:?}");
+        }
+        // a typo keeps the tables on and says so (swapmoe check, the plans' reasons)
+        let (off, why) = tables_switch(Some("of"));
+        assert!(!off);
+        let why = why.expect("a reason for an unknown value");
+        assert!(
+            why.starts_with("$SWAPMOE_TABLES: expected off") && why.contains("got \"of\""),
+            "{why}"
+        );
     }
 }

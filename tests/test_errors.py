@@ -919,6 +919,7 @@ def test_fused_moe_workspace_bytes_names_a_topk_past_int64():
 
 
 @pytest.mark.skipif(torch is None, reason="needs torch")
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
 def test_nested_and_storage_less_torch_tensors_are_named(rng):
     """A nested tensor (whose ``.shape`` raises) is a DTypeError naming the argument; a tensor
     DLPack cannot carry (sparse) is too, with torch's first line and its C++ stack left on
