@@ -246,10 +246,10 @@ def test_hf_config_errors(tmp_path):
                                             "moe_intermediate_size": 64}))
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    with pytest.raises(B.BenchError, match="not valid JSON"):
+    with pytest.raises(B.BenchError, match="expected JSON in UTF-8"):
         B.hf_config_shape(str(bad))
     bad.write_bytes(b"\xff\xfe{}")
-    with pytest.raises(B.BenchError, match="not valid JSON"):
+    with pytest.raises(B.BenchError, match="expected JSON in UTF-8"):
         B.hf_config_shape(str(bad))
     sizes = {"num_experts": 8, "num_experts_per_tok": 2, "hidden_size": 64, "moe_intermediate_size": 32}
     # only JSON integers: 8.7 is not 8 experts, true is not topk 1, 1e400 (inf) is no size

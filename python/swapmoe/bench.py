@@ -222,18 +222,24 @@ def _first(cfg: dict, keys: Sequence[str]) -> Tuple[Optional[str], Any]:
     return None, None
 
 
+def read_json_file(path: str, what: str) -> Any:
+    """The JSON document in the file at ``path``; :class:`BenchError` starting with ``what``
+    when it cannot be read or is not JSON in UTF-8."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except OSError as e:
+        raise BenchError(f"{what}: cannot read it: {e.strerror or e}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BenchError(f"{what}: expected JSON in UTF-8, got a file that does not parse ({e})") from None
+
+
 def hf_config_shape(path: str, tp: int = 1, ep: int = 1) -> MoeShape:
     """Shape from a Hugging Face ``config.json``: experts from num_experts /
     num_local_experts / n_routed_experts, topk from num_experts_per_tok, K from
     hidden_size, N from moe_intermediate_size (else intermediate_size). Keys nested under
     text_config (Llama 4, multimodal configs) are found too."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            cfg = json.load(f)
-    except OSError as e:
-        raise BenchError(f"--hf-config: cannot read {path}: {e.strerror or e}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise BenchError(f"--hf-config: {path} is not valid JSON (UTF-8): {e}") from None
+    cfg = read_json_file(path, f"--hf-config {path}")
     if not isinstance(cfg, dict):
         raise BenchError(f"--hf-config: expected a JSON object in {path}")
     scopes = [cfg] + [cfg[k] for k in _NESTED if isinstance(cfg.get(k), dict)]
@@ -355,13 +361,7 @@ def load_anchor(path: Optional[str]) -> Optional[dict]:
     objects; anything else stops the bench with :class:`BenchError` naming the file."""
     if not path:
         return None
-    try:
-        with open(path, encoding="utf-8") as f:
-            anchor = json.load(f)
-    except OSError as e:
-        raise BenchError(f"anchor {path}: cannot read it: {e.strerror or e}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise BenchError(f"anchor {path}: expected JSON (UTF-8), got a file that does not parse: {e}") from None
+    anchor = read_json_file(path, f"anchor {path}")
     rows = anchor.get("rows") if isinstance(anchor, dict) else None
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
         raise BenchError(f"anchor {path}: expected a JSON object whose \"rows\" is a list of objects, "
