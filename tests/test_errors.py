@@ -635,6 +635,13 @@ def test_describe_plan_does_not_blame_an_out_it_does_not_take():
     for h in (x, np.broadcast_to(np.zeros((1, K), np.float32), (M, K))):
         plan = swapmoe._core.describe_plan(h, w1, w2, tw, ids)
         assert plan["backend"] == "cpu"
+    # A broadcast hidden_states spans one row; the router weights right after it in the same
+    # buffer lie where a compact output at its address would reach (this overlap was blamed
+    # on the stand-in output when the allocator put topk_weights there by chance).
+    buf = np.zeros(K + M * TOPK, np.float32)
+    h = np.broadcast_to(buf[:K], (M, K))
+    tw_after = buf[K:].reshape(M, TOPK)
+    assert swapmoe._core.describe_plan(h, w1, w2, tw_after, ids)["backend"] == "cpu"
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -798,9 +798,20 @@ fn describe_plan<'py>(
     let activation = Activation::parse(activation).py_err(py)?;
     let inputs = MoeInputs::import(hidden_states, w1, w2, topk_weights, topk_ids, expert_map)?;
     // The plan does not depend on the output tensor: a compact, writable one of
-    // hidden_states' shape stands in for it (never written: nothing runs).
+    // hidden_states' shape stands in for it (never written: nothing runs), placed past every
+    // input so that the op's overlap check cannot blame it (at hidden_states' address it
+    // overlapped the inputs after a broadcast hidden_states, whose own span is smaller).
     let h = &inputs.hidden_states.desc;
-    let out = crate::problem::TensorDesc::contiguous(h.dtype, &h.shape, h.device, h.addr);
+    let past_inputs = inputs
+        .named()
+        .iter()
+        .filter_map(|(_, t)| t.byte_span().map(|(_, end)| end))
+        .max()
+        .unwrap_or(h.addr);
+    let stand_in = past_inputs
+        .checked_next_multiple_of(256)
+        .unwrap_or(past_inputs);
+    let out = crate::problem::TensorDesc::contiguous(h.dtype, &h.shape, h.device, stand_in);
     let problem = inputs.problem(&out, activation, false, -1).py_err(py)?;
     let caps = match problem.device {
         crate::problem::Device::Cuda(i) => Some(cuda::device(i).py_err(py)?.caps.clone()),
