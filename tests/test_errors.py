@@ -427,10 +427,14 @@ def test_check_ids_bad_id(args, id_dtype, bad):
     args["check_ids"] = True
     expect(swapmoe.ShapeError, args, "topk_ids", "[0, 8) (global_num_experts) or -1", f"got {bad} at [2, 1]")
     assert np.isnan(to_f64(out)).all(), "output written although the ids were rejected"
-    # Without check_ids the same call runs: the bad id contributes nothing.
+    # Without check_ids the same call runs: the bad id contributes nothing, so the output is
+    # bitwise the one with that slot routed nowhere (-1).
     args["check_ids"] = False
     assert swapmoe.fused_experts(**args) is out
     assert np.isfinite(to_f64(out)).all()
+    ids[2, 1] = -1
+    args["out"] = poison(args["hidden_states"])
+    assert same_bits(out, swapmoe.fused_experts(**args))
 
 
 @pytest.mark.parametrize("args", LIBS, indirect=True)
@@ -564,6 +568,7 @@ def test_scalar_arguments_of_the_wrong_python_type_are_named(args, name, value, 
     (dict(renormalize=1), "renormalize: expected a bool"),
     (dict(routed_scaling_factor=None), "routed_scaling_factor: expected a real number, got None"),
     (dict(num_expert_group=2.0, topk_group=1), "num_expert_group: expected None or an integer, got 2.0"),
+    (dict(num_expert_group=2, topk_group=1.0), "topk_group: expected None or an integer, got 1.0"),
     (dict(num_tokens="3"), "num_tokens: expected None or an integer, got '3'"),
     (dict(topk=2**63), "topk: expected an integer in ["),
     (dict(topk=2**33), "topk: expected 1 <= topk <= E = 8"),  # no [M, 2^33] buffer is allocated first
@@ -589,6 +594,7 @@ def test_router_arguments_of_the_wrong_python_type_are_named(lib, kw, needle):
     (dict(device_capability=(9.7, 0.2)), "device_capability: expected None or (major, minor) integers"),
     (dict(device_capability=(7, 5)), "device_capability: expected sm_80 or newer"),
     (dict(device_capability=(9, -5)), "device_capability: expected sm_80 or newer"),
+    (dict(device_capability=(9, 10)), "device_capability: expected sm_80 or newer"),
     (dict(device_capability=(2**40, 0)), "device_capability: expected sm_80 or newer"),
 ])
 def test_select_backend_arguments_of_the_wrong_python_type_are_named(kw, needle):
@@ -895,7 +901,7 @@ def test_a_host_buffer_too_large_to_allocate_raises_out_of_memory(lib):
     with pytest.raises(swapmoe.OutOfMemoryError,
                        match=r"^topk_weights: expected a host buffer of shape \(1099511627776, 2\)"):
         swapmoe.select_experts(wide(logits), 2)
-    with pytest.raises(MemoryError):
+    with pytest.raises(swapmoe.OutOfMemoryError, match=r"^(out|topk_weights): expected a host buffer of shape"):
         swapmoe.fused_moe(wide(x), w1, w2, wide(logits), 2)
 
 

@@ -467,16 +467,23 @@ def test_fake_impl_fp8(rng):
 
 
 @requires_torch
-def test_compile_fullgraph_fp8(rng):
+@pytest.mark.parametrize("scheme,static", [("channel", False), ("tensor", True), ("tensor", False), ("block", False)])
+def test_compile_fullgraph_fp8(scheme, static, rng):
+    """torch.compile(fullgraph=True) passes every FP8 argument through the registered op:
+    static activation scales (dropping them would quantize dynamically: other bits), channel
+    and block scales, the same bits as eager."""
     torch._dynamo.reset()
-    case = _case(6, "channel")
-    inp = to_fp8_inputs(make_fp8_problem(rng, case, "channel"), case, "torch", "bfloat16")
+    case = _case(6, scheme)
+    inp = to_fp8_inputs(make_fp8_problem(rng, case, scheme, static=static), case, "torch", "bfloat16")
+    assert (inp["a1_scale"] is not None) == static
 
-    def f(x, w1, w2, tw, ids, s1, s2):
+    def f(x, w1, w2, tw, ids, s1, s2, a1, a2):
         return swapmoe.fused_experts(x, w1, w2, tw, ids, use_fp8_w8a8=True, w1_scale=s1, w2_scale=s2,
-                                     per_channel_quant=True) * 2
+                                     a1_scale=a1, a2_scale=a2, per_channel_quant=scheme == "channel",
+                                     block_shape=[128, 128] if scheme == "block" else None) * 2
 
-    args = (inp["x"], inp["w1"], inp["w2"], inp["tw"], inp["ids"], inp["w1_scale"], inp["w2_scale"])
+    args = (inp["x"], inp["w1"], inp["w2"], inp["tw"], inp["ids"], inp["w1_scale"], inp["w2_scale"],
+            inp["a1_scale"], inp["a2_scale"])
     assert torch.equal(torch.compile(f, fullgraph=True)(*args), f(*args))
 
 

@@ -242,15 +242,21 @@ def test_opcheck_fused_moe(op, rng):
 
 
 def test_compile_fused_moe_writes_out(rng):
-    """fused_moe(out=...) under torch.compile fills the caller's out, as eagerly."""
+    """fused_moe(out=...) under torch.compile fills the caller's out, as eagerly, with an
+    expert map (dropped, every expert would count) and gelu."""
     torch._dynamo.reset()
     x, w1, w2, g = _moe_torch(rng)
+    # 8 global experts, this rank holds 4 of the 8 local weight sets' ids: the others are -1
+    emap = torch.tensor([0, -1, 1, -1, 2, -1, 3, -1], dtype=torch.int32)
+    w1, w2 = w1[:4], w2[:4]
 
-    def f(x, w1, w2, g, out):
-        swapmoe.fused_moe(x, w1, w2, g, 2, out=out)
+    def f(x, w1, w2, g, out, emap):
+        swapmoe.fused_moe(x, w1, w2, g, 2, out=out, expert_map=emap, activation="gelu")
         return out * 1
 
     eager_out, compiled_out = poison(x), poison(x)
-    eager = f(x, w1, w2, g, eager_out)
-    got = torch.compile(f, fullgraph=True)(x, w1, w2, g, compiled_out)
+    eager = f(x, w1, w2, g, eager_out, emap)
+    got = torch.compile(f, fullgraph=True)(x, w1, w2, g, compiled_out, emap)
     assert torch.equal(got, eager) and torch.equal(compiled_out, eager_out)
+    no_map = swapmoe.fused_moe(x, torch.cat([w1, w1]), torch.cat([w2, w2]), g, 2, activation="gelu")
+    assert not torch.equal(eager, no_map), "the map must matter in this case"

@@ -41,6 +41,15 @@ def test_aligned_workspace_is_256_aligned_and_bounded():
     with pytest.raises(swapmoe.ArgumentError, match=r"workspace2: expected at least \d+ bytes"):
         vllm_experts.aligned_workspace(buf[:100], 4096)
     assert vllm_experts.aligned_workspace(buf, 0) is None
+    # the bound is exact: the bytes to the next 256-byte boundary plus nbytes fit, one fewer
+    # does not (a buffer sized exactly must be taken, a short one never handed back short)
+    for skew in (0, 1, 255):
+        start = buf[skew:]
+        skip = (-start.data_ptr()) % 256
+        view = vllm_experts.aligned_workspace(start[: skip + 4096], 4096)
+        assert view.data_ptr() - start.data_ptr() == skip < 256 and view.numel() == 4096
+        with pytest.raises(swapmoe.ArgumentError, match=rf"workspace2: expected at least {skip + 4096} bytes"):
+            vllm_experts.aligned_workspace(start[: skip + 4095], 4096)
 
 
 @pytest.mark.parametrize("on_input", [False, True])
@@ -66,3 +75,12 @@ def test_run_rejects_unsupported_activation():
     with pytest.raises(swapmoe.ArgumentError, match="activation: expected one of"):
         vllm_experts.run(z, z, torch.zeros(1, 8, 8), torch.zeros(1, 8, 4), torch.ones(1, 1),
                          torch.zeros(1, 1, dtype=torch.int32), "swigluoai", 1, None, None, False)
+
+
+def test_the_plugin_routes_every_fp8_scheme_of_this_build():
+    """vllm_plugin.fp8_schemes() asks the oracle offline which FP8 schemes this build runs and
+    treats any refusal as "not built"; every scheme is built, so all three must come back (an
+    empty answer would quietly leave every FP8 layer to vLLM). Needs no vLLM."""
+    from swapmoe import vllm_plugin
+
+    assert set(vllm_plugin.fp8_schemes()) == {"fp8_tensor", "fp8_channel", "fp8_block128"}
