@@ -157,6 +157,24 @@ impl FakeAddresses {
     }
 }
 
+/// `out` may be hidden_states (each row is read before it is written) but no other input:
+/// ShapeError naming the first of `read` (name, tensor) whose bytes it overlaps.
+pub fn check_out_overlaps(out: &TensorDesc, read: &[(&str, Option<&TensorDesc>)]) -> Result<()> {
+    let Some((o0, o1)) = out.byte_span() else {
+        return Ok(());
+    };
+    for (name, t) in read {
+        if let Some((t0, t1)) = t.and_then(|t| t.byte_span()) {
+            if o0 < t1 && t0 < o1 {
+                return Err(Error::Shape(format!(
+                    "out: expected memory that does not overlap {name} (out may be hidden_states, no other input), got bytes [{o0:#x}, {o1:#x}) against {name}'s [{t0:#x}, {t1:#x})"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 impl TensorDesc {
     /// The tensor as an error message's "got ...": its dtype and shape.
     pub fn described(&self) -> String {
@@ -838,17 +856,7 @@ impl MoeProblem {
             ("a1_scale", q.a1_scale),
             ("a2_scale", q.a2_scale),
         ];
-        if let Some((o0, o1)) = out.byte_span() {
-            for (name, t) in read {
-                if let Some((t0, t1)) = t.and_then(|t| t.byte_span()) {
-                    if o0 < t1 && t0 < o1 {
-                        return Err(Error::Shape(format!(
-                            "out: expected memory that does not overlap {name} (out may be hidden_states, no other input), got bytes [{o0:#x}, {o1:#x}) against {name}'s [{t0:#x}, {t1:#x})"
-                        )));
-                    }
-                }
-            }
-        }
+        check_out_overlaps(out, &read)?;
 
         let global = match a.expert_map {
             Some(map) => {

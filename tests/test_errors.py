@@ -951,3 +951,27 @@ def test_nested_and_storage_less_torch_tensors_are_named(rng):
         swapmoe.fused_experts(inp["x"], inp["w1"].to_sparse(), inp["w2"], inp["tw"], inp["ids"])
     assert "\n" not in str(e.value) and "frame #" not in str(e.value)
     assert e.value.__cause__ is not None
+
+
+@pytest.mark.parametrize("lib", LIBS)
+def test_fused_moe_out_may_not_overlap_the_routers_inputs(lib, rng):
+    """fused_moe's out follows fused_experts' rule (hidden_states, no other input): memory
+    shared with gating_output or e_score_correction_bias is a ShapeError naming it, before
+    anything runs; out = hidden_states stays allowed."""
+    case = Case(5, 8, 2, 40, 48)
+    inp = to_inputs(make_problem(rng, case), case, lib, "float32")
+    conv = (lambda a: a) if lib == "numpy" else torch.from_numpy
+    buf = conv(np.zeros((case.M, case.K), np.float32))
+    logits = buf[:, : case.E]  # the router's logits inside out's memory
+    with pytest.raises(swapmoe.ShapeError, match=r"^out: expected memory that does not overlap gating_output"):
+        swapmoe.fused_moe(inp["x"], inp["w1"], inp["w2"], logits, 2, out=buf)
+    bias = buf[0, : case.E]
+    g = conv(rng.standard_normal((case.M, case.E), dtype=np.float32))
+    with pytest.raises(swapmoe.ShapeError, match=r"^out: expected memory that does not overlap e_score_correction_bias"):
+        swapmoe.fused_moe(inp["x"], inp["w1"], inp["w2"], g, 2, out=buf, scoring="sigmoid", num_expert_group=2,
+                          topk_group=1, e_score_correction_bias=bias)
+    assert float(np.abs(np.asarray(buf)).max()) == 0.0, "nothing may be written before the error"
+    x = inp["x"]
+    want = swapmoe.fused_moe(x, inp["w1"], inp["w2"], g, 2)
+    assert swapmoe.fused_moe(x, inp["w1"], inp["w2"], g, 2, out=x) is x
+    assert same_bits(want, x)

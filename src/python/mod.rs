@@ -666,6 +666,15 @@ fn fused_moe(
     )
     .py_err(py)?;
     let problem = problem_of(&inputs)?;
+    // As fused_experts: out may be hidden_states, no other input (the router's too).
+    crate::problem::check_out_overlaps(
+        &t_out.desc,
+        &[
+            ("gating_output", Some(&g.desc)),
+            ("e_score_correction_bias", bias.as_ref().map(|b| &b.desc)),
+        ],
+    )
+    .py_err(py)?;
     if router.experts != problem.global_experts {
         return Err(to_pyerr(
             py,
