@@ -845,7 +845,7 @@ def test_a_forced_backend_that_cannot_run_names_where_it_was_forced(lib, rng, mo
     assert out.shape == (case.M, case.K)
 
 
-@pytest.mark.parametrize("device", [None, "cpu", "cuda:x", "cuda:-1", "gpu:0", 1.5, True, 2**70, [0], b"cuda"])
+@pytest.mark.parametrize("device", [None, "cpu", "cuda:x", "cuda:-1", "cuda:", "gpu:0", 1.5, True, 2**70, [0], b"cuda"])
 def test_warmup_names_a_device_it_cannot_read(device):
     """``warmup(device)`` takes an ordinal, 'cuda[:N]', a torch.device or a CuPy Device; other
     values raise ArgumentError naming ``device`` and the value (not a bare TypeError or

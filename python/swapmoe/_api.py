@@ -569,8 +569,8 @@ def device_ordinal(device: Any) -> int:
     if ordinal is None:
         kind, index = None, None
         if isinstance(device, str):
-            kind, _, rest = device.strip().partition(":")
-            if rest:
+            kind, colon, rest = device.strip().partition(":")
+            if colon:
                 if not rest.isdigit():
                     raise bad
                 index = int(rest)
