@@ -850,15 +850,15 @@ pub fn tables_switch(value: Option<&str>) -> (bool, Option<String>) {
 /// are seen by the next process.
 pub fn global() -> Arc<TableSet> {
     let user = std::env::var(TABLES_DIR_ENV).ok().filter(|v| !v.is_empty());
-    let switch = std::env::var(TABLES_ENV).ok();
-    let (off, switch_error) = tables_switch(switch.as_deref());
-    let key: CacheKey = (shipped_dir(), user, switch);
+    let key: CacheKey = (shipped_dir(), user, std::env::var(TABLES_ENV).ok());
     let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((k, set)) = cache.as_ref() {
         if *k == key {
             return set.clone();
         }
     }
+    // Read the switch only when the set is rebuilt (a cache hit is every plan's path).
+    let (off, switch_error) = tables_switch(key.2.as_deref());
     let mut set = if off {
         TableSet::disabled()
     } else {
