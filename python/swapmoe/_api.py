@@ -8,7 +8,7 @@ import warnings
 from typing import Any, List, Optional, Tuple
 
 from . import _core
-from ._args import CONVERSION_ERRORS, host_buffer, quant_name, raise_named, routing_shape, shown
+from ._args import CONVERSION_ERRORS, host_buffer, host_router_outputs, quant_name, raise_named, routing_shape, shown
 from .errors import ArgumentError, DTypeError, ShapeError
 
 
@@ -224,12 +224,6 @@ def fused_experts(
                                  stream=stream, **kw)
 
 
-def _host_router_outputs(np: Any, m: int, k: int) -> Tuple[Any, Any]:
-    """The router's [m, k] weights (float32) and ids (int32) as numpy arrays."""
-    return (host_buffer(lambda: np.empty((m, k), np.float32), "topk_weights", (m, k), "float32"),
-            host_buffer(lambda: np.empty((m, k), np.int32), "topk_ids", (m, k), "int32"))
-
-
 def _listed(block_shape: Any) -> Any:
     """``block_shape`` as the core takes it (a list or tuple of ints): a 1-D tensor or array
     (``torch.tensor([128, 128])``) becomes its list; anything else goes on as it is, for the
@@ -386,7 +380,7 @@ def select_experts(
     else:
         import numpy as np
 
-        weights, ids = _host_router_outputs(np, m, k)
+        weights, ids = host_router_outputs(np.empty, np.float32, np.int32, m, k)
     try:
         _core.select_experts(
             gating_output, weights, ids, topk, renormalize, scoring, num_expert_group, topk_group,
@@ -538,7 +532,7 @@ def _fused_moe_dlpack(hidden_states, w1, w2, gating_output, topk, *, out, worksp
         if on_host:
             import numpy as np
 
-            weights, ids = _host_router_outputs(np, m, k)
+            weights, ids = host_router_outputs(np.empty, np.float32, np.int32, m, k)
     try:
         _core.fused_moe(
             hidden_states, w1, w2, gating_output, weights, ids, out, workspace, topk,

@@ -11,7 +11,7 @@ the expected kind and the value given. The call's hot path is unchanged.
 from __future__ import annotations
 
 import operator
-from typing import Any, Callable, Dict, NoReturn, Optional
+from typing import Any, Callable, Dict, NoReturn, Optional, Tuple
 
 from .errors import ArgumentError, Error, OutOfMemoryError
 
@@ -196,6 +196,13 @@ def raise_named(err: BaseException, args: Dict[str, Any],
     if bad is err:
         raise err
     raise bad from err
+
+
+def host_router_outputs(empty: Callable[..., Any], float32: Any, int32: Any, m: int, k: int) -> Tuple[Any, Any]:
+    """The router's [m, k] weights (float32) and ids (int32) in host memory, by ``empty``
+    (numpy's or torch's) with those dtypes, through :func:`host_buffer`."""
+    return (host_buffer(lambda: empty((m, k), dtype=float32), "topk_weights", (m, k), "float32"),
+            host_buffer(lambda: empty((m, k), dtype=int32), "topk_ids", (m, k), "int32"))
 
 
 def host_buffer(allocate: Callable[[], Any], what: str, shape: Any, dtype: Any) -> Any:

@@ -262,10 +262,9 @@ def hf_config_shape(path: str, tp: int = 1, ep: int = 1) -> MoeShape:
         # JSON integers only: 8.7 is not 8 experts, true is not topk 1, 1e400 is no size at all
         if type(v) is not int:
             raise BenchError(f"--hf-config: expected an integer {what} in {path}, got {v!r}")
-    E_i, topk, K, N = E, found["topk"], found["K"], found["N"]
     name = cfg.get("_name_or_path") or scope.get("model_type") or cfg.get("model_type") or "hf-config"
     name = str(name).rstrip("/").split("/")[-1] or "hf-config"
-    return shard_shape(name, E_i, topk, K, N, tp, ep, f"hf-config:{path}")
+    return shard_shape(name, E, found["topk"], found["K"], found["N"], tp, ep, f"hf-config:{path}")
 
 
 #: the largest token count the command line takes (the op's slot indices are 32-bit)

@@ -10,7 +10,7 @@ from typing import List, Optional
 import torch
 
 from . import _core
-from ._args import CONVERSION_ERRORS, host_buffer, quant_name, raise_named, routing_shape
+from ._args import CONVERSION_ERRORS, host_buffer, host_router_outputs, quant_name, raise_named, routing_shape
 from .errors import ArgumentError, DTypeError
 
 
@@ -193,8 +193,7 @@ def _empty_routing(gating_output: torch.Tensor, topk: int):
     if gating_output.device.type != "cpu":
         return (gating_output.new_empty((m, k), dtype=torch.float32),
                 gating_output.new_empty((m, k), dtype=torch.int32))
-    return (host_buffer(lambda: torch.empty((m, k), dtype=torch.float32), "topk_weights", (m, k), torch.float32),
-            host_buffer(lambda: torch.empty((m, k), dtype=torch.int32), "topk_ids", (m, k), torch.int32))
+    return host_router_outputs(torch.empty, torch.float32, torch.int32, m, k)
 
 
 def _route(gating_output, topk_weights, topk_ids, topk, renormalize, scoring, num_expert_group,
