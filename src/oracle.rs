@@ -1656,10 +1656,11 @@ pub fn decide(p: &MoeProblem, caps: Option<&DeviceCaps>, req: &Request) -> Resul
     let mut log = None;
     let backend = if let Some(want) = req.backend {
         if let Err(why) = c.eligible(want) {
-            return Err(Error::Argument(format!(
-                "{}: {} cannot run {p}: {why}; the heuristic choice is {}",
+            return Err(why.kind.error(format!(
+                "{}: {} cannot run {p}: {}; the heuristic choice is {}",
                 forced_backend_source(),
                 want.name(),
+                why.why,
                 plan(p, caps).backend.name()
             )));
         }
@@ -2913,6 +2914,72 @@ pub fn expected_slots_per_expert(slots: usize, experts: usize) -> f64 {
     slots as f64 / distinct.max(1.0)
 }
 
+/// Why a backend cannot run a problem: the reason in words, and which input it is about,
+/// which decides the error a forced backend raises (a K or N tail the kernels cannot take is a
+/// `ShapeError` naming the multiple they need, an fp32 call on a 16-bit kernel a `DTypeError`).
+#[derive(Debug, Clone, PartialEq)]
+struct Ineligible {
+    kind: IneligibleKind,
+    why: String,
+}
+
+/// The input an `Ineligible` reason is about.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum IneligibleKind {
+    /// The tensors' device or the device's architecture.
+    Device,
+    /// The activation dtype.
+    DType,
+    /// M, K, N, the slots, or the strides and alignment.
+    Shape,
+    /// A scheme or option the backend does not take.
+    Argument,
+}
+
+impl IneligibleKind {
+    fn error(self, message: String) -> Error {
+        match self {
+            IneligibleKind::Device => Error::Device(message),
+            IneligibleKind::DType => Error::DType(message),
+            IneligibleKind::Shape => Error::Shape(message),
+            IneligibleKind::Argument => Error::Argument(message),
+        }
+    }
+}
+
+impl Ineligible {
+    fn device(why: impl Into<String>) -> Self {
+        Ineligible {
+            kind: IneligibleKind::Device,
+            why: why.into(),
+        }
+    }
+    fn dtype(why: impl Into<String>) -> Self {
+        Ineligible {
+            kind: IneligibleKind::DType,
+            why: why.into(),
+        }
+    }
+    fn shape(why: impl Into<String>) -> Self {
+        Ineligible {
+            kind: IneligibleKind::Shape,
+            why: why.into(),
+        }
+    }
+    fn argument(why: impl Into<String>) -> Self {
+        Ineligible {
+            kind: IneligibleKind::Argument,
+            why: why.into(),
+        }
+    }
+}
+
+impl fmt::Display for Ineligible {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.why)
+    }
+}
+
 /// What the oracle knows about one problem while it decides.
 struct Candidates<'a> {
     p: &'a MoeProblem,
@@ -3025,76 +3092,78 @@ impl<'a> Candidates<'a> {
 
     /// What every Hopper bf16/fp16 kernel needs: no FP8, an sm_90 device (`needs`: for what),
     /// bfloat16 or float16, and 16-byte aligned rows (`copies`: what copies them).
-    fn hopper_16bit(&self, needs: &str, copies: &str) -> std::result::Result<(), String> {
+    fn hopper_16bit(&self, needs: &str, copies: &str) -> std::result::Result<(), Ineligible> {
         let p = self.p;
         if p.quant.is_some() {
-            Err("it has no FP8 kernels in this build".into())
+            Err(Ineligible::argument("it has no FP8 kernels in this build"))
         } else if self.hopper_sms.is_none() {
-            Err(format!("it needs an sm_90 (Hopper) device: {needs}"))
+            Err(Ineligible::device(format!(
+                "it needs an sm_90 (Hopper) device: {needs}"
+            )))
         } else if !matches!(p.dtype, DType::BF16 | DType::F16) {
-            Err(format!(
+            Err(Ineligible::dtype(format!(
                 "it needs bfloat16 or float16, got {}",
                 p.dtype.name()
-            ))
+            )))
         } else if self.gemm1_vec == 1 || self.gemm2_vec == 1 {
-            Err(format!("{copies} need K, N and every row stride to be multiples of 8 elements, with 16-byte aligned tensors"))
+            Err(Ineligible::shape(format!("{copies} need K, N and every row stride to be multiples of 8 elements, with 16-byte aligned tensors")))
         } else {
             Ok(())
         }
     }
 
     /// The Hopper FP8 (e4m3 wgmma) kernels' device and output dtype; `needs` names what they use.
-    fn hopper_fp8(&self, needs: &str) -> std::result::Result<(), String> {
+    fn hopper_fp8(&self, needs: &str) -> std::result::Result<(), Ineligible> {
         if self.hopper_sms.is_none() {
-            Err(format!(
+            Err(Ineligible::device(format!(
                 "its FP8 kernels need an sm_90 (Hopper) device: {needs}"
-            ))
+            )))
         } else if !matches!(self.p.dtype, DType::BF16 | DType::F16) {
-            Err(format!(
+            Err(Ineligible::dtype(format!(
                 "its FP8 kernels write bfloat16 or float16 outputs, got {}",
                 self.p.dtype.name()
-            ))
+            )))
         } else {
             Ok(())
         }
     }
 
     /// The FP8 kernels' tensor maps over the e4m3 weights and rows.
-    fn fp8_tensor_maps(&self) -> std::result::Result<(), String> {
+    fn fp8_tensor_maps(&self) -> std::result::Result<(), Ineligible> {
         if self.gemm1_vec == 1 || self.gemm2_vec == 1 {
-            Err(format!("its tensor maps need K, N and every w1/w2 stride to be multiples of {FP8_VEC} e4m3, with 16-byte aligned weights"))
+            Err(Ineligible::shape(format!("its tensor maps need K, N and every w1/w2 stride to be multiples of {FP8_VEC} e4m3, with 16-byte aligned weights")))
         } else {
             Ok(())
         }
     }
 
     /// Whether `b` can run the problem, and why not.
-    fn eligible(&self, b: Backend) -> std::result::Result<(), String> {
+    fn eligible(&self, b: Backend) -> std::result::Result<(), Ineligible> {
         let p = self.p;
         let on_cuda = matches!(p.device, Device::Cuda(_));
         match b {
-            Backend::Cpu if on_cuda => Err("it needs CPU tensors".into()),
+            Backend::Cpu if on_cuda => Err(Ineligible::device("it needs CPU tensors")),
             Backend::Cpu => Ok(()),
-            _ if !on_cuda => Err("it needs CUDA tensors".into()),
+            _ if !on_cuda => Err(Ineligible::device("it needs CUDA tensors")),
             _ if self.capability.is_some_and(|c| c.0 < 8) => {
                 let (major, minor) = self.capability.unwrap_or_default();
-                Err(format!(
+                Err(Ineligible::device(format!(
                     "the embedded kernels are built for sm_80 and sm_90a, the device is sm_{major}{minor}"
-                ))
+                )))
             }
             Backend::CudaGeneric => Ok(()),
-            Backend::CudaDecode if p.slots() > DECODE_MAX_SLOTS => Err(format!(
+            Backend::CudaDecode if p.slots() > DECODE_MAX_SLOTS => Err(Ineligible::shape(format!(
                 "it holds at most M*topk = {DECODE_MAX_SLOTS} slots, got {}",
                 p.slots()
-            )),
+            ))),
             Backend::CudaDecode => Ok(()),
             Backend::CudaBulkDecode => {
                 self.hopper_16bit("TMA bulk copies and mbarriers", "its bulk copies")?;
                 if p.slots() > BULK_MAX_SLOTS {
-                    return Err(format!(
+                    return Err(Ineligible::shape(format!(
                         "it holds at most M*topk = {BULK_MAX_SLOTS} slots, got {}",
                         p.slots()
-                    ));
+                    )));
                 }
                 Ok(())
             }
@@ -3102,16 +3171,16 @@ impl<'a> Candidates<'a> {
                 self.hopper_fp8("wgmma e4m3, TMA tensor maps and mbarriers")?;
                 if let Some(q) = p.quant {
                     if !WGMMA_FP8_SCHEMES.contains(&q.scheme) {
-                        return Err(format!(
+                        return Err(Ineligible::argument(format!(
                             "its FP8 kernels take per-tensor, per-channel or 128x128 block scales, got {}",
                             q.scheme.name()
-                        ));
+                        )));
                     }
                     if q.scheme == QuantScheme::Block && p.n % FP8_BLOCK != 0 {
-                        return Err(format!(
+                        return Err(Ineligible::shape(format!(
                             "with 128x128 block scales its GEMM1 quantizes the intermediate in groups of {FP8_BLOCK} columns inside one CTA tile, so N must be a multiple of {FP8_BLOCK}, got N = {}",
                             p.n
-                        ));
+                        )));
                     }
                 }
                 self.fp8_tensor_maps()
@@ -3135,14 +3204,14 @@ impl<'a> Candidates<'a> {
             }
             Backend::CudaMma => {
                 if p.quant.is_some() {
-                    Err("it has no FP8 kernels in this build".into())
+                    Err(Ineligible::argument("it has no FP8 kernels in this build"))
                 } else if !matches!(p.dtype, DType::BF16 | DType::F16) {
-                    Err(format!(
+                    Err(Ineligible::dtype(format!(
                         "it needs bfloat16 or float16, got {}",
                         p.dtype.name()
-                    ))
+                    )))
                 } else if self.gemm1_vec == 1 || self.gemm2_vec == 1 {
-                    Err("it needs K, N and every row stride to be multiples of 8 elements, with 16-byte aligned tensors".into())
+                    Err(Ineligible::shape("it needs K, N and every row stride to be multiples of 8 elements, with 16-byte aligned tensors"))
                 } else {
                     Ok(())
                 }
@@ -3151,18 +3220,18 @@ impl<'a> Candidates<'a> {
     }
 
     /// cuda_wgmma_swap's limits on tokens and slots.
-    fn swap_limits(&self) -> std::result::Result<(), String> {
+    fn swap_limits(&self) -> std::result::Result<(), Ineligible> {
         let p = self.p;
         if p.m > SWAP_MAX_TOKENS {
-            Err(format!(
+            Err(Ineligible::shape(format!(
                 "it holds at most M = {SWAP_MAX_TOKENS} tokens (one wgmma column each), got {}",
                 p.m
-            ))
+            )))
         } else if p.slots() > SWAP_MAX_SLOTS {
-            Err(format!(
+            Err(Ineligible::shape(format!(
                 "it holds at most M*topk = {SWAP_MAX_SLOTS} slots, got {}",
                 p.slots()
-            ))
+            )))
         } else {
             Ok(())
         }
@@ -3185,7 +3254,7 @@ impl<'a> Candidates<'a> {
                 ));
             }
         };
-        self.eligible(b)?;
+        self.eligible(b).map_err(|why| why.to_string())?;
         if let Some(t) = tile {
             let built: &[usize] = if b == Backend::CudaWgmma && self.p.quant.is_some() {
                 &WGMMA_FP8_TOKEN_TILES
@@ -5303,6 +5372,7 @@ mod tests {
             Candidates::new(p, Some(&h), true)
                 .eligible(Backend::CudaBulkDecode)
                 .unwrap_err()
+                .why
         };
         assert!(why(&problem(4, 128, 8, 2048, 768, DType::F32)).contains("float32"));
         assert!(why(&problem(4, 128, 8, 2044, 768, DType::BF16)).contains("multiples of 8"));
@@ -5320,9 +5390,198 @@ mod tests {
             Some(Backend::CudaBulkDecode),
         )
         .unwrap_err();
-        assert!(matches!(err, Error::Argument(ref m) if m.contains("cuda_bulk_decode")));
+        assert!(matches!(err, Error::DType(ref m) if m.contains("cuda_bulk_decode")));
         let fp32 = plan(&problem(2, 128, 8, 2048, 768, DType::F32), Some(&h));
         assert_eq!(fp32.backend, Backend::CudaDecode);
+    }
+
+    /// A forced backend that cannot run the call raises the error of the input it is about
+    /// (issue 5: a K or N tail the layout cannot take is a `ShapeError` naming the multiple),
+    /// and every rejection reason of `Candidates::eligible` reads as it should.
+    #[test]
+    fn forced_backend_errors_by_kind() {
+        let h = h200();
+        let a100 = DeviceCaps {
+            name: "NVIDIA A100-SXM4-80GB".into(),
+            capability: (8, 0),
+            sm_count: 108,
+        };
+        let forced_err = |p: &MoeProblem, caps: &DeviceCaps, b: Backend| {
+            plan_with(p, Some(caps), Some(b)).unwrap_err()
+        };
+        let shape_err = |e: Error, what: &str| match e {
+            Error::Shape(m) => assert!(m.contains(what), "{m}"),
+            other => panic!("expected a shape error naming {what:?}, got {other:?}"),
+        };
+        // K and N tails: every TMA/bulk/mma backend names the multiple of 8
+        for b in [
+            Backend::CudaWgmmaSwap,
+            Backend::CudaWgmma,
+            Backend::CudaMma,
+            Backend::CudaBulkDecode,
+        ] {
+            for (k, n) in [(2050, 768), (2048, 770)] {
+                let e = forced_err(&problem(1, 128, 8, k, n, DType::BF16), &h, b);
+                shape_err(e, "multiples of 8 elements");
+            }
+        }
+        // the slot and token limits
+        shape_err(
+            forced_err(
+                &problem(65, 128, 8, 2048, 768, DType::BF16),
+                &h,
+                Backend::CudaWgmmaSwap,
+            ),
+            "at most M = 64 tokens",
+        );
+        shape_err(
+            forced_err(
+                &problem(4096, 128, 8, 2048, 768, DType::BF16),
+                &h,
+                Backend::CudaDecode,
+            ),
+            "slots",
+        );
+        // dtypes
+        for b in [Backend::CudaWgmmaSwap, Backend::CudaWgmma, Backend::CudaMma] {
+            match forced_err(&problem(4, 128, 8, 2048, 768, DType::F32), &h, b) {
+                Error::DType(m) => {
+                    assert!(m.contains("needs bfloat16 or float16, got float32"), "{m}")
+                }
+                other => panic!("{b:?}: expected a dtype error, got {other:?}"),
+            }
+        }
+        // devices: Hopper kernels on an A100, CUDA backends on CPU tensors and the CPU backend
+        // on CUDA tensors
+        match forced_err(
+            &problem(4, 128, 8, 2048, 768, DType::BF16),
+            &a100,
+            Backend::CudaWgmma,
+        ) {
+            Error::Device(m) => assert!(m.contains("needs an sm_90 (Hopper) device"), "{m}"),
+            other => panic!("expected a device error, got {other:?}"),
+        }
+        match forced_err(
+            &problem(4, 128, 8, 2048, 768, DType::BF16),
+            &h,
+            Backend::Cpu,
+        ) {
+            Error::Device(m) => assert!(m.contains("it needs CPU tensors"), "{m}"),
+            other => panic!("expected a device error, got {other:?}"),
+        }
+        let cpu = {
+            let addrs = crate::problem::FakeAddresses::default();
+            let t = |d, shape: &[i64]| addrs.tensor(d, shape, Device::Cpu);
+            let (x, w1, w2) = (
+                t(DType::BF16, &[4, 256]),
+                t(DType::BF16, &[8, 256, 256]),
+                t(DType::BF16, &[8, 256, 128]),
+            );
+            let (tw, ids, out) = (
+                t(DType::F32, &[4, 2]),
+                t(DType::I32, &[4, 2]),
+                t(DType::BF16, &[4, 256]),
+            );
+            MoeProblem::new(&MoeArgs {
+                hidden_states: &x,
+                w1: &w1,
+                w2: &w2,
+                topk_weights: &tw,
+                topk_ids: &ids,
+                out: &out,
+                expert_map: None,
+                activation: Activation::Silu,
+                apply_router_weight_on_input: false,
+                global_num_experts: -1,
+                quant: crate::problem::QuantArgs::default(),
+            })
+            .unwrap()
+        };
+        match forced_err(&cpu, &h, Backend::CudaGeneric) {
+            Error::Device(m) => assert!(m.contains("it needs CUDA tensors"), "{m}"),
+            other => panic!("expected a device error, got {other:?}"),
+        }
+        // FP8 on a backend without e4m3 kernels is about the quantization argument
+        let req = |b| Request {
+            backend: Some(b),
+            ..Request::default()
+        };
+        let fp8 = |b| {
+            plan_for_shape(
+                4,
+                128,
+                8,
+                2048,
+                768,
+                DType::BF16,
+                Some(QuantScheme::Tensor),
+                None,
+                &h,
+                &req(b),
+            )
+            .unwrap_err()
+        };
+        for b in [Backend::CudaMma, Backend::CudaBulkDecode] {
+            match fp8(b) {
+                Error::Argument(m) => {
+                    assert!(m.contains("it has no FP8 kernels in this build"), "{m}")
+                }
+                other => panic!("{b:?}: expected an argument error, got {other:?}"),
+            }
+        }
+        // FP8 tails and the block scales' N
+        match plan_for_shape(
+            4,
+            128,
+            8,
+            2048,
+            770,
+            DType::BF16,
+            Some(QuantScheme::Tensor),
+            None,
+            &h,
+            &req(Backend::CudaWgmmaSwap),
+        ) {
+            Err(Error::Shape(m)) => assert!(m.contains("multiples of 16 e4m3"), "{m}"),
+            other => panic!("expected a shape error, got {other:?}"),
+        }
+        match plan_for_shape(
+            4,
+            128,
+            8,
+            2048,
+            192,
+            DType::BF16,
+            Some(QuantScheme::Block),
+            None,
+            &h,
+            &req(Backend::CudaWgmma),
+        ) {
+            Err(Error::Shape(m)) => assert!(
+                m.contains("N must be a multiple of 128, got N = 192"),
+                "{m}"
+            ),
+            other => panic!("expected a shape error, got {other:?}"),
+        }
+        // the FP8 kernels write 16-bit outputs
+        match plan_for_shape(
+            4,
+            128,
+            8,
+            2048,
+            768,
+            DType::F32,
+            Some(QuantScheme::Tensor),
+            None,
+            &h,
+            &req(Backend::CudaWgmmaSwap),
+        ) {
+            Err(Error::DType(m)) => assert!(
+                m.contains("write bfloat16 or float16 outputs, got float32"),
+                "{m}"
+            ),
+            other => panic!("expected a dtype error, got {other:?}"),
+        }
     }
 
     #[test]
@@ -5461,7 +5720,7 @@ mod tests {
         let p = problem(128, 8, 8, 256, 128, DType::BF16); // 1024 slots: too many for decode
         let err = plan_with(&p, None, Some(Backend::CudaDecode)).unwrap_err();
         assert!(
-            matches!(err, Error::Argument(ref m) if m.contains("cuda_decode") && m.contains("512"))
+            matches!(err, Error::Shape(ref m) if m.contains("cuda_decode") && m.contains("512"))
         );
         assert!(plan_with(&p, None, Some(Backend::Cpu)).is_err());
         let forced = plan_with(&p, None, Some(Backend::CudaGeneric)).unwrap();

@@ -823,17 +823,17 @@ def test_cupy_and_torch_name_the_same_quant():
 @pytest.mark.parametrize("lib", LIBS)
 def test_a_forced_backend_that_cannot_run_names_where_it_was_forced(lib, rng, monkeypatch):
     """A backend forced by the argument or by $SWAPMOE_BACKEND that cannot run the call (a
-    CUDA backend on host tensors) raises ArgumentError; where the environment sets the
+    CUDA backend on host tensors) raises DeviceError; where the environment sets the
     variable the message names it and its value, since the user may never have passed
     ``backend=``. An unknown name in the variable is named as the variable."""
     case = Case(5, 8, 2, 40, 48)
     inp = to_inputs(make_problem(rng, case), case, lib, "float32")
     monkeypatch.delenv("SWAPMOE_BACKEND", raising=False)
-    with pytest.raises(swapmoe.ArgumentError, match=r"^backend: cuda_mma cannot run ") as e:
+    with pytest.raises(swapmoe.DeviceError, match=r"^backend: cuda_mma cannot run .*: it needs CUDA tensors") as e:
         call(inp, case, backend="cuda_mma")
     assert "SWAPMOE_BACKEND" not in str(e.value)
     monkeypatch.setenv("SWAPMOE_BACKEND", "cuda_mma")
-    with pytest.raises(swapmoe.ArgumentError,
+    with pytest.raises(swapmoe.DeviceError,
                        match=r"^backend \(the argument, else \$SWAPMOE_BACKEND=\"cuda_mma\"\): cuda_mma cannot run "):
         call(inp, case)
     monkeypatch.setenv("SWAPMOE_BACKEND", "cuda_tcgen05")
@@ -843,6 +843,25 @@ def test_a_forced_backend_that_cannot_run_names_where_it_was_forced(lib, rng, mo
     # the argument wins over the variable, and the CPU backend runs host tensors
     out = call(inp, case, backend="cpu")
     assert out.shape == (case.M, case.K)
+
+
+@pytest.mark.parametrize("backend", ["cuda_wgmma_swap", "cuda_wgmma", "cuda_mma", "cuda_bulk_decode"])
+@pytest.mark.parametrize("K,N", [(2050, 768), (2048, 770)])
+def test_a_forced_backend_refuses_k_and_n_tails_with_a_shape_error(backend, K, N):
+    """Issue 5: where a kernel's layout cannot take a K or N tail, forcing it raises ShapeError
+    (a ValueError) naming the multiple it needs, not an ArgumentError; the heuristics pick a
+    kernel that takes the tail (asked offline: no GPU needed)."""
+    with pytest.raises(swapmoe.ShapeError, match=rf"^backend: {backend} cannot run .*multiples of 8 elements") as e:
+        swapmoe.select_backend(1, 128, 8, K, N, device_name="NVIDIA H200", backend=backend)
+    assert isinstance(e.value, ValueError)
+    assert swapmoe.select_backend(1, 128, 8, K, N, device_name="NVIDIA H200").backend == "cuda_decode"
+
+
+def test_a_forced_backend_refuses_a_dtype_with_a_dtype_error():
+    """A 16-bit kernel forced on a float32 call raises DTypeError (a TypeError) naming the dtype."""
+    with pytest.raises(swapmoe.DTypeError, match=r"needs bfloat16 or float16, got float32") as e:
+        swapmoe.select_backend(4, 128, 8, 2048, 768, dtype="fp32", device_name="NVIDIA H200", backend="cuda_wgmma")
+    assert isinstance(e.value, TypeError)
 
 
 @pytest.mark.parametrize("device", [None, "cpu", "cuda:x", "cuda:-1", "cuda:", "gpu:0", 1.5, True, 2**70, [0], b"cuda"])

@@ -174,7 +174,7 @@ def test_override_argument_and_env(monkeypatch):
     p = plan(1)
     assert p.backend == "cuda_mma" and p.source == "override"  # the env var overrides too
     assert any(r.startswith("override:") for r in p.reasons)
-    with pytest.raises(swapmoe.ArgumentError, match="cuda_decode"):
+    with pytest.raises(swapmoe.ShapeError, match="cuda_decode cannot run .*at most M\*topk = 512 slots"):
         monkeypatch.delenv("SWAPMOE_BACKEND")
         plan(1024, backend="cuda_decode")  # 8192 slots: more than the decode kernels hold
 

@@ -163,7 +163,10 @@ def fused_experts(
     - backend: force a backend (``"cuda_decode"``, ``"cuda_wgmma_swap"``, ``"cuda_mma"``,
       ``"cuda_wgmma"``, ``"cuda_bulk_decode"``, ``"cuda_generic"`` or ``"cpu"``) instead of
       the oracle's choice; ``$SWAPMOE_BACKEND`` does the same for every call. A backend that
-      cannot run the call raises :class:`ArgumentError`.
+      cannot run the call raises the error of what stops it: :class:`ShapeError` (a K or N
+      tail its layout cannot take, naming the multiple; M or the slots past its limit),
+      :class:`DTypeError`, :class:`DeviceError`, or :class:`ArgumentError` (FP8 on a backend
+      without e4m3 kernels).
     - FP8 W8A8 (vLLM's ``use_fp8_w8a8=True``): w1/w2 are float8_e4m3fn (numpy: uint8
       holding e4m3 bytes) and hidden_states stays bf16/fp16/fp32; the output has the
       hidden dtype. Schemes, with float32 scales:

@@ -91,7 +91,10 @@ def select_backend(
 
     Order: ``backend`` / ``$SWAPMOE_BACKEND`` (and ``$SWAPMOE_MMA_TOKEN_TILE``), then the
     tuned table of the shape and device (shipped, or ``$SWAPMOE_TABLES_DIR``), then the
-    heuristics. ``external_backends`` (e.g. ``("vllm_triton",)``) names the backends outside
+    heuristics. A forced backend that cannot run the shape raises the error of what stops it:
+    :class:`ShapeError` for a K or N tail its layout cannot take (naming the multiple) or M
+    past its limit, :class:`DTypeError`, :class:`DeviceError`, or :class:`ArgumentError`.
+    ``external_backends`` (e.g. ``("vllm_triton",)``) names the backends outside
     swapmoe that the caller can run; a table entry naming another one is skipped for the
     best swapmoe entry.
 
