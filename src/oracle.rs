@@ -1714,6 +1714,10 @@ pub fn decide(p: &MoeProblem, caps: Option<&DeviceCaps>, req: &Request) -> Resul
             });
         }
     }
+    if source != Source::Table {
+        c.table_times.clear(); // an entry that did not decide (its pick could not run) is not quoted
+    }
+    c.account_for_the_rest(backend, source, external, req.external);
     let can = c.pdl_ok;
     let mut plan = c.build(backend);
     if let (Some(want), true) = (req.first_kernel_pdl, !plan.kernels.is_empty()) {
@@ -2401,6 +2405,9 @@ fn from_table(
         m: entry.m,
         used: false,
     };
+    if c.reasons.wanted() {
+        c.table_times = entry.times_us.clone();
+    }
     c.reasons.add(|| format!(
         "table: {} ({}) entry M={} (the nearest to M={} within {}x; ties go to the smaller M): {}{}",
         t.file,
@@ -2996,6 +3003,9 @@ struct Candidates<'a> {
     gemm1_vec: usize,
     gemm2_vec: usize,
     reasons: Reasons,
+    /// The measured times of the table entry that decided, when the reasons are wanted (the
+    /// other candidates' reasons quote them).
+    table_times: Vec<(Choice, f64)>,
 }
 
 impl<'a> Candidates<'a> {
@@ -3061,6 +3071,123 @@ impl<'a> Candidates<'a> {
             gemm1_vec: if gemm1_ok { w as usize } else { 1 },
             gemm2_vec: if gemm2_ok { w as usize } else { 1 },
             reasons,
+            table_times: Vec::new(),
+        }
+    }
+
+    /// A reason for every candidate that has none yet, so that a plan says why each one was
+    /// taken or not (issue 6): the swapmoe backends the decision never looked at (a table or an
+    /// override decided, or the heuristics stopped at an earlier pick), and the external
+    /// backends. `picked`: the plan's backend; `external`: the external one the caller runs
+    /// instead, if any; `allowed`: the external backends the caller can run. Only when the
+    /// reasons are wanted.
+    fn account_for_the_rest(
+        &mut self,
+        picked: Backend,
+        source: Source,
+        external: Option<ExternalBackend>,
+        allowed: &[ExternalBackend],
+    ) {
+        if !self.reasons.wanted() {
+            return;
+        }
+        let measured = |times: &[(Choice, f64)], hit: &dyn Fn(&Choice) -> bool| {
+            times
+                .iter()
+                .filter(|(c, _)| hit(c))
+                .map(|&(_, us)| us)
+                .reduce(f64::min)
+        };
+        let winner = match external {
+            Some(x) => measured(&self.table_times, &|c| *c == Choice::External(x))
+                .map(|us| format!("{} ({us:.1} µs)", x.name()))
+                .unwrap_or_else(|| x.name().to_string()),
+            None => measured(
+                &self.table_times,
+                &|c| matches!(c, Choice::Swapmoe { backend, .. } if *backend == picked),
+            )
+            .map(|us| format!("{} ({us:.1} µs)", picked.name()))
+            .unwrap_or_else(|| picked.name().to_string()),
+        };
+        if !self
+            .reasons
+            .iter()
+            .any(|r| r.starts_with(&format!("{}:", picked.name())))
+        {
+            let how = match (source, external) {
+                (_, Some(x)) => {
+                    format!("swapmoe's fallback where {} cannot run the call", x.name())
+                }
+                (Source::Override, None) => "forced (see the override)".to_string(),
+                (Source::Table, None) => format!("the table entry's fastest, {winner}"),
+                (Source::Heuristic, None) => "the heuristics' pick".to_string(),
+            };
+            self.reasons
+                .add(|| format!("{}: picked, {how}", picked.name()));
+        }
+        for b in Backend::ALL {
+            if b == picked
+                || self
+                    .reasons
+                    .iter()
+                    .any(|r| r.starts_with(&format!("{}:", b.name())))
+            {
+                continue;
+            }
+            let timed = measured(
+                &self.table_times,
+                &|c| matches!(c, Choice::Swapmoe { backend, .. } if *backend == b),
+            );
+            let why = match (self.eligible(b), source, timed) {
+                (Err(why), _, _) => format!("rejected, {why}"),
+                (Ok(()), Source::Table, Some(us)) => {
+                    format!("not picked, the table entry measured it at {us:.1} µs against {winner}")
+                }
+                (Ok(()), Source::Table, None) => {
+                    format!("not picked, the table entry did not time it and picked {winner}")
+                }
+                (Ok(()), Source::Override, _) => format!("not picked, {} is forced", picked.name()),
+                (Ok(()), Source::Heuristic, _) => format!(
+                    "not picked, the heuristics take {} first here (a tuned table or backend= can pick it)",
+                    picked.name()
+                ),
+            };
+            self.reasons.add(|| format!("{}: {why}", b.name()));
+        }
+        for x in [
+            ExternalBackend::VllmTriton,
+            ExternalBackend::FlashinferCutlass,
+        ] {
+            if self
+                .reasons
+                .iter()
+                .any(|r| r.starts_with(&format!("{}:", x.name())))
+            {
+                continue;
+            }
+            if Some(x) == external {
+                self.reasons.add(|| {
+                    format!(
+                        "{}: picked, {winner}, the fastest the {} measured; {} runs the call if it cannot",
+                        x.name(),
+                        if source == Source::Table { "table entry" } else { "caller" },
+                        picked.name()
+                    )
+                });
+                continue;
+            }
+            let timed = measured(&self.table_times, &|c| *c == Choice::External(x));
+            let why = match (allowed.contains(&x), source, timed) {
+                (false, _, _) => "not a candidate: only a caller that can run it (inside vLLM) allows it, through external_backends".to_string(),
+                (true, Source::Table, Some(us)) => format!(
+                    "not picked, the table entry measured it at {us:.1} µs against {winner}"
+                ),
+                (true, Source::Override, _) => format!("not picked, {} is forced", picked.name()),
+                (true, _, _) => format!(
+                    "not picked, no table entry measured it for this call, so {winner} runs it"
+                ),
+            };
+            self.reasons.add(|| format!("{}: {why}", x.name()));
         }
     }
 
@@ -5582,6 +5709,83 @@ mod tests {
             ),
             other => panic!("expected a dtype error, got {other:?}"),
         }
+    }
+
+    /// Every candidate, swapmoe's and the external ones, has a reason in a plan, whatever
+    /// decided it (issue 6: "why each candidate was taken or rejected").
+    #[test]
+    fn every_candidate_has_a_reason() {
+        let h = h200();
+        let said = |plan: &Plan, name: &str| -> Vec<String> {
+            plan.reasons
+                .iter()
+                .filter(|r| r.starts_with(&format!("{name}:")))
+                .cloned()
+                .collect()
+        };
+        let names = || {
+            Backend::ALL
+                .iter()
+                .map(|b| b.name())
+                .chain(["vllm_triton", "flashinfer_cutlass"])
+        };
+        for m in [1, 8, 64, 4096] {
+            let heuristic = plan_for_shape(
+                m,
+                128,
+                8,
+                2048,
+                768,
+                DType::BF16,
+                None,
+                None,
+                &h,
+                &Request::default(),
+            )
+            .unwrap();
+            let forced = plan_with(
+                &problem(m, 128, 8, 2048, 768, DType::BF16),
+                Some(&h),
+                Some(Backend::CudaGeneric),
+            )
+            .unwrap();
+            for p in [&heuristic, &forced] {
+                for name in names() {
+                    assert!(!said(p, name).is_empty(), "M={m} {name}: {:?}", p.reasons);
+                }
+            }
+            assert_eq!(
+                said(&heuristic, "cpu"),
+                ["cpu: rejected, it needs CPU tensors"]
+            );
+            assert_eq!(
+                said(&forced, "cuda_wgmma"),
+                ["cuda_wgmma: not picked, cuda_generic is forced"]
+            );
+        }
+        let p = plan_for_shape(
+            1,
+            128,
+            8,
+            2048,
+            768,
+            DType::BF16,
+            None,
+            None,
+            &h,
+            &Request::default(),
+        )
+        .unwrap();
+        assert_eq!(p.backend, Backend::CudaWgmmaSwap);
+        assert_eq!(
+            said(&p, "cuda_mma"),
+            ["cuda_mma: not picked, the heuristics take cuda_wgmma_swap first here (a tuned table or backend= can pick it)"]
+        );
+        // a plan whose reasons are not wanted collects none
+        let one = problem(1, 128, 8, 2048, 768, DType::BF16);
+        let mut quiet = Candidates::new(&one, Some(&h), false);
+        quiet.account_for_the_rest(Backend::CudaWgmmaSwap, Source::Heuristic, None, &[]);
+        assert!(quiet.reasons.is_empty());
     }
 
     #[test]

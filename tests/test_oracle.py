@@ -174,7 +174,7 @@ def test_override_argument_and_env(monkeypatch):
     p = plan(1)
     assert p.backend == "cuda_mma" and p.source == "override"  # the env var overrides too
     assert any(r.startswith("override:") for r in p.reasons)
-    with pytest.raises(swapmoe.ShapeError, match="cuda_decode cannot run .*at most M\*topk = 512 slots"):
+    with pytest.raises(swapmoe.ShapeError, match=r"cuda_decode cannot run .*at most M\*topk = 512 slots"):
         monkeypatch.delenv("SWAPMOE_BACKEND")
         plan(1024, backend="cuda_decode")  # 8192 slots: more than the decode kernels hold
 
@@ -311,3 +311,54 @@ def test_the_chain_tests_run_a_grouping_gemm1(device, monkeypatch):
         p = plan(12, shape, device_name=device, **kw)
         assert p.tile["align_in_gemm1"], (shape, kw, p.reasons)
         assert p.tile["first_kernel_pdl"]
+
+
+BACKENDS = ("cpu", "cuda_generic", "cuda_decode", "cuda_mma", "cuda_bulk_decode", "cuda_wgmma", "cuda_wgmma_swap")
+EXTERNAL = ("vllm_triton", "flashinfer_cutlass")
+
+
+def _said(p, name):
+    return [r for r in p.reasons if r.startswith(f"{name}:")]
+
+
+@pytest.mark.parametrize("tables", ["on", "off"])
+@pytest.mark.parametrize("quant", [None, "fp8_tensor", "fp8_block128"])
+@pytest.mark.parametrize("m", [1, 8, 64, 1024])
+@pytest.mark.parametrize("external", [(), ("vllm_triton",)])
+def test_every_candidate_has_a_reason(monkeypatch, tables, quant, m, external):
+    """Issue 6: a Plan's reasons say why each candidate was taken or not, whatever decided it
+    (a table entry, the heuristics); swapmoe's backends and the external ones alike."""
+    monkeypatch.setenv("SWAPMOE_TABLES", tables)
+    p = plan(m, quant=quant, external_backends=list(external))
+    for name in BACKENDS + EXTERNAL:
+        assert _said(p, name), f"{name}: no reason in {p.reasons}"
+    assert _said(p, "cpu") == ["cpu: rejected, it needs CPU tensors"]
+    assert _said(p, "flashinfer_cutlass") == [
+        "flashinfer_cutlass: not a candidate: only a caller that can run it (inside vLLM) allows it, through "
+        "external_backends"]
+    if not external:
+        assert _said(p, "vllm_triton")[0].startswith("vllm_triton: not a candidate")
+
+
+def test_a_table_plan_quotes_the_entrys_times_for_the_others(monkeypatch):
+    """A table-decided plan gives each other timed candidate its measured time against the pick's."""
+    monkeypatch.setenv("SWAPMOE_TABLES", "on")
+    p = plan(1, external_backends=["vllm_triton"])
+    assert p.source == "table" and p.backend == "cuda_wgmma_swap"
+    import re
+
+    pick = re.search(r"cuda_wgmma_swap, ([0-9.]+) µs measured", " ".join(p.reasons))
+    assert pick, p.reasons
+    for name in ("cuda_decode", "cuda_mma", "cuda_wgmma", "vllm_triton"):
+        (why,) = _said(p, name)
+        m = re.fullmatch(rf"{name}: not picked, the table entry measured it at ([0-9.]+) µs against "
+                         rf"cuda_wgmma_swap \(([0-9.]+) µs\)", why)
+        assert m, why
+        assert float(m.group(2)) == float(pick.group(1)) and float(m.group(1)) > float(m.group(2))
+
+
+def test_a_forced_plan_says_the_others_were_not_picked_because_of_the_override():
+    p = plan(64, backend="cuda_mma")
+    assert p.source == "override"
+    assert _said(p, "cuda_wgmma") == ["cuda_wgmma: not picked, cuda_mma is forced"]
+    assert _said(p, "cuda_wgmma_swap") == ["cuda_wgmma_swap: not picked, cuda_mma is forced"]
