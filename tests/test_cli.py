@@ -629,20 +629,21 @@ def test_tune_passes_every_flag_to_run_tune(monkeypatch, tmp_path, capsys):
 
     monkeypatch.setattr(T, "run_tune", fake_run_tune)
     assert cli.main(["tune", "--shape", "8,2,64,32", "--dtype", "fp16", "--quant", "fp8_tensor", "--m", "2,1",
-                     "--out-dir", str(tmp_path / "t"), "--force", "--layers", "5", "--no-vllm", "--no-check",
+                     "--out-dir", str(tmp_path / "t"), "--force", "--layers", "5", "--no-vllm", "--no-flashinfer",
+                     "--no-check",
                      "--prune", "3.5", "--device", "cuda:1", "--seed", "7", "--no-progress"]) == 0
     out, err = capsys.readouterr()
     assert path in out and f"SWAPMOE_TABLES_DIR={tmp_path / 't'}" in err
     assert [(s.E, s.topk, s.K, s.N) for s in got.pop("shapes")] == [(8, 2, 64, 32)]
     assert callable(got.pop("log"))
     assert got == {"out_dir": str(tmp_path / "t"), "dtype": "fp16", "quant": "fp8_tensor", "m_list": [1, 2],
-                   "force": True, "layers": 5, "vllm": False, "check": False, "prune": 3.5, "device": "cuda:1",
-                   "seed": 7, "progress": False}
+                   "force": True, "layers": 5, "vllm": False, "flashinfer": False, "check": False, "prune": 3.5,
+                   "device": "cuda:1", "seed": 7, "progress": False}
     got.clear()
     assert cli.main(["tune", "--shape", "8,2,64,32", "--out-dir", str(tmp_path / "t")]) == 0
     capsys.readouterr()
     assert got["force"] is False and got["prune"] == T.DEFAULT_PRUNE and got["layers"] == 8
-    assert got["vllm"] is True and got["check"] is True and got["progress"] is True
+    assert got["vllm"] is True and got["flashinfer"] is True and got["check"] is True and got["progress"] is True
 
 
 # ---------------------------------------------------------------------------------------

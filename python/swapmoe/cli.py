@@ -142,7 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
             "For each shape and M, times every candidate the oracle can run (cuda_decode, cuda_wgmma_swap and, at "
             "M <= 32, its launch variants cuda_wgmma_swap:r<ring>p<pdl> (GEMM1 ring 2 or 3, GEMM2 by "
             "PDL or after GEMM1), cuda_mma and cuda_wgmma with each token tile, cuda_generic; vLLM's Triton "
-            "fused_experts as vllm_triton when vllm imports) as "
+            "fused_experts as vllm_triton when vllm imports; FlashInfer's CUTLASS fused MoE as vLLM runs it, as "
+            "flashinfer_cutlass, when flashinfer imports) as "
             "swapmoe bench does: a CUDA graph of --layers calls on distinct weight copies, "
             "triton.testing.do_bench (L2 flushed, median), divided by --layers. Writes "
             "E=..,N=..,device_name=..,dtype=...json into --out-dir after every M; a second run skips the M "
@@ -179,6 +180,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--layers", type=int, default=8, help="calls per CUDA graph, each on its own weight copy")
     t.add_argument("--vllm", action=argparse.BooleanOptionalAction, default=True,
                    help="also time vLLM's Triton fused_experts as vllm_triton when vllm imports (default: on)")
+    t.add_argument("--flashinfer", action=argparse.BooleanOptionalAction, default=True,
+                   help="also time FlashInfer's CUTLASS fused MoE as vLLM's FlashInferExperts runs it, as "
+                        "flashinfer_cutlass, when flashinfer imports (bf16/fp16 and fp8_tensor on sm_90+, "
+                        "fp8_block128 on sm_90; default: on)")
     t.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
                    help="check every candidate against a float64 reference at the first M measured per shape; "
                         "a wrong one is dropped (default: on)")
@@ -532,7 +537,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     summaries = T.run_tune(shapes, out_dir=args.out_dir, dtype=args.dtype, quant=args.quant, m_list=ms,
                            force=args.force, layers=args.layers, vllm=args.vllm, check=args.check,
-                           prune=args.prune, device=args.device, seed=args.seed, progress=args.progress, log=log)
+                           prune=args.prune, device=args.device, seed=args.seed, progress=args.progress, log=log,
+                           flashinfer=args.flashinfer)
     print(T.format_summary(summaries))
     out = os.path.dirname(summaries[0]["path"]) if summaries else args.out_dir
     print(f"swapmoe tune: tables in {out}; use them with SWAPMOE_TABLES_DIR={out} "

@@ -13,7 +13,11 @@ with ``$SWAPMOE_BACKEND`` and ``$SWAPMOE_MMA_TOKEN_TILE`` (a launch variant also
 (source "override"); one that the
 oracle says cannot run a point is skipped with its reason. When vLLM imports, its Triton
 ``fused_experts`` is timed on the same inputs and stored as ``vllm_triton``, a candidate
-only for callers inside vLLM.
+only for callers inside vLLM. When flashinfer imports, FlashInfer's CUTLASS fused MoE is timed
+the way vLLM's ``FlashInferExperts`` runs it (bf16/fp16 and FP8 per tensor with static scales
+on sm_90+, FP8 128x128 blocks on sm_90; the weights converted once per shape as vLLM converts
+them, FlashInfer's autotuner run once per shape) and stored as ``flashinfer_cutlass``, also a
+candidate only inside vLLM; it is checked against the reference like every candidate.
 
 FP8 (``quant`` fp8_tensor, fp8_channel, fp8_block128): the inputs are ``swapmoe bench
 --quant``'s (e4m3 weight copies with absmax/448 scales per expert, output row or 128x128
@@ -99,6 +103,30 @@ VLLM_FP8_QUANT_CONFIG = "vllm.model_executor.layers.fused_moe.config.fp8_w8a8_mo
 #: the e4m3 rounding itself (1-2e-2: e.g. a reciprocal-multiply scale against a division, qwen3
 #: M=1, benches/NOTES.md FP8 v1). 5e-2 still catches wrong scales or layouts (errors of O(1)).
 VLLM_FP8_TOLERANCE = 5e-2
+#: FlashInfer's CUTLASS fused MoE as vLLM's ``FlashInferExperts`` runs it
+#: (``experts/flashinfer_cutlass_moe.py``): a candidate only for callers inside vLLM
+FLASHINFER_LABEL = "flashinfer_cutlass"
+#: the function vLLM's ``FlashInferExperts.apply`` calls (through ``vllm.utils.flashinfer``)
+FLASHINFER_FUSED_MOE = "flashinfer.fused_moe.cutlass_fused_moe"
+#: ``tune_max_num_tokens`` as vLLM passes it: its largest CUDA-graph capture size, by default
+#: min(2 * max_num_seqs, 512) = 512; FlashInfer's autotuner profiles token buckets up to it
+FLASHINFER_TUNE_MAX_TOKENS = 512
+#: FlashInfer's FP8 per-tensor kernels need the intermediate size a multiple of 16 (TMA's
+#: 128-bit alignment of e4m3 rows); vLLM pads gate and up to it (``align_moe_weights_for_fi``)
+FLASHINFER_FP8_N_ALIGN = 16
+#: K and N alignment of the bf16/fp16 kernels (128 bits of 16-bit elements); vLLM pads nothing there
+FLASHINFER_BF16_ALIGN = 8
+#: vLLM clamps 128x128 block scales to this before FlashInfer's CUTLASS kernel (Hopper gives
+#: NaN for near-zero scales, ``prepare_fp8_moe_layer_for_fi``)
+FLASHINFER_MIN_BLOCK_SCALE = 1e-10
+#: FlashInfer's FP8 against swapmoe's FP8 reference: it rounds the intermediate its own way,
+#: as vLLM's Triton does (:data:`VLLM_FP8_TOLERANCE`); gate and up or scales of the wrong
+#: tensor give O(1) errors, but 128x128 block scales of gate and up swapped wrongly differ by
+#: <1% on random weights (tests pin that conversion instead)
+FLASHINFER_FP8_TOLERANCE = VLLM_FP8_TOLERANCE
+#: where vLLM's static per-tensor activation quantizer lives (its prepare step runs it
+#: before FlashInfer's FP8 kernel, which takes e4m3 activations)
+VLLM_SCALED_FP8_QUANT = "vllm._custom_ops.scaled_fp8_quant"
 
 
 class TuneError(B.BenchError):
@@ -681,6 +709,289 @@ def make_vllm_fp8_impl(fused_experts: Callable, quant_config: Callable) -> Calla
     return impl_vllm_fp8
 
 
+# --------------------------------------------------------------------------------------
+# FlashInfer's CUTLASS fused MoE, as vLLM's FlashInferExperts runs it
+# --------------------------------------------------------------------------------------
+#
+# What vLLM does (read from its source: experts/flashinfer_cutlass_moe.py FlashInferExperts,
+# oracle/fp8.py convert_to_fp8_moe_kernel_format and make_fp8_moe_quant_config,
+# oracle/unquantized.py convert_to_unquantized_kernel_format, quantization/utils/
+# flashinfer_utils.py prepare_fp8_moe_layer_for_fi), written here in our own code:
+# - once, at weight loading: w13's halves swapped to [up, gate] (FlashInfer's SwiGLU takes
+#   the up rows first); FP8 per tensor also pads gate and up to a multiple of 16 rows;
+#   FP8 128x128 blocks swap w13's block scales the same way and clamp all block scales to
+#   at least 1e-10;
+# - FP8 per tensor: quant_scales = [w13_scale * a1_scale (per expert), 1 / a2_scale,
+#   w2_scale * a2_scale (per expert), a1_scale]; the activations reach FlashInfer already
+#   e4m3 (vLLM's prepare step quantizes them with the static a1_scale); 128x128 blocks:
+#   quant_scales = [w13 block scales, w2 block scales], bf16 activations,
+#   use_deepseek_fp8_block_scale=True (sm_90 only); unquantized: quant_scales = [];
+# - each call: cutlass_fused_moe(input, topk_ids (int32), topk_weights, w31, w2,
+#   output=..., output_dtype, quant_scales, tp/ep size and rank, tune_max_num_tokens), the
+#   global expert ids with ep_size / ep_rank (no expert map), after FlashInfer's autotuner
+#   profiled its tactics at start-up (vLLM's kernel_warmup.flashinfer_autotune).
+# vLLM's FlashInferExperts supports (its _supports_quant_scheme): unquantized and FP8 per
+# tensor with static scales on sm_90+, FP8 128x128 blocks (dynamic activations) on sm_90;
+# not FP8 per channel.
+
+
+@dataclasses.dataclass
+class FlashInferApi:
+    """What tune needs from flashinfer: ``cutlass_fused_moe``, its ``autotune`` context (None:
+    default tactics) and the version."""
+
+    fused_moe: Callable
+    autotune: Optional[Callable]
+    version: str
+
+
+def load_flashinfer() -> Tuple[Optional[FlashInferApi], str]:
+    """(the API, flashinfer's version) when :data:`FLASHINFER_FUSED_MOE` imports, else (None,
+    the reason). Imported with stdout sent to stderr, as vLLM is."""
+    import importlib
+
+    mod_name, _, fn_name = FLASHINFER_FUSED_MOE.rpartition(".")
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            fi = importlib.import_module("flashinfer")
+            mod = importlib.import_module(mod_name)
+    except Exception as e:  # not installed, or installed and broken
+        return None, f"flashinfer not importable ({B._err(e)})"
+    version = str(getattr(fi, "__version__", None) or B._version("flashinfer") or "unknown")
+    fn = getattr(mod, fn_name, None)
+    if not callable(fn):
+        return None, f"flashinfer {version}: {FLASHINFER_FUSED_MOE} not found"
+    autotune = getattr(fi, "autotune", None)
+    if not callable(autotune):
+        try:
+            autotune = getattr(importlib.import_module("flashinfer.autotuner"), "autotune", None)
+        except Exception:
+            autotune = None
+    return FlashInferApi(fn, autotune if callable(autotune) else None, version), version
+
+
+def flashinfer_unsupported(dtype: str, quant: str, capability: Tuple[int, int]) -> Optional[str]:
+    """Why vLLM would not run FlashInfer's CUTLASS MoE for this dtype, quantization and
+    device (None: it would), from ``FlashInferExperts._supports_current_device`` and
+    ``_supports_quant_scheme``."""
+    sm = f"sm_{capability[0]}{capability[1]}"
+    if capability < (9, 0):
+        return f"vLLM runs FlashInfer's CUTLASS MoE on sm_90 and newer, this device is {sm}"
+    if dtype not in ("bf16", "fp16"):
+        return f"vLLM runs FlashInfer's CUTLASS MoE for bf16/fp16 activations, not {dtype}"
+    if quant == "fp8_channel":
+        return ("vLLM's FlashInferExperts has no FP8 per-channel scheme (unquantized, FP8 per tensor with static "
+                "scales, FP8 128x128 blocks on sm_90)")
+    if quant == "fp8_block128" and capability != (9, 0):
+        return f"FlashInfer's CUTLASS FP8 128x128-block MoE runs on sm_90 only, this device is {sm}"
+    return None
+
+
+def flashinfer_shape_unsupported(shape: B.MoeShape, quant: str) -> Optional[str]:
+    """Why FlashInfer's CUTLASS MoE cannot run this shape as vLLM prepares it (None: it can):
+    K (and, unquantized, N) a multiple of its TMA alignment; 128x128 blocks need K and N
+    multiples of 128 (w13's block scales swap by halves); expert parallelism as vLLM's
+    linear placement (rank 0 holds the first E experts)."""
+    align = FLASHINFER_BF16_ALIGN if quant == "none" else FLASHINFER_FP8_N_ALIGN
+    if shape.K % align:
+        return f"K = {shape.K} is not a multiple of {align} (FlashInfer's TMA alignment)"
+    if quant == "none" and shape.N % align:
+        return f"N = {shape.N} is not a multiple of {align} (FlashInfer's TMA alignment; vLLM pads no bf16 weights)"
+    if quant == "fp8_block128" and (shape.K % B.FP8_BLOCK or shape.N % B.FP8_BLOCK):
+        return (f"K = {shape.K} and N = {shape.N} must be multiples of {B.FP8_BLOCK} for 128x128 blocks (w13's block "
+                "scales are swapped by halves)")
+    if shape.E * shape.ep != shape.E_global:
+        return f"E_global = {shape.E_global} is not E * ep = {shape.E} * {shape.ep}"
+    return None
+
+
+def _byte_view(torch: Any, w: Any) -> Tuple[Any, Any]:
+    """(``w`` viewed as uint8 when its elements are 1-byte floats (e4m3), else ``w``; the
+    dtype to view results back as): copies and zero fills of e4m3 go through bytes, which
+    every torch build supports."""
+    if w.element_size() == 1 and w.is_floating_point():
+        return w.view(torch.uint8), w.dtype
+    return w, None
+
+
+def swap_gate_up(torch: Any, w: Any) -> Any:
+    """``w`` [E, 2R, C] with its two halves swapped, as a new contiguous tensor: vLLM's w13
+    (gate rows then up rows, or their block scales) in the [up, gate] order FlashInfer's
+    CUTLASS MoE takes (vLLM's ``swap_w13_to_w31``)."""
+    if w.dim() != 3 or w.shape[1] % 2:
+        raise TuneError(f"flashinfer_cutlass: expected w13 [E, 2R, C], got {tuple(w.shape)}")
+    b, dt = _byte_view(torch, w)
+    R = b.shape[1] // 2
+    out = torch.cat((b[:, R:], b[:, :R]), dim=1).contiguous()
+    return out if dt is None else out.view(dt)
+
+
+def pad_gate_up(torch: Any, w13: Any, w2: Any, align: int) -> Tuple[Any, Any]:
+    """(w13 [E, 2Np, K], w2 [E, K, Np]) with N padded to ``Np``, the next multiple of
+    ``align``: gate in rows [0, N), up in rows [Np, Np + N), zeros elsewhere (zero gate and up
+    rows add nothing), w2's new columns zero. ``w13``, ``w2`` as they are when N is a
+    multiple already. (vLLM's ``align_moe_weights_for_fi`` copies w13 into the first 2N rows
+    before swapping, which would move up rows into the gate half; the kernel needs each half
+    padded, as here.)"""
+    E, twoN, K = w13.shape
+    N = twoN // 2
+    Np = -(-N // align) * align
+    if Np == N:
+        return w13, w2
+    b13, dt = _byte_view(torch, w13)
+    b2, _ = _byte_view(torch, w2)
+    p13 = torch.zeros(E, 2 * Np, K, dtype=b13.dtype, device=b13.device)
+    p13[:, :N] = b13[:, :N]
+    p13[:, Np:Np + N] = b13[:, N:]
+    p2 = torch.zeros(E, b2.shape[1], Np, dtype=b2.dtype, device=b2.device)
+    p2[:, :, :N] = b2
+    return (p13, p2) if dt is None else (p13.view(dt), p2.view(dt))
+
+
+def flashinfer_fp8_tensor_scales(torch: Any, w1_scale: Any, w2_scale: Any, a1_scale: Any, a2_scale: Any) -> List[Any]:
+    """``quant_scales`` of FlashInfer's FP8 per-tensor MoE as vLLM builds them
+    (``make_fp8_moe_quant_config`` for FLASHINFER_CUTLASS, ``FlashInferExperts.apply``):
+    [GEMM1 dequant w1_scale * a1_scale [E], GEMM2 activation quant 1 / a2_scale (0-d), GEMM2
+    dequant w2_scale * a2_scale [E], GEMM1 input dequant a1_scale (0-d)], float32."""
+    f32 = torch.float32
+    a1 = a1_scale.to(f32).reshape(())
+    a2 = a2_scale.to(f32).reshape(())
+    return [(w1_scale.to(f32).reshape(-1) * a1).contiguous(), (1.0 / a2).contiguous(),
+            (w2_scale.to(f32).reshape(-1) * a2).contiguous(), a1.contiguous()]
+
+
+@dataclasses.dataclass
+class FlashInferWeights:
+    """One weight copy as FlashInfer's CUTLASS MoE takes it (:func:`prepare_flashinfer_weights`)."""
+
+    w13: Any
+    w2: Any
+    quant_scales: List[Any]
+    #: FP8 per tensor: the static activation scale the activations are quantized with before
+    #: the call (vLLM's prepare step) and its reciprocal; None otherwise
+    a1_scale: Any = None
+    a1_inv: Any = None
+    #: 128x128 blocks (use_deepseek_fp8_block_scale)
+    block: bool = False
+
+
+def prepare_flashinfer_weights(torch: Any, w1: Any, w2: Any, quant: str,
+                               fp8: Optional[dict] = None) -> FlashInferWeights:
+    """One copy of swapmoe's weights (w1 [E, 2N, K] gate then up, w2 [E, K, N]; ``fp8`` the FP8
+    keyword arguments of :func:`swapmoe.bench.fp8_kwargs`) converted as vLLM converts a layer's
+    weights for FlashInfer's CUTLASS MoE (see the section's comment): done once per shape,
+    never inside a timed call."""
+    if quant == "none":
+        return FlashInferWeights(swap_gate_up(torch, w1), w2, [])
+    if not fp8:
+        raise TuneError(f"flashinfer_cutlass {quant}: no FP8 scales given")
+    scheme = B.FP8_SCHEMES[quant]
+    if scheme == "tensor":
+        a1, a2 = fp8.get("a1_scale"), fp8.get("a2_scale")
+        if a1 is None or a2 is None:
+            raise TuneError("flashinfer_cutlass fp8_tensor: vLLM runs FlashInfer's FP8 per-tensor MoE with static "
+                            "activation scales only (a1_scale and a2_scale)")
+        w13p, w2p = pad_gate_up(torch, w1, w2, FLASHINFER_FP8_N_ALIGN)
+        scales = flashinfer_fp8_tensor_scales(torch, fp8["w1_scale"], fp8["w2_scale"], a1, a2)
+        return FlashInferWeights(swap_gate_up(torch, w13p), w2p, scales, a1_scale=scales[3],
+                                 a1_inv=(1.0 / scales[3]).contiguous())
+    if scheme == "block":
+        s1 = swap_gate_up(torch, fp8["w1_scale"].to(torch.float32)).clamp_min_(FLASHINFER_MIN_BLOCK_SCALE)
+        s2 = fp8["w2_scale"].to(torch.float32).clamp_min(FLASHINFER_MIN_BLOCK_SCALE).contiguous()
+        return FlashInferWeights(swap_gate_up(torch, w1), w2, [s1, s2], block=True)
+    raise TuneError(f"flashinfer_cutlass: {quant} is not a scheme vLLM runs through FlashInfer")
+
+
+def load_vllm_scaled_fp8_quant() -> Optional[Callable]:
+    """vLLM's static per-tensor activation quantizer (``scaled_fp8_quant(x, scale)`` ->
+    (e4m3, scale)), or None when vLLM's ops do not import."""
+    import importlib
+
+    mod_name, _, fn_name = VLLM_SCALED_FP8_QUANT.rpartition(".")
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            fn = getattr(importlib.import_module(mod_name), fn_name, None)
+    except Exception:
+        return None
+    return fn if callable(fn) else None
+
+
+def torch_static_fp8_quant(torch: Any) -> Callable:
+    """``quantize(x, a1_scale, a1_inv)``: x times 1/a1_scale, clamped to +-448, as e4m3 (the
+    torch stand-in for vLLM's fused quantizer: four kernels instead of one)."""
+    f8 = torch.float8_e4m3fn
+
+    def quantize(x, a1_scale, a1_inv):
+        return x.to(torch.float32).mul_(a1_inv).clamp_(-B.FP8_MAX, B.FP8_MAX).to(f8)
+
+    return quantize
+
+
+class FlashInferCutlass:
+    """The ``flashinfer_cutlass`` candidate: the weights of every copy are converted once per
+    shape (:meth:`prepare`, outside the timed calls; looked up by the copy's w1), FlashInfer's
+    autotuner profiles once per shape (:meth:`autotune_shape`), and each call is what vLLM's
+    ``FlashInferExperts`` does inside vLLM: FP8 per tensor quantizes the activations with the
+    static a1_scale (vLLM's prepare step), then ``cutlass_fused_moe`` writes ``out``."""
+
+    def __init__(self, api: FlashInferApi, quant: str, quantize_input: Optional[Callable] = None):
+        self.api, self.quant = api, quant
+        #: (x, a1_scale, a1_inv) -> e4m3 x; None: :func:`torch_static_fp8_quant` on first use
+        self.quantize_input = quantize_input
+        self.prepared: Dict[int, FlashInferWeights] = {}
+        self.tp = self.ep = 1
+
+    def prepare(self, torch: Any, shape: B.MoeShape, weights: Sequence[Tuple[Any, Any]], qargs: Sequence[dict],
+                emap: Any = None) -> None:
+        """Converts every weight copy of the shape (raises :class:`TuneError` for an expert
+        map that is not vLLM's linear placement of rank 0)."""
+        if emap is not None:
+            want = torch.full((shape.E_global,), -1, dtype=emap.dtype, device=emap.device)
+            want[: shape.E] = torch.arange(shape.E, dtype=emap.dtype, device=emap.device)
+            if not torch.equal(emap, want):
+                raise TuneError("flashinfer_cutlass: the expert map is not rank 0's first E experts (FlashInfer "
+                                "takes ep_size / ep_rank, not a map)")
+        self.reset()
+        self.tp, self.ep = shape.tp, shape.ep
+        if self.quant == "fp8_tensor" and self.quantize_input is None:
+            self.quantize_input = torch_static_fp8_quant(torch)
+        for (w1, w2), q in zip(weights, qargs):
+            if id(w1) not in self.prepared:
+                self.prepared[id(w1)] = prepare_flashinfer_weights(torch, w1, w2, self.quant, q.get("fp8"))
+
+    def reset(self) -> None:
+        self.prepared = {}
+
+    def autotune_shape(self, torch: Any, shape: B.MoeShape, weights: Tuple[Any, Any], dtype: Any, dev: Any,
+                       seed: int, emap: Any = None) -> None:
+        """Lets FlashInfer's autotuner profile its tactics for every token bucket up to
+        :data:`FLASHINFER_TUNE_MAX_TOKENS` (one call of that many tokens, as vLLM's warm-up
+        does), so the timed calls run the tactics vLLM would."""
+        if self.api.autotune is None:
+            return
+        gen = torch.Generator(device=dev)
+        gen.manual_seed(seed + 3_000_017)
+        M = FLASHINFER_TUNE_MAX_TOKENS
+        tw, ids = B.make_routing(torch, M, shape.E_global, shape.topk, "uniform", gen, dev)
+        x = torch.randn(M, shape.K, generator=gen, device=dev, dtype=dtype)
+        with self.api.autotune(True):
+            self(x, weights[0], weights[1], tw, ids, emap, None)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    def __call__(self, x, w1, w2, tw, ids, emap, out, fp8=None):
+        p = self.prepared.get(id(w1))
+        if p is None:
+            raise TuneError("flashinfer_cutlass: these weights were not prepared for FlashInfer (prepare() per shape)")
+        inp = x if p.a1_scale is None else self.quantize_input(x, p.a1_scale, p.a1_inv)
+        y = self.api.fused_moe(
+            input=inp, token_selected_experts=ids.int(), token_final_scales=tw,
+            fc1_expert_weights=p.w13, fc2_expert_weights=p.w2, output_dtype=x.dtype, quant_scales=p.quant_scales,
+            output=out, tp_size=self.tp, tp_rank=0, ep_size=self.ep, ep_rank=0,
+            use_deepseek_fp8_block_scale=p.block, tune_max_num_tokens=FLASHINFER_TUNE_MAX_TOKENS)
+        return out if out is not None else y
+
+
 class GpuRunner(Runner):
     """Measures on a CUDA device as ``swapmoe bench`` does."""
 
@@ -696,6 +1007,10 @@ class GpuRunner(Runner):
         if vllm_fn is not None:
             self.impls[VLLM_LABEL] = (vllm_fn, True)
         self.labels = list(self.impls)
+        #: the flashinfer_cutlass candidate (:meth:`add_flashinfer`) and why it cannot run the
+        #: current shape (None: it can)
+        self.flashinfer: Optional[FlashInferCutlass] = None
+        self.flashinfer_why: Optional[str] = None
         self.weights: List[Any] = []
         #: per copy, the extra keyword arguments of a call ({} unquantized, {"fp8": ...} FP8)
         self.qargs: List[dict] = []
@@ -703,14 +1018,58 @@ class GpuRunner(Runner):
         self.emap: Any = None
         self.gen: Any = None
 
+    def add_flashinfer(self, impl: FlashInferCutlass) -> None:
+        """Registers FlashInfer's CUTLASS MoE as the candidate :data:`FLASHINFER_LABEL`."""
+        self.flashinfer = impl
+        self.impls[FLASHINFER_LABEL] = (impl, True)
+        self.labels = list(self.impls)
+
     def start_shape(self, shape: B.MoeShape) -> None:
         torch = self.torch
         fp8 = self.quant != "none"
         bpw = B.weight_bytes_per_element(self.quant, self.dtype)
-        self.copies, _, why = B.weight_copies(torch, shape, bpw, self.layers, self.dev,
+        self.flashinfer_why = None
+        if self.flashinfer is not None:
+            self.flashinfer_why = flashinfer_shape_unsupported(shape, self.quant)
+            if self.flashinfer_why:
+                self.say(f"{shape.name}: no {FLASHINFER_LABEL} times: {self.flashinfer_why}")
+        # FlashInfer's converted copies (w13 at least) live beside swapmoe's: budget both
+        fi_bpw = bpw if self.flashinfer is not None and self.flashinfer_why is None else 0
+        self.copies, _, why = B.weight_copies(torch, shape, bpw + fi_bpw, self.layers, self.dev,
                                               self.quant if fp8 else self.dtype)
         if why:
             self.say(why)
+        self._start_weights(shape)
+        if self.flashinfer is not None and self.flashinfer_why is None:
+            self._start_flashinfer(shape)
+
+    def _start_flashinfer(self, shape: B.MoeShape) -> None:
+        """Converts the copies for FlashInfer once for the shape and lets its autotuner
+        profile; a failure makes the candidate ineligible for the shape, with the reason."""
+        torch = self.torch
+        try:
+            self.flashinfer.prepare(torch, shape, self.weights, self.qargs, self.emap)
+        except Exception as e:
+            self.flashinfer.reset()
+            self.flashinfer_why = f"converting the weights for FlashInfer failed: {B._err(e, 300)}"
+            self.say(f"{shape.name}: no {FLASHINFER_LABEL} times: {self.flashinfer_why}")
+            return
+        if self.flashinfer.api.autotune is not None:
+            self.say(f"{shape.name}: {FLASHINFER_LABEL}: FlashInfer's autotuner profiles its tactics for M <= "
+                     f"{FLASHINFER_TUNE_MAX_TOKENS}, as vLLM's warm-up does (its first use also compiles its kernels)")
+        try:
+            self.flashinfer.autotune_shape(torch, shape, self.weights[0], self.tdtype, self.dev, self.seed, self.emap)
+        except Exception as e:
+            try:
+                torch.cuda.synchronize()
+            except Exception as sticky:
+                raise DeviceLost(f"FlashInfer's autotuning broke the CUDA context ({B._err(sticky, 300)})") from e
+            self.say(f"{shape.name}: FlashInfer's autotuner failed ({B._err(e, 300)}); {FLASHINFER_LABEL} is timed "
+                     "with its default tactics")
+
+    def _start_weights(self, shape: B.MoeShape) -> None:
+        torch = self.torch
+        fp8 = self.quant != "none"
         self.gen = torch.Generator(device=self.dev)
         self.gen.manual_seed(self.seed + 1_000_003)
         self.emap = B.make_expert_map(torch, shape, self.dev)
@@ -736,6 +1095,8 @@ class GpuRunner(Runner):
         self.weights = []
         self.qargs = []
         self.emap = None
+        if self.flashinfer is not None:
+            self.flashinfer.reset()
         if self.dev.type == "cuda":
             self.torch.cuda.empty_cache()
 
@@ -747,19 +1108,25 @@ class GpuRunner(Runner):
         return x, tw, ids
 
     def ineligible(self, label: str, shape: B.MoeShape, M: int) -> Optional[str]:
+        if label == FLASHINFER_LABEL:
+            return self.flashinfer_why
         if label not in swapmoe_candidates(self.dtype, self.quant):
             return None
         return ineligible(label, M, shape, self.dtype, self.device_name, self.capability, self.quant)
 
     def check(self, labels: Sequence[str], inputs: Any) -> Dict[str, Optional[str]]:
         """Against float64 (FP8: swapmoe's FP8 reference, flips accounted) with the dtype's
-        tolerance; vLLM's FP8 with :data:`VLLM_FP8_TOLERANCE` (its rounding differs)."""
+        tolerance; vLLM's FP8 with :data:`VLLM_FP8_TOLERANCE` and FlashInfer's with
+        :data:`FLASHINFER_FP8_TOLERANCE` (their rounding differs). FlashInfer runs its own
+        converted weights, so a layout or scale mistake fails here."""
         x, tw, ids = inputs
         fp8 = self.qargs[0].get("fp8") if self.qargs else None
         groups = [(list(labels), B.TOLERANCE[self.dtype])]
-        if fp8 and VLLM_LABEL in labels:
-            groups = [([lb for lb in labels if lb != VLLM_LABEL], B.TOLERANCE[self.dtype]),
-                      ([VLLM_LABEL], VLLM_FP8_TOLERANCE)]
+        if fp8:
+            own = [lb for lb in labels if lb not in (VLLM_LABEL, FLASHINFER_LABEL)]
+            groups = [(own, B.TOLERANCE[self.dtype]),
+                      ([lb for lb in labels if lb == VLLM_LABEL], VLLM_FP8_TOLERANCE),
+                      ([lb for lb in labels if lb == FLASHINFER_LABEL], FLASHINFER_FP8_TOLERANCE)]
         out: Dict[str, Optional[str]] = {}
         for group, tol in groups:
             if not group:
@@ -800,6 +1167,7 @@ def run_tune(
     force: bool = False,
     layers: int = 8,
     vllm: bool = True,
+    flashinfer: bool = True,
     check: bool = True,
     prune: float = DEFAULT_PRUNE,
     device: Optional[str] = "auto",
@@ -808,6 +1176,9 @@ def run_tune(
     log: Optional[Callable[[str], None]] = None,
 ) -> List[dict]:
     """Tunes each shape on the GPU; returns one summary per shape (see :func:`sweep`).
+    ``vllm``: also time vLLM's Triton (``vllm_triton``) when vllm imports; ``flashinfer``:
+    also time FlashInfer's CUTLASS MoE as vLLM runs it (``flashinfer_cutlass``) when flashinfer
+    imports and vLLM would use it for the dtype, quantization and device.
     Raises :class:`TuneError` (a :class:`BenchError`) for what cannot run: no CUDA device,
     FP8 below sm_89, a folder that cannot be written, a table file of the same name measured
     with another K or topk (unless ``force``)."""
@@ -875,7 +1246,35 @@ def run_tune(
             f"vLLM their calls are decided as untabled ones (vLLM's Triton outside swapmoe's measured range), "
             f"with the tables' picks as swapmoe's choice. Add {VLLM_LABEL} times (a run with vLLM, or "
             "benches/merge_anchor.py) to route between the two by measurement")
+    fi_impl = None
+    no_fi = None
+    if flashinfer:
+        api, fwhy = load_flashinfer()
+        if api is None:
+            no_fi = fwhy
+        else:
+            no_fi = flashinfer_unsupported(dtype, quant, capability)
+            if no_fi is None:
+                quantize = None
+                if quant == "fp8_tensor":
+                    vq = load_vllm_scaled_fp8_quant()
+                    if vq is not None:
+                        quantize = (lambda q: (lambda x, a1, a1_inv: q(x, a1)[0]))(vq)
+                    else:
+                        say(f"{FLASHINFER_LABEL}: vLLM's scaled_fp8_quant does not import; the activations are "
+                            "quantized with torch ops before FlashInfer's FP8 kernel (vLLM's prepare step runs one "
+                            "fused kernel: small-M times are a little pessimistic)")
+                fi_impl = FlashInferCutlass(api, quant, quantize)
+                versions["flashinfer"] = api.version
+                if api.autotune is None:
+                    say(f"{FLASHINFER_LABEL}: flashinfer {api.version} has no autotune; timed with its default tactics")
+    else:
+        no_fi = "--no-flashinfer"
+    if no_fi:
+        say(f"{no_fi}: no {FLASHINFER_LABEL} times in the tables")
     runner = GpuRunner(torch, dev, dtype, layers, seed, device_name, capability, vllm_fn, say, quant)
+    if fi_impl is not None:
+        runner.add_flashinfer(fi_impl)
     plans = prepare(
         shapes, out, ms, force,
         meta_of=lambda sh: table_metadata(sh, dtype, device_name, capability, layers, seed, runner.timer.method,
