@@ -24,6 +24,14 @@ Baselines timed the same way (GPU default): the torch eager pipeline, the
 only swapmoe (and ``fused_moe`` with ``--with-routing``) is timed; the baselines are listed in
 ``record["skipped"]`` with the reason.
 
+``--with-routing`` also times ``swapmoe.fused_moe`` from the router logits with the shape's
+model's own router (:data:`PRESET_ROUTERS`, a config's router keys, ``--router``; softmax top-k
+without renormalize where none is named), DeepSeek-style routers with a correction bias drawn
+once per shape. Every column then runs on the ids that router picks (the float64 reference
+router on the same logits), so fused_experts on precomputed ids and fused_moe do the same work
+and the check holds fused_moe's routing to the reference's. The router is in
+``record["routing"]["router"]``.
+
 FP8 (``--quant fp8_tensor|fp8_channel|fp8_block128``): each weight copy is drawn as bf16
 master weights (one chunk of experts at a time) and quantized to ``float8_e4m3fn`` with
 scale = absmax / 448 per expert (tensor), per output row (channel) or per 128x128 block, in
@@ -47,7 +55,7 @@ import platform
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 SCHEMA = "swapmoe.bench/1"
@@ -135,6 +143,171 @@ class BenchError(Exception):
 
 
 @dataclass(frozen=True)
+class RouterSpec:
+    """A model's router, as ``swapmoe.fused_moe`` / ``select_experts`` take it: what
+    ``--with-routing`` runs from the router logits. ``correction_bias``: the router takes an
+    ``e_score_correction_bias`` [E_global] (DeepSeek-V3's noaux_tc); the bench draws one per
+    shape (:func:`make_correction_bias`). ``origin``: where the spec came from (a preset, a
+    config, ``--router``, the default)."""
+
+    scoring: str = "softmax"
+    renormalize: bool = False
+    num_expert_group: Optional[int] = None
+    topk_group: Optional[int] = None
+    correction_bias: bool = False
+    routed_scaling_factor: float = 1.0
+    origin: str = "default"
+
+    @property
+    def grouped(self) -> bool:
+        return self.num_expert_group is not None
+
+    def kwargs(self, bias: Any = None) -> dict:
+        """The router keyword arguments of ``swapmoe.fused_moe`` / ``select_experts`` (and of
+        ``swapmoe.reference.select_experts_ref``), with ``bias`` as the correction bias."""
+        return dict(renormalize=self.renormalize, scoring=self.scoring, num_expert_group=self.num_expert_group,
+                    topk_group=self.topk_group, e_score_correction_bias=bias if self.correction_bias else None,
+                    routed_scaling_factor=self.routed_scaling_factor)
+
+    def describe(self, topk: Optional[int] = None) -> str:
+        k = f" top-{topk}" if topk else " top-k"
+        s = f"{self.scoring}{k}"
+        if self.grouped:
+            s += (f" in the best {self.topk_group} of {self.num_expert_group} groups"
+                  + (" (group score: sum of its 2 best biased scores)" if self.correction_bias
+                     else " (group score: its best score)"))
+        if self.correction_bias:
+            s += ", e_score_correction_bias"
+        s += ", renormalize" if self.renormalize else ", no renormalize"
+        if self.routed_scaling_factor != 1.0:
+            s += f", x{self.routed_scaling_factor:g}"
+        return s
+
+    def check(self, E_global: int, topk: int) -> None:
+        """:class:`BenchError` where the router cannot route ``topk`` of ``E_global`` experts."""
+        if self.scoring not in ("softmax", "sigmoid"):
+            raise BenchError(f"router: expected softmax or sigmoid scoring, got {self.scoring!r}")
+        if (self.num_expert_group is None) != (self.topk_group is None):
+            raise BenchError("router: expected both num_expert_group and topk_group, or neither")
+        if self.grouped:
+            g, t = self.num_expert_group, self.topk_group
+            if g < 1 or E_global % g:
+                raise BenchError(f"router: {g} expert groups do not divide E={E_global}")
+            if not 1 <= t <= g:
+                raise BenchError(f"router: expected 1 <= topk_group <= {g}, got {t}")
+            if topk > t * (E_global // g):
+                raise BenchError(f"router: topk={topk} is more than the {t} groups of {E_global // g} experts hold")
+        if not (math.isfinite(self.routed_scaling_factor) and self.routed_scaling_factor > 0):
+            raise BenchError(f"router: expected a positive routed_scaling_factor, got {self.routed_scaling_factor}")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+#: the router of ``--with-routing`` on shapes that name none (--shape, the CPU default, a
+#: config without router keys): softmax top-k without renormalize, the routing of
+#: ``--routing uniform``'s precomputed ids
+DEFAULT_ROUTER = RouterSpec(origin="default: softmax top-k, as --routing uniform's ids")
+#: softmax top-k renormalized over the k picked (Mixtral, Qwen3-MoE with norm_topk_prob, gpt-oss:
+#: softmax over the top-k logits is the same)
+SOFTMAX_RENORM = RouterSpec("softmax", renormalize=True)
+#: DeepSeek-V3's noaux_tc router: sigmoid scores, 8 groups, the best 4 by the sum of each
+#: group's 2 best biased scores, top-8 in them, weights renormalized and scaled by 2.5
+DEEPSEEK_V3_ROUTER = RouterSpec("sigmoid", renormalize=True, num_expert_group=8, topk_group=4,
+                                correction_bias=True, routed_scaling_factor=2.5)
+#: Llama 4: sigmoid of the top-1 logit, not renormalized
+LLAMA4_ROUTER = RouterSpec("sigmoid", renormalize=False)
+
+#: preset -> its model's router (see :data:`PRESETS`; the Hugging Face configs' scoring_func,
+#: n_group, topk_group, topk_method, norm_topk_prob and routed_scaling_factor)
+PRESET_ROUTERS: Dict[str, RouterSpec] = {
+    "mixtral-8x7b": SOFTMAX_RENORM,
+    "mixtral-8x22b": SOFTMAX_RENORM,
+    "qwen3-30b-a3b": SOFTMAX_RENORM,
+    "qwen3-235b-a22b": SOFTMAX_RENORM,
+    "deepseek-v3": DEEPSEEK_V3_ROUTER,
+    "deepseek-v3-tp8": DEEPSEEK_V3_ROUTER,
+    "gpt-oss-120b": SOFTMAX_RENORM,
+    "llama4-scout": LLAMA4_ROUTER,
+}
+#: model_type -> renormalize, for configs without norm_topk_prob (vLLM's model code)
+_RENORMALIZE_BY_MODEL_TYPE = {"mixtral": True, "gpt_oss": True}
+#: the offset added to --seed for the correction bias' generator
+BIAS_SEED_OFFSET = 3_000_017
+#: the correction bias the bench draws: randn(E_global) x this, float32
+BIAS_SCALE = 0.1
+
+
+def parse_router(text: str) -> RouterSpec:
+    """``--router``: a preset's name (its model's router, see :data:`PRESET_ROUTERS`), or
+    ``softmax`` / ``sigmoid`` followed by comma-separated options ``renorm``,
+    ``groups=G/T`` (G groups, the best T kept), ``bias`` (a correction bias) and
+    ``scale=F`` (routed scaling factor); e.g. ``sigmoid,renorm,groups=8/4,bias,scale=2.5``."""
+    raw = str(text).strip()
+    key = raw.lower()
+    if key in PRESET_ROUTERS:
+        return replace(PRESET_ROUTERS[key], origin=f"--router {key} (that preset's router)")
+    parts = [p.strip() for p in key.split(",") if p.strip()]
+    if not parts or parts[0] not in ("softmax", "sigmoid"):
+        raise BenchError(f"--router: expected a preset ({', '.join(PRESET_ROUTERS)}) or softmax|sigmoid[,renorm]"
+                         f"[,groups=G/T][,bias][,scale=F], got {text!r}")
+    kw: Dict[str, Any] = {"scoring": parts[0]}
+    for opt in parts[1:]:
+        name, _, value = opt.partition("=")
+        try:
+            if opt in ("renorm", "renormalize"):
+                kw["renormalize"] = True
+            elif opt == "bias":
+                kw["correction_bias"] = True
+            elif name == "groups" and value:
+                g, _, t = value.partition("/")
+                kw["num_expert_group"], kw["topk_group"] = int(g), int(t)
+            elif name == "scale" and value:
+                kw["routed_scaling_factor"] = float(value)
+            else:
+                raise ValueError
+        except ValueError:
+            raise BenchError(f"--router: unknown option {opt!r} in {text!r} (renorm, groups=G/T, bias, "
+                             f"scale=F)") from None
+    spec = RouterSpec(origin=f"--router {raw}", **kw)
+    if spec.num_expert_group is not None and (spec.num_expert_group < 1 or spec.topk_group < 1):
+        raise BenchError(f"--router: expected positive groups=G/T, got {text!r}")
+    if not (math.isfinite(spec.routed_scaling_factor) and spec.routed_scaling_factor > 0):
+        raise BenchError(f"--router: expected a positive scale, got {text!r}")
+    return spec
+
+
+def hf_config_router(cfg: dict, scope: dict) -> Optional[RouterSpec]:
+    """The router a Hugging Face config names (keys of ``scope`` first, then of ``cfg``):
+    ``scoring_func``, ``n_group`` / ``topk_group`` (grouped where n_group > 1),
+    ``topk_method: noaux_tc`` (a correction bias), ``norm_topk_prob`` and
+    ``routed_scaling_factor``; Llama 4 routes by the sigmoid of the top-1 logit, Mixtral and
+    gpt-oss renormalize. None where the config says nothing about its router."""
+
+    def get(key: str) -> Any:
+        return scope.get(key, cfg.get(key))
+
+    model_type = str(get("model_type") or "").lower()
+    if model_type.startswith("llama4"):
+        return replace(LLAMA4_ROUTER, origin=f"hf-config (model_type {model_type})")
+    keys = ("scoring_func", "n_group", "topk_group", "topk_method", "norm_topk_prob", "routed_scaling_factor")
+    if all(get(k) is None for k in keys) and model_type not in _RENORMALIZE_BY_MODEL_TYPE:
+        return None
+    scoring = str(get("scoring_func") or "softmax").lower()
+    n_group, topk_group = get("n_group"), get("topk_group")
+    grouped = isinstance(n_group, int) and n_group > 1 and isinstance(topk_group, int)
+    renorm = get("norm_topk_prob")
+    if renorm is None:
+        renorm = _RENORMALIZE_BY_MODEL_TYPE.get(model_type, False)
+    scale = get("routed_scaling_factor")
+    return RouterSpec(scoring=scoring, renormalize=bool(renorm),
+                      num_expert_group=n_group if grouped else None, topk_group=topk_group if grouped else None,
+                      correction_bias=str(get("topk_method") or "").lower() == "noaux_tc",
+                      routed_scaling_factor=float(scale) if isinstance(scale, (int, float)) else 1.0,
+                      origin="hf-config" + (f" (model_type {model_type})" if model_type else ""))
+
+
+@dataclass(frozen=True)
 class MoeShape:
     """One MoE layer as one GPU holds it. ``E`` is the local expert count (``E_global/ep``),
     ``N`` the local moe intermediate size (``N_full/tp``)."""
@@ -147,6 +320,8 @@ class MoeShape:
     tp: int = 1
     ep: int = 1
     source: str = "preset"
+    #: the model's router (``--with-routing``); None: :data:`DEFAULT_ROUTER`
+    router: Optional[RouterSpec] = None
 
     @property
     def E_global(self) -> int:
@@ -168,13 +343,15 @@ class MoeShape:
         return s + ")"
 
     def as_dict(self) -> dict:
+        """The shape's fields (the router is in the record's ``routing``, see run_bench)."""
         d = asdict(self)
+        del d["router"]
         d["E_global"] = self.E_global
         return d
 
 
 def shard_shape(name: str, E: int, topk: int, K: int, N: int, tp: int = 1, ep: int = 1,
-                source: str = "preset") -> MoeShape:
+                source: str = "preset", router: Optional[RouterSpec] = None) -> MoeShape:
     """The shape one GPU holds: ``N/tp`` intermediate columns and ``E/ep`` experts."""
     for what, v in (("E", E), ("topk", topk), ("K", K), ("N", N), ("--tp", tp), ("--ep", ep)):
         if not isinstance(v, int) or v < 1:
@@ -186,7 +363,7 @@ def shard_shape(name: str, E: int, topk: int, K: int, N: int, tp: int = 1, ep: i
     if E % ep:
         raise BenchError(f"--ep: expected a divisor of E={E}, got {ep}")
     suffix = "".join(f"-{k}{v}" for k, v in (("tp", tp), ("ep", ep)) if v > 1)
-    return MoeShape(name + suffix, E // ep, topk, K, N // tp, tp, ep, source)
+    return MoeShape(name + suffix, E // ep, topk, K, N // tp, tp, ep, source, router)
 
 
 def preset_shape(name: str, tp: int = 1, ep: int = 1) -> MoeShape:
@@ -195,7 +372,8 @@ def preset_shape(name: str, tp: int = 1, ep: int = 1) -> MoeShape:
     if key not in PRESETS:
         raise BenchError(f"--model: expected one of {', '.join(PRESETS)}, got {name!r}")
     E, topk, K, N = PRESETS[key]
-    return shard_shape(key, E, topk, K, N, tp, ep, "preset")
+    router = replace(PRESET_ROUTERS[key], origin=f"{key} preset") if key in PRESET_ROUTERS else None
+    return shard_shape(key, E, topk, K, N, tp, ep, "preset", router)
 
 
 def parse_shape(text: str, tp: int = 1, ep: int = 1) -> MoeShape:
@@ -264,7 +442,8 @@ def hf_config_shape(path: str, tp: int = 1, ep: int = 1) -> MoeShape:
             raise BenchError(f"--hf-config: expected an integer {what} in {path}, got {v!r}")
     name = cfg.get("_name_or_path") or scope.get("model_type") or cfg.get("model_type") or "hf-config"
     name = str(name).rstrip("/").split("/")[-1] or "hf-config"
-    return shard_shape(name, E, found["topk"], found["K"], found["N"], tp, ep, f"hf-config:{path}")
+    return shard_shape(name, E, found["topk"], found["K"], found["N"], tp, ep, f"hf-config:{path}",
+                       hf_config_router(cfg, scope))
 
 
 #: the largest token count the command line takes (the op's slot indices are 32-bit)
@@ -464,6 +643,42 @@ def make_routing(torch: Any, M: int, E_global: int, topk: int, kind: str, gen: A
     else:
         raise BenchError(f"--routing: expected uniform or skewed, got {kind!r}")
     return tw.float().contiguous(), ids.to(torch.int32).contiguous()
+
+
+def make_correction_bias(torch: Any, router: RouterSpec, E_global: int, seed: int, device: Any) -> Optional[Any]:
+    """The router's ``e_score_correction_bias``, float32 [E_global] on ``device``:
+    randn x :data:`BIAS_SCALE` from its own generator (``seed`` + :data:`BIAS_SEED_OFFSET`),
+    made once per shape; None for a router without one."""
+    if not router.correction_bias:
+        return None
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed + BIAS_SEED_OFFSET)
+    return torch.randn(E_global, generator=gen, device=device, dtype=torch.float32).mul_(BIAS_SCALE)
+
+
+def router_ids(torch: Any, logits: Any, topk: int, router: RouterSpec, bias: Any = None) -> Tuple[Any, Any]:
+    """(topk_weights fp32, topk_ids int32) on the logits' device that ``router`` picks from
+    ``logits`` [M, E_global], by the float64 reference router
+    (``swapmoe.reference.select_experts_ref``, independent of the op's router kernels). With
+    ``--with-routing`` every column runs on these ids and the check's reference uses them, so
+    fused_moe (which routes the logits itself) passes only where its router agrees."""
+    from .reference import select_experts_ref
+
+    np_bias = None if bias is None else bias.detach().float().cpu().numpy()
+    w, ids = select_experts_ref(logits.detach().float().cpu().numpy(), topk, **router.kwargs(np_bias))
+    dev = logits.device
+    return (torch.from_numpy(w).to(device=dev, dtype=torch.float32).contiguous(),
+            torch.from_numpy(ids).to(device=dev, dtype=torch.int32).contiguous())
+
+
+def router_agrees(torch: Any, logits: Any, topk: int, router: RouterSpec, bias: Any, ids: Any) -> bool:
+    """Whether ``swapmoe.select_experts`` (the op's router, on the logits' device) picks the
+    same experts per token as ``ids`` (the reference router's): the point's experts touched
+    are then those fused_moe touches too."""
+    import swapmoe
+
+    _, got = swapmoe.select_experts(logits, topk, **router.kwargs(bias))
+    return bool(torch.equal(got.long().sort(dim=1)[0], ids.long().sort(dim=1)[0]))
 
 
 def make_expert_map(torch: Any, shape: MoeShape, device: Any) -> Optional[Any]:
@@ -827,9 +1042,12 @@ def impl_swapmoe(x, w1, w2, tw, ids, emap, out, fp8=None):
     return swapmoe.fused_experts(x, w1, w2, tw, ids, out=out, **kw)
 
 
-def make_routed_impl(logits: Any, topk: int) -> Callable:
-    """swapmoe.fused_moe from the router logits (softmax top-k without renormalize: the same
-    routing as make_routing's uniform ids, so the check and experts touched are shared)."""
+def make_routed_impl(logits: Any, topk: int, router_kw: Optional[dict] = None) -> Callable:
+    """swapmoe.fused_moe from the router logits with ``router_kw`` (:meth:`RouterSpec.kwargs`;
+    default: softmax top-k without renormalize). It ignores the ``tw`` and ``ids`` it is given:
+    run_bench passes the ids this router picks (:func:`router_ids`), so the check and the
+    experts touched are those of the router that is timed."""
+    rkw = dict(renormalize=False, scoring="softmax") if router_kw is None else dict(router_kw)
 
     def impl_fused_moe(x, w1, w2, tw, ids, emap, out, fp8=None):
         import swapmoe
@@ -837,7 +1055,7 @@ def make_routed_impl(logits: Any, topk: int) -> Callable:
         kw = {} if emap is None else {"expert_map": emap, "global_num_experts": emap.numel()}
         if fp8:
             kw.update(fp8)
-        return swapmoe.fused_moe(x, w1, w2, logits, topk, renormalize=False, scoring="softmax", out=out, **kw)
+        return swapmoe.fused_moe(x, w1, w2, logits, topk, out=out, **rkw, **kw)
 
     return impl_fused_moe
 
@@ -1299,7 +1517,9 @@ def run_bench(
     (see the module docstring); the torch and vLLM baselines are then skipped with the reason
     in ``record["skipped"]``. ``read_floor`` (default: on for GPU runs, when triton imports)
     also times a read-only kernel over each point's routed weight bytes
-    (``point["read_floor_us"]``, ``%read``; see ``swapmoe._read_floor``)."""
+    (``point["read_floor_us"]``, ``%read``; see ``swapmoe._read_floor``). ``with_routing`` also
+    times ``swapmoe.fused_moe`` with ``shape.router`` (:data:`DEFAULT_ROUTER` where None) and
+    runs every column on that router's ids (see the module docstring)."""
     check_quant(quant)
     if with_routing and routing != "uniform":
         raise BenchError("--with-routing: needs --routing uniform (fused_moe routes from logits)")
@@ -1332,6 +1552,22 @@ def run_bench(
     bpe = DTYPES[dtype][1]  # activations, and weights unquantized
     bpw = weight_bytes_per_element(quant, dtype)
     variant = anchor_variant(quant, dtype)  # the anchor's unquantized variant is "bf16"
+    # ---- the router of --with-routing: the shape's model's, made before anything is timed --
+    router: Optional[RouterSpec] = None
+    bias = None
+    router_record = None
+    if with_routing:
+        router = shape.router or DEFAULT_ROUTER
+        router.check(shape.E_global, shape.topk)
+        bias = make_correction_bias(torch, router, shape.E_global, seed, dev)
+        router_record = dict(
+            router.as_dict(), describe=router.describe(shape.topk),
+            e_score_correction_bias=(None if bias is None else
+                                     f"randn(E_global={shape.E_global}) x {BIAS_SCALE:g}, float32, seed "
+                                     f"{seed}+{BIAS_SEED_OFFSET}, made once for the shape"),
+            ids=("the float64 reference router (swapmoe.reference.select_experts_ref) on each M's logits "
+                 "(randn(M, E_global), as --routing uniform); every implementation runs on these ids and the "
+                 "check's reference uses them; fused_moe routes the logits itself"))
 
     env = environment()
     record: Dict[str, Any] = {
@@ -1347,7 +1583,8 @@ def run_bench(
         "quant": quant,
         "bytes_per_weight": bpw,
         "bytes_per_act": bpe,
-        "routing": {"kind": routing, "seed": seed, **({"zipf_s": zipf_s} if routing == "skewed" else {})},
+        "routing": {"kind": routing, "seed": seed, **({"zipf_s": zipf_s} if routing == "skewed" else {}),
+                    "router": router_record},
         "method": {},
         "read_bw": None,
         "read_floor": None,
@@ -1550,8 +1787,17 @@ def run_bench(
             logits_box: list = []
             tw, ids = make_routing(torch, M, shape.E_global, shape.topk, routing, gen, dev, zipf_s,
                                    logits_out=logits_box if with_routing else None)
-            if with_routing:
-                table[IMPL_ROUTED] = (make_routed_impl(logits_box[0], shape.topk), True)
+            router_same: Optional[bool] = None
+            if router is not None:  # every column on the ids of the router fused_moe runs
+                tw, ids = router_ids(torch, logits_box[0], shape.topk, router, bias)
+                table[IMPL_ROUTED] = (make_routed_impl(logits_box[0], shape.topk, router.kwargs(bias)), True)
+                try:
+                    router_same = router_agrees(torch, logits_box[0], shape.topk, router, bias, ids)
+                except Exception as e:  # fused_moe's check and timing say the rest
+                    _note(record, f"swapmoe.select_experts failed at M={M}: {_err(e)}", log)
+                if router_same is False:
+                    _note(record, f"at M={M} swapmoe.select_experts picks other experts than the float64 "
+                                  "reference router: experts touched are the reference's", log)
             x = torch.randn(M, shape.K, generator=gen, device=dev, dtype=tdtype)
             loc = local_ids(torch, ids, emap, shape.E)
             valid = loc < shape.E
@@ -1562,6 +1808,8 @@ def run_bench(
                                      "read_floor_us": None, "anchor_vllm_gemm_us": None,
                                      "anchor_experts_touched": None, "anchor_floor_us": None, "results": {},
                                      "errors": {}}
+            if router is not None:
+                point["router_ids_match"] = router_same
             record["points"].append(point)  # partial points survive an abort
             if bw:
                 point["floor_us"] = hbm_floor_us(touched, shape.N, shape.K, M, bpe, bpe, bw, quant=quant)

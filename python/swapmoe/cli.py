@@ -7,6 +7,7 @@ install sees). The benchmark lives in :mod:`swapmoe.bench` and the tuning in
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
@@ -26,6 +27,19 @@ def _shape_from_args(args: argparse.Namespace) -> Optional[B.MoeShape]:
     if args.tp != 1 or args.ep != 1:
         raise B.BenchError("--tp/--ep: need a shape to shard (--model, --shape or --hf-config)")
     return None
+
+
+def _bench_shape_from_args(args: argparse.Namespace) -> Optional[B.MoeShape]:
+    """The bench's shape, with --router (if given) as its router."""
+    shape = _shape_from_args(args)
+    spec = getattr(args, "router", None)
+    if spec is None:
+        return shape
+    if not getattr(args, "with_routing", False):
+        raise B.BenchError("--router: only with --with-routing (the router of fused_moe's column)")
+    if shape is None:
+        raise B.BenchError("--router: needs a shape to route (--model, --shape or --hf-config)")
+    return dataclasses.replace(shape, router=B.parse_router(spec))
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -82,7 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--check-all", action="store_true", help="check at every M, not only the smallest")
     b.add_argument("--with-routing", action="store_true",
                    help="also time swapmoe.fused_moe from the router logits (GPU router + fused experts) "
-                        "next to fused_experts on precomputed ids (needs --routing uniform)")
+                        "next to fused_experts on precomputed ids (needs --routing uniform). The router is the "
+                        "model's own (preset or config; softmax top-k without renormalize where none is named) "
+                        "and every column runs on its ids")
+    b.add_argument("--router", metavar="SPEC", default=None,
+                   help="the router of --with-routing instead of the shape's: a preset's name (e.g. deepseek-v3), "
+                        "or softmax|sigmoid[,renorm][,groups=G/T][,bias][,scale=F], e.g. "
+                        "sigmoid,renorm,groups=8/4,bias,scale=2.5")
     b.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     b.add_argument("--seed", type=int, default=0, help="routing and activation seed")
     b.add_argument("--anchors", metavar="PATH", default=None,
@@ -249,6 +269,12 @@ def header_lines(rec: dict) -> List[str]:
     quant = rec.get("quant") or "none"
     dtype = rec["dtype"] + ("" if quant == "none" else f" {quant}")
     lines.append(f"swapmoe {v['swapmoe']} bench: {sh['name']}  {shape}  {dtype}  routing {routing}")
+    router = r.get("router")
+    if router:
+        lines.append(f"router (--with-routing, {router['origin']}): {router['describe']}"
+                     + (f"; correction bias {router['e_score_correction_bias']}"
+                        if router.get("e_score_correction_bias") else "")
+                     + "; every column runs on this router's ids (float64 reference router)")
     lines += build_kind_lines(rec.get("build_info") or {})
     m = rec["method"]
     vllm = f", vllm {v['vllm']}" if v.get("vllm") else ""
@@ -309,7 +335,7 @@ def _plan(p: dict) -> str:
 
 
 BASELINE_WHAT = {
-    B.IMPL_ROUTED: "swapmoe.fused_moe from router logits (GPU softmax top-k router + fused experts)",
+    B.IMPL_ROUTED: "swapmoe.fused_moe from router logits (the op's router + fused experts; router above)",
     B.IMPL_VLLM: "vLLM's fused_experts, the whole op",
     B.IMPL_GROUPED: "torch._grouped_mm pipeline",
     B.IMPL_EAGER: "torch eager pipeline",
@@ -548,7 +574,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     B.check_output_paths(json=args.json, csv=args.csv, plot=args.plot)
-    shape = _shape_from_args(args)
+    shape = _bench_shape_from_args(args)
     ms = B.parse_m_list(args.m) if args.m else None
 
     def log(msg: str) -> None:

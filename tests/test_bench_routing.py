@@ -1,0 +1,295 @@
+"""`swapmoe bench --with-routing` runs each model's own router (CPU runs on small shapes)."""
+
+import dataclasses
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import swapmoe  # noqa: E402
+from swapmoe import bench as B  # noqa: E402
+from swapmoe import cli  # noqa: E402
+
+
+def _small(name, K=64, N=32):
+    """The preset's experts, topk and router on small K and N (CPU-sized weights)."""
+    return dataclasses.replace(B.preset_shape(name), K=K, N=N)
+
+
+def _run(shape, **kw):
+    kw = dict(dict(device="cpu", m_list=[1, 5], with_routing=True, progress=False, layers=1), **kw)
+    return B.run_bench(shape, **kw)
+
+
+# ---- the routers the presets, configs and --router name -----------------------------------
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3", "deepseek-v3-tp8"])
+def test_deepseek_presets_route_grouped_sigmoid_with_bias_and_scaling(name):
+    r = B.preset_shape(name, tp=1).router
+    assert (r.scoring, r.renormalize, r.num_expert_group, r.topk_group, r.correction_bias,
+            r.routed_scaling_factor) == ("sigmoid", True, 8, 4, True, 2.5)
+    assert r.origin == f"{name} preset"
+    kw = r.kwargs(bias="BIAS")
+    assert kw == dict(renormalize=True, scoring="sigmoid", num_expert_group=8, topk_group=4,
+                      e_score_correction_bias="BIAS", routed_scaling_factor=2.5)
+    # sharding keeps the model's router
+    assert B.preset_shape(name, ep=8).router == r
+
+
+@pytest.mark.parametrize("name", ["qwen3-30b-a3b", "qwen3-235b-a22b", "mixtral-8x7b", "mixtral-8x22b",
+                                  "gpt-oss-120b"])
+def test_softmax_presets_renormalize(name):
+    r = B.preset_shape(name).router
+    assert (r.scoring, r.renormalize, r.num_expert_group, r.correction_bias, r.routed_scaling_factor) == (
+        "softmax", True, None, False, 1.0)
+    assert r.kwargs(bias="ignored")["e_score_correction_bias"] is None
+
+
+def test_every_preset_names_its_router():
+    assert set(B.PRESET_ROUTERS) == set(B.PRESETS)
+    r = B.preset_shape("llama4-scout").router
+    assert (r.scoring, r.renormalize, r.num_expert_group) == ("sigmoid", False, None)
+
+
+def test_shapes_without_a_router_keep_softmax_without_renormalize():
+    assert B.parse_shape("16,4,64,32").router is None
+    assert (B.DEFAULT_ROUTER.scoring, B.DEFAULT_ROUTER.renormalize) == ("softmax", False)
+    assert "router" not in B.preset_shape("deepseek-v3").as_dict()  # the shape's JSON is unchanged
+
+
+@pytest.mark.parametrize("cfg, expect", [
+    ({"model_type": "deepseek_v3", "n_routed_experts": 256, "num_experts_per_tok": 8, "hidden_size": 7168,
+      "moe_intermediate_size": 2048, "scoring_func": "sigmoid", "topk_method": "noaux_tc", "n_group": 8,
+      "topk_group": 4, "norm_topk_prob": True, "routed_scaling_factor": 2.5},
+     ("sigmoid", True, 8, 4, True, 2.5)),
+    ({"model_type": "qwen3_moe", "num_experts": 128, "num_experts_per_tok": 8, "hidden_size": 2048,
+      "moe_intermediate_size": 768, "norm_topk_prob": True}, ("softmax", True, None, None, False, 1.0)),
+    ({"model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 2, "hidden_size": 4096,
+      "intermediate_size": 14336}, ("softmax", True, None, None, False, 1.0)),
+    ({"model_type": "llama4", "text_config": {"model_type": "llama4_text", "num_local_experts": 16,
+                                              "num_experts_per_tok": 1, "hidden_size": 5120,
+                                              "intermediate_size": 8192}},
+     ("sigmoid", False, None, None, False, 1.0)),
+])
+def test_hf_config_router(tmp_path, cfg, expect):
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    r = B.hf_config_shape(str(p)).router
+    got = (r.scoring, r.renormalize, r.num_expert_group, r.topk_group, r.correction_bias, r.routed_scaling_factor)
+    assert got == expect
+
+
+def test_hf_config_without_router_keys_has_none(tmp_path):
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({"num_experts": 8, "num_experts_per_tok": 2, "hidden_size": 64,
+                             "moe_intermediate_size": 32}))
+    assert B.hf_config_shape(str(p)).router is None
+
+
+def test_parse_router():
+    r = B.parse_router("sigmoid,renorm,groups=4/2,bias,scale=2.5")
+    assert (r.scoring, r.renormalize, r.num_expert_group, r.topk_group, r.correction_bias,
+            r.routed_scaling_factor) == ("sigmoid", True, 4, 2, True, 2.5)
+    assert B.parse_router("softmax") == dataclasses.replace(B.DEFAULT_ROUTER, origin="--router softmax")
+    d = B.parse_router("DeepSeek-V3")
+    assert dataclasses.replace(d, origin="") == dataclasses.replace(B.DEEPSEEK_V3_ROUTER, origin="")
+    for bad in ("", "relu", "softmax,groups=4", "softmax,groups=x/2", "sigmoid,scale=-1", "softmax,topk=3",
+                "sigmoid,groups=0/0"):
+        with pytest.raises(B.BenchError, match="--router"):
+            B.parse_router(bad)
+
+
+def test_router_check_rejects_what_cannot_route():
+    r = B.parse_router("sigmoid,groups=8/4,bias")
+    r.check(32, 4)
+    with pytest.raises(B.BenchError, match="do not divide"):
+        r.check(36, 4)
+    with pytest.raises(B.BenchError, match="topk=20"):
+        r.check(32, 20)  # 4 groups of 4 hold 16
+    with pytest.raises(B.BenchError, match="do not divide"):
+        _run(dataclasses.replace(B.parse_shape("12,2,64,32"), router=r), m_list=[1])
+
+
+def test_correction_bias_is_fixed_by_the_seed():
+    a = B.make_correction_bias(torch, B.DEEPSEEK_V3_ROUTER, 256, 7, torch.device("cpu"))
+    b = B.make_correction_bias(torch, B.DEEPSEEK_V3_ROUTER, 256, 7, torch.device("cpu"))
+    c = B.make_correction_bias(torch, B.DEEPSEEK_V3_ROUTER, 256, 8, torch.device("cpu"))
+    assert a.dtype == torch.float32 and a.shape == (256,) and torch.equal(a, b) and not torch.equal(a, c)
+    assert B.make_correction_bias(torch, B.SOFTMAX_RENORM, 256, 7, torch.device("cpu")) is None
+
+
+# ---- the with-routing column on the router's ids ------------------------------------------------
+
+
+def test_deepseek_run_passes_its_router_and_bias_to_fused_moe(monkeypatch):
+    """fused_moe gets the DeepSeek router's arguments with the bias made once for the shape,
+    and fused_experts runs on the ids that router picks."""
+    calls, seen_ids = [], []
+    real_moe, real_experts = swapmoe.fused_moe, swapmoe.fused_experts
+
+    def spy_moe(x, w1, w2, logits, topk, **kw):
+        calls.append(kw)
+        return real_moe(x, w1, w2, logits, topk, **kw)
+
+    def spy_experts(x, w1, w2, tw, ids, **kw):
+        seen_ids.append(ids)
+        return real_experts(x, w1, w2, tw, ids, **kw)
+
+    monkeypatch.setattr(swapmoe, "fused_moe", spy_moe)
+    monkeypatch.setattr(swapmoe, "fused_experts", spy_experts)
+    shape = _small("deepseek-v3-tp8")
+    rec = _run(shape, m_list=[1, 3])
+    assert rec["check"]["ok"] and rec["check"]["results"][B.IMPL_ROUTED]["ok"]
+    assert calls
+    bias = calls[0]["e_score_correction_bias"]
+    assert bias is not None and bias.shape == (256,) and bias.dtype == torch.float32
+    for kw in calls:
+        assert (kw["scoring"], kw["renormalize"], kw["num_expert_group"], kw["topk_group"],
+                kw["routed_scaling_factor"]) == ("sigmoid", True, 8, 4, 2.5)
+        assert kw["e_score_correction_bias"] is bias  # one bias per shape
+    assert torch.equal(bias, B.make_correction_bias(torch, shape.router, 256, 0, torch.device("cpu")))
+    r = rec["routing"]["router"]
+    assert (r["scoring"], r["num_expert_group"], r["topk_group"], r["correction_bias"],
+            r["routed_scaling_factor"], r["renormalize"]) == ("sigmoid", 8, 4, True, 2.5, True)
+    assert "deepseek-v3-tp8 preset" == r["origin"] and "randn(E_global=256)" in r["e_score_correction_bias"]
+    # every fused_experts call ran on the router's ids, and experts touched are theirs
+    for p in rec["points"]:
+        assert p["router_ids_match"] is True
+        gen = torch.Generator().manual_seed(0)
+        logits = []
+        B.make_routing(torch, p["M"], 256, 8, "uniform", gen, torch.device("cpu"), logits_out=logits)
+        _, ids = B.router_ids(torch, logits[0], 8, shape.router, bias)
+        assert p["experts_touched"] == len(torch.unique(ids))
+        assert any(i.shape == ids.shape and torch.equal(i, ids) for i in seen_ids)
+
+
+def test_qwen3_run_routes_softmax_renormalized(monkeypatch):
+    calls = []
+    real_moe = swapmoe.fused_moe
+    monkeypatch.setattr(swapmoe, "fused_moe", lambda *a, **kw: (calls.append(kw), real_moe(*a, **kw))[1])
+    rec = _run(_small("qwen3-30b-a3b"), m_list=[2])
+    assert rec["check"]["results"][B.IMPL_ROUTED]["ok"]
+    assert {(kw["scoring"], kw["renormalize"], kw["num_expert_group"], kw["e_score_correction_bias"],
+             kw["routed_scaling_factor"]) for kw in calls} == {("softmax", True, None, None, 1.0)}
+    assert rec["routing"]["router"]["describe"] == "softmax top-8, renormalize"
+
+
+def test_deepseek_like_shape_checks_at_every_m_on_cpu():
+    """A --shape with the DeepSeek router scaled down (32 experts in 8 groups): the float64
+    check of fused_moe passes at every M, with expert parallelism too."""
+    router = B.parse_router("sigmoid,renorm,groups=8/4,bias,scale=2.5")
+    for ep in (1, 2):
+        shape = dataclasses.replace(B.parse_shape("32,4,64,32", ep=ep), router=router)
+        rec = _run(shape, m_list=[1, 4, 9], check_all=True)
+        assert rec["check"]["ok"] and not rec["check"].get("failed_M")
+        assert rec["check"]["results"][B.IMPL_ROUTED]["ok"]
+        for p in rec["points"]:
+            assert p["router_ids_match"] is True and p["results"][B.IMPL_ROUTED]["time_us"] > 0
+
+
+def test_check_fails_when_its_ids_are_not_the_routers(monkeypatch):
+    """The check holds fused_moe to the router's ids: given the softmax ids of --routing
+    uniform instead (what the bench used before it ran model routers), fused_moe fails it
+    while fused_experts on those ids still passes."""
+    router = B.parse_router("sigmoid,renorm,groups=8/4,bias,scale=2.5")
+    shape = dataclasses.replace(B.parse_shape("32,4,64,32"), router=router)
+
+    def softmax_ids(torch_, logits, topk, router_, bias):
+        w, i = torch_.topk(torch_.softmax(logits, dim=-1), topk, dim=-1)
+        return w.float().contiguous(), i.to(torch_.int32).contiguous()
+
+    good = _run(shape, m_list=[1])
+    assert good["check"]["results"][B.IMPL_ROUTED]["ok"]
+    monkeypatch.setattr(B, "router_ids", softmax_ids)
+    bad = _run(shape, m_list=[1])
+    assert bad["check"]["results"][B.IMPL_SWAPMOE]["ok"]
+    assert not bad["check"]["results"][B.IMPL_ROUTED]["ok"]
+    assert B.IMPL_ROUTED in bad["skipped"] and "check failed" in bad["skipped"][B.IMPL_ROUTED]
+    assert bad["points"][0]["router_ids_match"] is False
+    assert any("other experts than the float64 reference router" in n for n in bad["notes"])
+
+
+def test_check_point_with_the_routed_impl_needs_the_routers_ids():
+    """check_point directly: the same fused_moe column passes on the router's ids and fails
+    on ids of another router over the same logits (the weights kept the router's)."""
+    router = B.parse_router("sigmoid,renorm,groups=4/2,bias,scale=2.5")
+    gen = torch.Generator().manual_seed(3)
+    M, E, topk, K, N = 6, 16, 3, 64, 32
+    logits = torch.randn(M, E, generator=gen)
+    bias = B.make_correction_bias(torch, router, E, 0, torch.device("cpu"))
+    shape = B.shard_shape("t", E, topk, K, N, router=router)
+    w1, w2 = B.make_weights(torch, shape, torch.float32, gen, torch.device("cpu"))
+    x = torch.randn(M, K, generator=gen)
+    table = {B.IMPL_ROUTED: (B.make_routed_impl(logits, topk, router.kwargs(bias)), True)}
+    tw, ids = B.router_ids(torch, logits, topk, router, bias)
+    ok = B.check_point(torch, [B.IMPL_ROUTED], x, (w1, w2), tw, ids, None, 1e-3, table)
+    assert ok[B.IMPL_ROUTED]["ok"], ok
+    _, other = torch.topk(logits, topk, dim=-1)  # plain top-k of the logits: not the grouped router's
+    assert not torch.equal(other.sort(1)[0], ids.long().sort(1)[0])
+    bad = B.check_point(torch, [B.IMPL_ROUTED], x, (w1, w2), tw, other.to(torch.int32), None, 1e-3, table)
+    assert not bad[B.IMPL_ROUTED]["ok"]
+
+
+def test_default_cpu_run_keeps_softmax_ids():
+    """Without a router (the CPU default shape) the router's ids are --routing uniform's."""
+    rec = _run(None, m_list=[1, 3])
+    assert rec["routing"]["router"]["scoring"] == "softmax" and not rec["routing"]["router"]["renormalize"]
+    assert rec["routing"]["router"]["origin"].startswith("default")
+    assert rec["check"]["results"][B.IMPL_ROUTED]["ok"]
+    for p in rec["points"]:
+        gen = torch.Generator().manual_seed(0)
+        _, ids = B.make_routing(torch, p["M"], 8, 2, "uniform", gen, torch.device("cpu"))
+        assert p["experts_touched"] == len(torch.unique(ids))
+    off = B.run_bench(None, device="cpu", m_list=[1], progress=False, layers=1)
+    assert off["routing"]["router"] is None and "router_ids_match" not in off["points"][0]
+
+
+# ---- the command line -------------------------------------------------------------------------
+
+
+def test_cli_with_routing_prints_and_records_the_router(tmp_path, capsys):
+    out_json = tmp_path / "r.json"
+    rc = cli.main(["bench", "--device", "cpu", "--shape", "32,4,64,32", "--router",
+                   "sigmoid,renorm,groups=8/4,bias,scale=2.5", "--with-routing", "--m", "1,2", "--layers", "1",
+                   "--no-progress", "--json", str(out_json)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    line = next(ln for ln in out.splitlines() if ln.startswith("router (--with-routing"))
+    assert "sigmoid top-4 in the best 4 of 8 groups" in line and "e_score_correction_bias" in line
+    assert "renormalize" in line and "x2.5" in line
+    assert "swapmoe-fused-moe" in out and "FAIL" not in out
+    rec = json.loads(out_json.read_text())
+    assert rec["routing"]["router"]["num_expert_group"] == 8 and rec["shape"]["name"] == "shape-32x4x64x32"
+    assert "router" not in rec["shape"]
+
+
+def test_cli_with_routing_names_the_preset_router(monkeypatch, capsys):
+    """--model deepseek-v3-tp8 --with-routing reaches run_bench with the preset's router (the
+    run itself is faked: the preset's weights are GPU-sized)."""
+    got = {}
+    real_run_bench = B.run_bench
+
+    def fake_run_bench(shape, **kw):
+        got["shape"] = shape
+        got.update(kw)
+        return real_run_bench(_small("deepseek-v3-tp8"), device="cpu", m_list=[1], with_routing=True,
+                           progress=False, layers=1)
+
+    monkeypatch.setattr(B, "run_bench", fake_run_bench)
+    assert cli.main(["bench", "--model", "deepseek-v3-tp8", "--with-routing", "--device", "cpu",
+                     "--no-progress"]) == 0
+    assert got["shape"].router.origin == "deepseek-v3-tp8 preset" and got["with_routing"] is True
+    out = capsys.readouterr().out
+    assert "router (--with-routing, deepseek-v3-tp8 preset): sigmoid top-8 in the best 4 of 8 groups" in out
+
+
+def test_cli_router_errors(capsys):
+    assert cli.main(["bench", "--device", "cpu", "--shape", "32,4,64,32", "--router", "softmax"]) == 2
+    assert "--router: only with --with-routing" in capsys.readouterr().err
+    assert cli.main(["bench", "--device", "cpu", "--router", "softmax", "--with-routing"]) == 2
+    assert "--router: needs a shape" in capsys.readouterr().err
+    assert cli.main(["bench", "--device", "cpu", "--shape", "32,4,64,32", "--router", "bogus",
+                     "--with-routing"]) == 2
+    assert "--router: expected a preset" in capsys.readouterr().err
