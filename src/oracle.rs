@@ -1493,20 +1493,59 @@ pub const BACKEND_ENV: &str = "SWAPMOE_BACKEND";
 /// each tile with it.
 pub const MMA_TILE_ENV: &str = "SWAPMOE_MMA_TOKEN_TILE";
 
-/// The backend forced by the `backend=` argument, else by `$SWAPMOE_BACKEND`.
-pub fn forced_backend(argument: Option<&str>) -> Result<Option<Backend>> {
+/// A backend forced by the `backend=` argument or `$SWAPMOE_BACKEND`: one of swapmoe's, or
+/// one outside it that only a caller who can run it may force (`select_backend` with that
+/// name in `external_backends`: the vLLM plugin).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Forced {
+    Swapmoe(Backend),
+    External(ExternalBackend),
+}
+
+/// Where a forced name came from and the name: the argument wins over the variable.
+fn forced_name(argument: Option<&str>) -> Option<(&'static str, String)> {
     let env = std::env::var(BACKEND_ENV).ok().filter(|v| !v.is_empty());
-    let (source, value) = match (argument, env.as_deref()) {
-        (Some(a), _) => ("backend", a.to_string()),
-        (None, Some(e)) => (BACKEND_ENV, e.to_string()),
-        (None, None) => return Ok(None),
+    match (argument, env) {
+        (Some(a), _) => Some(("backend", a.to_string())),
+        (None, Some(e)) => Some((BACKEND_ENV, e)),
+        (None, None) => None,
+    }
+}
+
+/// The backend forced by the `backend=` argument, else by `$SWAPMOE_BACKEND`: swapmoe's or
+/// an external one (`select_backend` takes either; the ops take swapmoe's, `forced_backend`).
+pub fn forced_choice(argument: Option<&str>) -> Result<Option<Forced>> {
+    let Some((source, value)) = forced_name(argument) else {
+        return Ok(None);
     };
-    match Backend::parse(&value) {
-        Some(b) => Ok(Some(b)),
-        None => {
+    if let Some(b) = Backend::parse(&value) {
+        return Ok(Some(Forced::Swapmoe(b)));
+    }
+    if let Some(x) = ExternalBackend::parse(&value) {
+        return Ok(Some(Forced::External(x)));
+    }
+    let names: Vec<&str> = Backend::ALL
+        .iter()
+        .map(|b| b.name())
+        .chain(ExternalBackend::ALL.iter().map(|x| x.name()))
+        .collect();
+    Err(Error::Argument(format!(
+        "{source}: expected one of {names:?}, got {value:?}"
+    )))
+}
+
+/// The swapmoe backend forced by the `backend=` argument, else by `$SWAPMOE_BACKEND`, for a
+/// call of the op, which runs swapmoe's kernels: an external backend's name is refused.
+pub fn forced_backend(argument: Option<&str>) -> Result<Option<Backend>> {
+    match forced_choice(argument)? {
+        None => Ok(None),
+        Some(Forced::Swapmoe(b)) => Ok(Some(b)),
+        Some(Forced::External(x)) => {
+            let source = forced_name(argument).map_or("backend", |(s, _)| s);
             let names: Vec<&str> = Backend::ALL.iter().map(|b| b.name()).collect();
             Err(Error::Argument(format!(
-                "{source}: expected one of {names:?}, got {value:?}"
+                "{source}: {} runs outside swapmoe, so only a caller that can run it forces it (select_backend with it in external_backends, as the vLLM plugin asks); this call runs one of {names:?}",
+                x.name()
             )))
         }
     }
@@ -1556,6 +1595,9 @@ pub fn forced_first_kernel_pdl() -> Result<Option<bool>> {
 pub struct Request<'a> {
     /// A forced backend (`backend=` or `$SWAPMOE_BACKEND`): it must be able to run the call.
     pub backend: Option<Backend>,
+    /// A forced external backend (`backend=` or `$SWAPMOE_BACKEND` naming one): it must be in
+    /// `external`; swapmoe's fallback is then the heuristics' pick.
+    pub forced_external: Option<ExternalBackend>,
     /// A forced tensor-core token tile, applied when the plan is cuda_mma or cuda_wgmma
     /// (a tile cuda_wgmma is not built for is ignored, with a reason).
     pub mma_token_tile: Option<usize>,
@@ -1654,7 +1696,25 @@ pub fn decide(p: &MoeProblem, caps: Option<&DeviceCaps>, req: &Request) -> Resul
     let mut table = None;
     let mut external = None;
     let mut log = None;
-    let backend = if let Some(want) = req.backend {
+    let backend = if let Some(x) = req.forced_external {
+        if !req.external.contains(&x) {
+            let allowed: Vec<&str> = req.external.iter().map(|b| b.name()).collect();
+            return Err(Error::Argument(format!(
+                "{}: {} runs outside swapmoe: forcing it needs it in external_backends (the backends the caller can run), got {allowed:?}",
+                forced_backend_source(),
+                x.name()
+            )));
+        }
+        c.reasons.add(|| {
+            format!(
+                "override: {} forced by the backend argument or ${BACKEND_ENV}; swapmoe's fallback is the heuristics' pick",
+                x.name()
+            )
+        });
+        source = Source::Override;
+        external = Some(x);
+        heuristic(&mut c)
+    } else if let Some(want) = req.backend {
         if let Err(why) = c.eligible(want) {
             return Err(why.kind.error(format!(
                 "{}: {} cannot run {p}: {}; the heuristic choice is {}",
@@ -5786,6 +5846,83 @@ mod tests {
         let mut quiet = Candidates::new(&one, Some(&h), false);
         quiet.account_for_the_rest(Backend::CudaWgmmaSwap, Source::Heuristic, None, &[]);
         assert!(quiet.reasons.is_empty());
+    }
+
+    /// An external backend can be forced only by a caller that runs it (issue 6: the override
+    /// comes first, external candidates included); the op refuses the name.
+    #[test]
+    fn an_external_backend_is_forced_only_where_the_caller_runs_it() {
+        let _knobs = ENV_KNOBS.write().unwrap_or_else(|e| e.into_inner());
+        let h = h200();
+        let ask = |external: &[ExternalBackend]| {
+            plan_for_shape(
+                8,
+                128,
+                8,
+                2048,
+                768,
+                DType::BF16,
+                None,
+                None,
+                &h,
+                &Request {
+                    forced_external: Some(ExternalBackend::VllmTriton),
+                    external,
+                    ..Request::default()
+                },
+            )
+        };
+        let p = ask(&[ExternalBackend::VllmTriton]).unwrap();
+        assert_eq!(p.external, Some(ExternalBackend::VllmTriton));
+        assert_eq!(p.source, Source::Override);
+        assert_eq!(p.backend, Backend::CudaWgmmaSwap); // the heuristics' fallback
+        assert!(p
+            .reasons
+            .iter()
+            .any(|r| r.starts_with("override: vllm_triton forced")));
+        match ask(&[]) {
+            Err(Error::Argument(m)) => assert!(
+                m.contains(
+                    "vllm_triton runs outside swapmoe: forcing it needs it in external_backends"
+                ),
+                "{m}"
+            ),
+            other => panic!("expected an argument error, got {other:?}"),
+        }
+        // parsing: the argument names either kind; the op's parse refuses an external name
+        std::env::remove_var(BACKEND_ENV);
+        assert_eq!(
+            forced_choice(Some("flashinfer_cutlass")).unwrap(),
+            Some(Forced::External(ExternalBackend::FlashinferCutlass))
+        );
+        assert_eq!(
+            forced_choice(Some("cuda_mma")).unwrap(),
+            Some(Forced::Swapmoe(Backend::CudaMma))
+        );
+        match forced_backend(Some("vllm_triton")) {
+            Err(Error::Argument(m)) => assert!(
+                m.starts_with("backend: vllm_triton runs outside swapmoe"),
+                "{m}"
+            ),
+            other => panic!("expected an argument error, got {other:?}"),
+        }
+        match forced_choice(Some("fastest")) {
+            Err(Error::Argument(m)) => assert!(
+                m.contains("vllm_triton") && m.contains("\"fastest\""),
+                "{m}"
+            ),
+            other => panic!("expected an argument error, got {other:?}"),
+        }
+        std::env::set_var(BACKEND_ENV, "vllm_triton");
+        let env = forced_backend(None);
+        std::env::remove_var(BACKEND_ENV);
+        match env {
+            Err(Error::Argument(m)) => assert!(
+                m.starts_with("SWAPMOE_BACKEND: vllm_triton runs outside"),
+                "{m}"
+            ),
+            other => panic!("expected an argument error, got {other:?}"),
+        }
     }
 
     #[test]

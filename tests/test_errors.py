@@ -845,6 +845,21 @@ def test_a_forced_backend_that_cannot_run_names_where_it_was_forced(lib, rng, mo
     assert out.shape == (case.M, case.K)
 
 
+@pytest.mark.parametrize("lib", LIBS)
+@pytest.mark.parametrize("name", ["vllm_triton", "flashinfer_cutlass"])
+def test_the_op_refuses_an_external_backend(lib, rng, monkeypatch, name):
+    """fused_experts runs swapmoe's kernels: forcing a backend outside swapmoe (by the argument
+    or $SWAPMOE_BACKEND) raises ArgumentError naming it and where it came from."""
+    case = Case(5, 8, 2, 40, 48)
+    inp = to_inputs(make_problem(rng, case), case, lib, "float32")
+    monkeypatch.delenv("SWAPMOE_BACKEND", raising=False)
+    with pytest.raises(swapmoe.ArgumentError, match=rf"^backend: {name} runs outside swapmoe"):
+        call(inp, case, backend=name)
+    monkeypatch.setenv("SWAPMOE_BACKEND", name)
+    with pytest.raises(swapmoe.ArgumentError, match=rf"^SWAPMOE_BACKEND: {name} runs outside swapmoe"):
+        call(inp, case)
+
+
 @pytest.mark.parametrize("backend", ["cuda_wgmma_swap", "cuda_wgmma", "cuda_mma", "cuda_bulk_decode"])
 @pytest.mark.parametrize("K,N", [(2050, 768), (2048, 770)])
 def test_a_forced_backend_refuses_k_and_n_tails_with_a_shape_error(backend, K, N):

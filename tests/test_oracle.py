@@ -362,3 +362,18 @@ def test_a_forced_plan_says_the_others_were_not_picked_because_of_the_override()
     assert p.source == "override"
     assert _said(p, "cuda_wgmma") == ["cuda_wgmma: not picked, cuda_mma is forced"]
     assert _said(p, "cuda_wgmma_swap") == ["cuda_wgmma_swap: not picked, cuda_mma is forced"]
+
+
+def test_an_external_backend_can_be_forced_where_the_caller_runs_it(monkeypatch):
+    """Issue 6's order (override, tables, heuristics) covers the external candidates: a caller
+    that can run vLLM's Triton (the plugin) may force it by backend= or $SWAPMOE_BACKEND; the
+    plan names it, with swapmoe's heuristic pick as the fallback."""
+    p = plan(8, backend="vllm_triton", external_backends=["vllm_triton"])
+    assert (p.backend, p.source, p.fallback) == ("vllm_triton", "override", "cuda_wgmma_swap")
+    assert any(r.startswith("override: vllm_triton forced") for r in p.reasons)
+    monkeypatch.setenv("SWAPMOE_BACKEND", "flashinfer_cutlass")
+    p = plan(64, external_backends=["vllm_triton", "flashinfer_cutlass"])
+    assert (p.backend, p.source) == ("flashinfer_cutlass", "override")
+    with pytest.raises(swapmoe.ArgumentError, match=r"flashinfer_cutlass runs outside swapmoe: forcing it needs it in "
+                                                    r'external_backends .*got \["vllm_triton"\]'):
+        plan(64, external_backends=["vllm_triton"])

@@ -94,6 +94,9 @@ def select_backend(
     heuristics. A forced backend that cannot run the shape raises the error of what stops it:
     :class:`ShapeError` for a K or N tail its layout cannot take (naming the multiple) or M
     past its limit, :class:`DTypeError`, :class:`DeviceError`, or :class:`ArgumentError`.
+    ``backend`` (or the variable) may name an external backend listed in
+    ``external_backends``: the plan is then that backend (source ``override``) with the
+    heuristics' swapmoe pick as ``fallback``; one not listed raises :class:`ArgumentError`.
     ``external_backends`` (e.g. ``("vllm_triton",)``) names the backends outside
     swapmoe that the caller can run; a table entry naming another one is skipped for the
     best swapmoe entry.

@@ -933,7 +933,7 @@ fn select_backend<'py>(
         .py_err(py)?;
     let external =
         ExternalBackend::parse_list(external_backends.as_deref().unwrap_or_default()).py_err(py)?;
-    let forced = oracle::forced_backend(backend).py_err(py)?;
+    let forced = oracle::forced_choice(backend).py_err(py)?;
     let tile = oracle::forced_mma_tile().py_err(py)?;
     let caps = if device_name.is_some() || device_capability.is_some() {
         oracle::offline_caps(device_name, device_capability, sm_count).py_err(py)?
@@ -949,7 +949,14 @@ fn select_backend<'py>(
     };
     let tables = crate::tables::global();
     let req = oracle::Request {
-        backend: forced,
+        backend: match forced {
+            Some(oracle::Forced::Swapmoe(b)) => Some(b),
+            _ => None,
+        },
+        forced_external: match forced {
+            Some(oracle::Forced::External(x)) => Some(x),
+            _ => None,
+        },
         mma_token_tile: tile,
         quant: None,
         external: &external,
