@@ -1537,6 +1537,14 @@ pub fn forced_choice(argument: Option<&str>) -> Result<Option<Forced>> {
 /// The swapmoe backend forced by the `backend=` argument, else by `$SWAPMOE_BACKEND`, for a
 /// call of the op, which runs swapmoe's kernels: an external backend's name is refused.
 pub fn forced_backend(argument: Option<&str>) -> Result<Option<Backend>> {
+    if let Some((source, value)) = forced_name(argument) {
+        if Backend::parse(&value).is_none() && ExternalBackend::parse(&value).is_none() {
+            let names: Vec<&str> = Backend::ALL.iter().map(|b| b.name()).collect();
+            return Err(Error::Argument(format!(
+                "{source}: expected one of {names:?}, got {value:?}"
+            )));
+        }
+    }
     match forced_choice(argument)? {
         None => Ok(None),
         Some(Forced::Swapmoe(b)) => Ok(Some(b)),
@@ -1755,6 +1763,7 @@ pub fn decide(p: &MoeProblem, caps: Option<&DeviceCaps>, req: &Request) -> Resul
             }
         }
     };
+    let decided_by = source; // before a forced token tile marks the plan an override
     if let Some(t) = req.mma_token_tile {
         if backend == Backend::CudaWgmma && !WGMMA_TOKEN_TILES.contains(&t) {
             c.reasons.add(|| format!(
@@ -1774,10 +1783,16 @@ pub fn decide(p: &MoeProblem, caps: Option<&DeviceCaps>, req: &Request) -> Resul
             });
         }
     }
-    if source != Source::Table {
+    if decided_by != Source::Table {
         c.table_times.clear(); // an entry that did not decide (its pick could not run) is not quoted
     }
-    c.account_for_the_rest(backend, source, external, req.external);
+    c.account_for_the_rest(
+        backend,
+        decided_by,
+        external,
+        req.forced_external.is_some(),
+        req.external,
+    );
     let can = c.pdl_ok;
     let mut plan = c.build(backend);
     if let (Some(want), true) = (req.first_kernel_pdl, !plan.kernels.is_empty()) {
@@ -3138,75 +3153,81 @@ impl<'a> Candidates<'a> {
     /// A reason for every candidate that has none yet, so that a plan says why each one was
     /// taken or not (issue 6): the swapmoe backends the decision never looked at (a table or an
     /// override decided, or the heuristics stopped at an earlier pick), and the external
-    /// backends. `picked`: the plan's backend; `external`: the external one the caller runs
-    /// instead, if any; `allowed`: the external backends the caller can run. Only when the
-    /// reasons are wanted.
+    /// backends. `picked`: the plan's backend; `decided_by`: what chose it (a forced token tile
+    /// alone does not count); `external`: the external backend the caller runs instead, if any,
+    /// `forced_external` whether the override named it; `allowed`: the external backends the
+    /// caller can run. Only when the reasons are wanted.
     fn account_for_the_rest(
         &mut self,
         picked: Backend,
-        source: Source,
+        decided_by: Source,
         external: Option<ExternalBackend>,
+        forced_external: bool,
         allowed: &[ExternalBackend],
     ) {
         if !self.reasons.wanted() {
             return;
         }
-        let measured = |times: &[(Choice, f64)], hit: &dyn Fn(&Choice) -> bool| {
+        let entry_us = |times: &[(Choice, f64)], hit: &dyn Fn(&Choice) -> bool| {
             times
                 .iter()
                 .filter(|(c, _)| hit(c))
                 .map(|&(_, us)| us)
                 .reduce(f64::min)
         };
-        let winner = match external {
-            Some(x) => measured(&self.table_times, &|c| *c == Choice::External(x))
-                .map(|us| format!("{} ({us:.1} µs)", x.name()))
-                .unwrap_or_else(|| x.name().to_string()),
-            None => measured(
-                &self.table_times,
-                &|c| matches!(c, Choice::Swapmoe { backend, .. } if *backend == picked),
-            )
-            .map(|us| format!("{} ({us:.1} µs)", picked.name()))
-            .unwrap_or_else(|| picked.name().to_string()),
-        };
-        if !self
-            .reasons
-            .iter()
-            .any(|r| r.starts_with(&format!("{}:", picked.name())))
-        {
-            let how = match (source, external) {
-                (_, Some(x)) => {
-                    format!("swapmoe's fallback where {} cannot run the call", x.name())
-                }
-                (Source::Override, None) => "forced (see the override)".to_string(),
-                (Source::Table, None) => format!("the table entry's fastest, {winner}"),
-                (Source::Heuristic, None) => "the heuristics' pick".to_string(),
-            };
-            self.reasons
-                .add(|| format!("{}: picked, {how}", picked.name()));
-        }
-        for b in Backend::ALL {
-            if b == picked
-                || self
-                    .reasons
-                    .iter()
-                    .any(|r| r.starts_with(&format!("{}:", b.name())))
-            {
-                continue;
-            }
-            let timed = measured(
+        let swapmoe_us = |b: Backend| {
+            entry_us(
                 &self.table_times,
                 &|c| matches!(c, Choice::Swapmoe { backend, .. } if *backend == b),
-            );
-            let why = match (self.eligible(b), source, timed) {
+            )
+        };
+        let external_us =
+            |x: ExternalBackend| entry_us(&self.table_times, &|c| *c == Choice::External(x));
+        // what the table sentences compare against: the external backend where the entry
+        // timed it, else the swapmoe pick (an external one picked without an entry time was
+        // sent there by the untabled rule, not by the entry)
+        let winner = match external.and_then(|x| external_us(x).map(|us| (x, us))) {
+            Some((x, us)) => format!("{} ({us:.1} µs)", x.name()),
+            None => match swapmoe_us(picked) {
+                Some(us) => format!("{} ({us:.1} µs)", picked.name()),
+                None => picked.name().to_string(),
+            },
+        };
+        let forced = match external {
+            Some(x) if forced_external => x.name(),
+            _ => picked.name(),
+        };
+        let said = |reasons: &Reasons, name: &str| {
+            reasons.iter().any(|r| r.starts_with(&format!("{name}:")))
+        };
+        if !said(&self.reasons, picked.name()) {
+            let how = match (decided_by, external) {
+                (_, Some(x)) => format!(
+                    "as swapmoe's fallback where {} cannot run the call",
+                    x.name()
+                ),
+                (Source::Override, None) => "forced (see the override)".to_string(),
+                (Source::Table, None) => {
+                    format!("the table entry's fastest swapmoe time, {winner}")
+                }
+                (Source::Heuristic, None) => "by the heuristics".to_string(),
+            };
+            self.reasons
+                .add(|| format!("{}: picked {how}", picked.name()));
+        }
+        for b in Backend::ALL {
+            if b == picked || said(&self.reasons, b.name()) {
+                continue;
+            }
+            let why = match (self.eligible(b), decided_by, swapmoe_us(b)) {
                 (Err(why), _, _) => format!("rejected, {why}"),
+                (Ok(()), Source::Override, _) => format!("not picked, {forced} is forced"),
                 (Ok(()), Source::Table, Some(us)) => {
                     format!("not picked, the table entry measured it at {us:.1} µs against {winner}")
                 }
                 (Ok(()), Source::Table, None) => {
-                    format!("not picked, the table entry did not time it and picked {winner}")
+                    format!("not picked, the table entry did not time it (it measured {winner})")
                 }
-                (Ok(()), Source::Override, _) => format!("not picked, {} is forced", picked.name()),
                 (Ok(()), Source::Heuristic, _) => format!(
                     "not picked, the heuristics take {} first here (a tuned table or backend= can pick it)",
                     picked.name()
@@ -3214,37 +3235,31 @@ impl<'a> Candidates<'a> {
             };
             self.reasons.add(|| format!("{}: {why}", b.name()));
         }
-        for x in [
-            ExternalBackend::VllmTriton,
-            ExternalBackend::FlashinferCutlass,
-        ] {
-            if self
-                .reasons
-                .iter()
-                .any(|r| r.starts_with(&format!("{}:", x.name())))
-            {
+        for x in ExternalBackend::ALL {
+            if said(&self.reasons, x.name()) {
                 continue;
             }
-            if Some(x) == external {
-                self.reasons.add(|| {
-                    format!(
-                        "{}: picked, {winner}, the fastest the {} measured; {} runs the call if it cannot",
-                        x.name(),
-                        if source == Source::Table { "table entry" } else { "caller" },
-                        picked.name()
-                    )
-                });
-                continue;
-            }
-            let timed = measured(&self.table_times, &|c| *c == Choice::External(x));
-            let why = match (allowed.contains(&x), source, timed) {
-                (false, _, _) => "not a candidate: only a caller that can run it (inside vLLM) allows it, through external_backends".to_string(),
-                (true, Source::Table, Some(us)) => format!(
+            let why = match (Some(x) == external, allowed.contains(&x), decided_by, external_us(x)) {
+                (true, _, Source::Override, _) => format!(
+                    "picked, forced (see the override); {} runs the call if it cannot",
+                    picked.name()
+                ),
+                (true, _, _, Some(us)) => format!(
+                    "picked, the table entry measured it fastest ({us:.1} µs); {} runs the call if it cannot",
+                    picked.name()
+                ),
+                (true, _, _, None) => format!(
+                    "picked; {} runs the call if it cannot",
+                    picked.name()
+                ),
+                (false, false, _, _) => "not a candidate: only a caller that can run it (inside vLLM) allows it, through external_backends".to_string(),
+                (false, true, Source::Override, _) => format!("not picked, {forced} is forced"),
+                (false, true, Source::Table, Some(us)) => format!(
                     "not picked, the table entry measured it at {us:.1} µs against {winner}"
                 ),
-                (true, Source::Override, _) => format!("not picked, {} is forced", picked.name()),
-                (true, _, _) => format!(
-                    "not picked, no table entry measured it for this call, so {winner} runs it"
+                (false, true, _, _) => format!(
+                    "not picked, no table entry measured it for this call, so {} runs it",
+                    external.map_or(picked.name(), |e| e.name())
                 ),
             };
             self.reasons.add(|| format!("{}: {why}", x.name()));
@@ -5844,7 +5859,7 @@ mod tests {
         // a plan whose reasons are not wanted collects none
         let one = problem(1, 128, 8, 2048, 768, DType::BF16);
         let mut quiet = Candidates::new(&one, Some(&h), false);
-        quiet.account_for_the_rest(Backend::CudaWgmmaSwap, Source::Heuristic, None, &[]);
+        quiet.account_for_the_rest(Backend::CudaWgmmaSwap, Source::Heuristic, None, false, &[]);
         assert!(quiet.reasons.is_empty());
     }
 

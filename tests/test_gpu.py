@@ -441,13 +441,13 @@ def test_wgmma_is_deterministic(tile, rng, monkeypatch):
 
 
 def test_wgmma_rejects_unaligned_rows(rng):
-    """Tensor maps need 16-byte rows: forcing cuda_wgmma on misaligned views is an ArgumentError
+    """Tensor maps need 16-byte rows: forcing cuda_wgmma on misaligned views is a ShapeError
     that says so, not a fault."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("cuda_wgmma runs on sm_90 only")
     case = Case(64, 8, 2, 64, 64, layout="misaligned")
     inp = to_inputs(make_problem(rng, case), case, "torch", "bfloat16", DEV)
-    with pytest.raises(swapmoe.ArgumentError, match="cuda_wgmma.*multiples of 8"):
+    with pytest.raises(swapmoe.ShapeError, match="cuda_wgmma.*multiples of 8"):
         call(inp, case, backend="cuda_wgmma")
 
 
@@ -611,7 +611,7 @@ def test_wgmma_swap_rejects_more_than_64_tokens(rng):
     _needs_hopper()
     case = Case(65, 8, 2, 64, 64)
     inp = to_inputs(make_problem(rng, case), case, "torch", "bfloat16", DEV)
-    with pytest.raises(swapmoe.ArgumentError, match="cuda_wgmma_swap.*at most M = 64 tokens.*got 65"):
+    with pytest.raises(swapmoe.ShapeError, match="cuda_wgmma_swap.*at most M = 64 tokens.*got 65"):
         call(inp, case, backend="cuda_wgmma_swap")
 
 

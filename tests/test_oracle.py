@@ -377,3 +377,30 @@ def test_an_external_backend_can_be_forced_where_the_caller_runs_it(monkeypatch)
     with pytest.raises(swapmoe.ArgumentError, match=r"flashinfer_cutlass runs outside swapmoe: forcing it needs it in "
                                                     r'external_backends .*got \["vllm_triton"\]'):
         plan(64, external_backends=["vllm_triton"])
+
+
+def test_reasons_name_what_actually_decided(monkeypatch):
+    """The sentences for the other candidates follow what decided: a forced external backend
+    (not its swapmoe fallback), a table whose pick a forced token tile only refines, and an
+    entry that picked swapmoe while the untabled rule sent the call to vLLM's Triton (the entry
+    has no vllm_triton time there, so its times are compared against its own pick)."""
+    p = plan(8, backend="vllm_triton", external_backends=["vllm_triton"])
+    assert _said(p, "cuda_mma") == ["cuda_mma: not picked, vllm_triton is forced"]
+    assert _said(p, "vllm_triton") == [
+        "vllm_triton: picked, forced (see the override); cuda_wgmma_swap runs the call if it cannot"]
+    assert any(r.startswith("override: vllm_triton forced") for r in p.reasons)
+    # the fallback keeps the heuristics' own sentence, which says why it is the pick
+    assert _said(p, "cuda_wgmma_swap")[0].startswith("cuda_wgmma_swap: M = 8, N = 768: the swap-AB wgmma kernels")
+    monkeypatch.setenv("SWAPMOE_TABLES", "on")
+    base = plan(64)
+    assert base.source == "table" and base.backend == "cuda_wgmma"
+    monkeypatch.setenv("SWAPMOE_MMA_TOKEN_TILE", "64")
+    tiled = plan(64)
+    monkeypatch.delenv("SWAPMOE_MMA_TOKEN_TILE")
+    assert tiled.source == "override" and tiled.backend == "cuda_wgmma"
+    assert _said(tiled, "cuda_mma") == _said(base, "cuda_mma")
+    assert _said(tiled, "cuda_mma")[0].startswith("cuda_mma: not picked, the table entry measured it at ")
+    p = plan(512, external_backends=["vllm_triton"])
+    assert p.backend == "vllm_triton" and p.fallback == "cuda_wgmma"
+    (why,) = _said(p, "cuda_mma")
+    assert why.startswith("cuda_mma: not picked, the table entry measured it at ") and "against cuda_wgmma (" in why

@@ -397,6 +397,28 @@ def test_route_asks_the_oracle_once_per_token_count(monkeypatch):
     assert asked[0][5:] == ((9, 0), "NVIDIA H200", ("vllm_triton",))
 
 
+def test_a_forced_external_backend_reaches_the_oracle_and_not_the_op(monkeypatch):
+    """$SWAPMOE_BACKEND naming an external backend: route() lists it among the external
+    backends, so the oracle's plan takes the override (an external pick: vLLM's Triton runs the
+    call) instead of refusing it and leaving the call to the op, which refuses such a name; and
+    fp8_schemes() still says what the build runs (its probe names its own backend)."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    w1, w2 = _CudaShaped(128, 1536, 2048), _CudaShaped(128, 2048, 768)
+    for forced in ("flashinfer_cutlass", "vllm_triton"):
+        monkeypatch.setenv("SWAPMOE_BACKEND", forced)
+        vllm_plugin.fp8_schemes.cache_clear()
+        try:
+            assert vllm_plugin.fp8_schemes() == ("fp8_tensor", "fp8_channel", "fp8_block128")
+        finally:
+            vllm_plugin.fp8_schemes.cache_clear()
+        experts = vllm_plugin.experts_class()(moe_config(E=128, topk=8, K=2048, N=768), FusedMoEQuantConfig.make())
+        assert [experts.route(_CudaShaped(m, 2048), w1, w2, 8) for m in (1, 64)] == ["vllm_triton"] * 2
+    monkeypatch.delenv("SWAPMOE_BACKEND")
+    experts = vllm_plugin.experts_class()(moe_config(E=128, topk=8, K=2048, N=768), FusedMoEQuantConfig.make())
+    assert experts.route(_CudaShaped(1, 2048), w1, w2, 8) == "swapmoe"  # the H200 table's pick at M = 1
+
+
 def test_fp8_layer_asks_the_oracle_with_its_kind_of_activation_scales():
     """The shipped per-tensor tables were measured with static scales: a layer with dynamic
     ones must not be routed by them (swapmoe runs other kernels for it)."""

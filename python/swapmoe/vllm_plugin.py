@@ -180,6 +180,18 @@ def _register_fp8() -> str:
 # ---------------------------------------------------------------------------------------
 
 
+def _triton_entry_externals() -> Tuple[str, ...]:
+    """The external backends ``SwapmoeExperts`` (offered in vLLM's TRITON entry) can hand a call
+    to: vLLM's Triton, whose experts it stands in for, and an external backend
+    ``$SWAPMOE_BACKEND`` forces, so that the oracle takes the override instead of refusing it
+    (FlashInfer is placed by vLLM's own order, before this entry; here vLLM's Triton runs such
+    calls)."""
+    from .oracle import EXTERNAL_BACKENDS
+
+    forced = os.environ.get("SWAPMOE_BACKEND", "")
+    return ("vllm_triton",) + ((forced,) if forced in EXTERNAL_BACKENDS and forced != "vllm_triton" else ())
+
+
 @functools.lru_cache(maxsize=None)
 def fp8_schemes() -> Tuple[str, ...]:
     """FP8 schemes this build of swapmoe runs on CUDA (asked of the oracle, offline)."""
@@ -188,7 +200,10 @@ def fp8_schemes() -> Tuple[str, ...]:
     out = []
     for quant in ("fp8_tensor", "fp8_channel", "fp8_block128"):
         try:
-            select_backend(1, 8, 2, 256, 256, dtype="bf16", quant=quant, device_name="NVIDIA H200")
+            # backend= names the generic kernels, which every FP8 scheme this build has runs on:
+            # the answer is about the build, not about a $SWAPMOE_BACKEND the user forced
+            select_backend(1, 8, 2, 256, 256, dtype="bf16", quant=quant, device_name="NVIDIA H200",
+                           backend="cuda_generic")
         except Exception:  # noqa: BLE001 - the oracle refusing means "not in this build"
             continue
         out.append(quant)
@@ -399,7 +414,7 @@ def experts_class() -> type:
             return hit
 
         def _ask_oracle(self, m: int, hidden_states: Any, w1: Any, w2: Any, topk: int) -> str:
-            from .oracle import select_backend
+            from .oracle import EXTERNAL_BACKENDS, select_backend
 
             dev = hidden_states.device
             try:
@@ -407,13 +422,15 @@ def experts_class() -> type:
                     m, w1.shape[0], topk, hidden_states.shape[1], w2.shape[2],
                     dtype=_dtype_name(hidden_states.dtype), quant=self.quant,
                     device_capability=torch.cuda.get_device_capability(dev),
-                    device_name=torch.cuda.get_device_name(dev), external_backends=("vllm_triton",),
+                    device_name=torch.cuda.get_device_name(dev), external_backends=_triton_entry_externals(),
                     activation_scales=activation_scales_of_config(self.quant_config, self.quant),
                 )
             except Exception as e:  # noqa: BLE001
                 logger.warning("swapmoe: oracle failed for M=%d (%s); running swapmoe's kernels", m, e)
                 return "swapmoe"
-            return "vllm_triton" if plan.backend == "vllm_triton" else "swapmoe"
+            # an external pick (a table's vllm_triton, or one $SWAPMOE_BACKEND forces) runs on the
+            # experts this entry stands in for: vLLM's Triton
+            return "vllm_triton" if plan.backend in EXTERNAL_BACKENDS else "swapmoe"
 
         def apply(self, output, hidden_states, w1, w2, topk_weights, topk_ids, activation,  # type: ignore[no-untyped-def]
                   global_num_experts, expert_map, a1q_scale, a2_scale, workspace13, workspace2,
