@@ -14,8 +14,9 @@ cat "$OUT/gpu.txt"
 export TIMEOUT_SIGNAL=KILL
 install_wheels main || exit 1
 mkdir -p "$OUT/bench"
-for model in qwen3-30b-a3b deepseek-v3-tp8; do
-  for round in 1 2 3; do
+for round in 1 2 3; do
+  for model in deepseek-v3-tp8 qwen3-30b-a3b; do
+    [ $(el) -gt $((D - 60)) ] && break 2
     PYTHONPATH=/tmp/site_main timeout 80 python3 -m swapmoe bench --model $model --m 1,8,64 --with-routing \
       --no-baselines --no-read-floor --no-progress --json "$OUT/bench/routing_${model}_$round.json" \
       > "$OUT/bench/routing_${model}_$round.txt" 2>&1
