@@ -4202,7 +4202,19 @@ mod tests {
 
     /// A CUDA problem with 16-byte aligned, contiguous tensors (addresses are never read).
     fn problem(m: i64, e: i64, topk: i64, k: i64, n: i64, dtype: DType) -> MoeProblem {
-        let dev = Device::Cuda(0);
+        problem_on(Device::Cuda(0), m, e, topk, k, n, dtype)
+    }
+
+    /// `problem` with its tensors on `dev`.
+    fn problem_on(
+        dev: Device,
+        m: i64,
+        e: i64,
+        topk: i64,
+        k: i64,
+        n: i64,
+        dtype: DType,
+    ) -> MoeProblem {
         let addrs = crate::problem::FakeAddresses::default();
         let t = |d, shape: &[i64]| addrs.tensor(d, shape, dev);
         let (h, w1, w2) = (
@@ -5603,6 +5615,19 @@ mod tests {
     #[test]
     fn forced_backend_errors_by_kind() {
         let h = h200();
+        // the error's kind (its variant) and a piece of its message
+        let expect = |e: Error, kind: &str, needle: &str| {
+            let got = match &e {
+                Error::Shape(_) => "Shape",
+                Error::DType(_) => "DType",
+                Error::Device(_) => "Device",
+                Error::Argument(_) => "Argument",
+                Error::Cuda(_) => "Cuda",
+                Error::Memory(_) => "Memory",
+            };
+            assert_eq!(got, kind, "{e}");
+            assert!(e.to_string().contains(needle), "{e}");
+        };
         let a100 = DeviceCaps {
             name: "NVIDIA A100-SXM4-80GB".into(),
             capability: (8, 0),
@@ -5611,10 +5636,7 @@ mod tests {
         let forced_err = |p: &MoeProblem, caps: &DeviceCaps, b: Backend| {
             plan_with(p, Some(caps), Some(b)).unwrap_err()
         };
-        let shape_err = |e: Error, what: &str| match e {
-            Error::Shape(m) => assert!(m.contains(what), "{m}"),
-            other => panic!("expected a shape error naming {what:?}, got {other:?}"),
-        };
+        let shape_err = |e: Error, what: &str| expect(e, "Shape", what);
         // K and N tails: every TMA/bulk/mma backend names the multiple of 8
         for b in [
             Backend::CudaWgmmaSwap,
@@ -5646,144 +5668,80 @@ mod tests {
         );
         // dtypes
         for b in [Backend::CudaWgmmaSwap, Backend::CudaWgmma, Backend::CudaMma] {
-            match forced_err(&problem(4, 128, 8, 2048, 768, DType::F32), &h, b) {
-                Error::DType(m) => {
-                    assert!(m.contains("needs bfloat16 or float16, got float32"), "{m}")
-                }
-                other => panic!("{b:?}: expected a dtype error, got {other:?}"),
-            }
+            expect(
+                forced_err(&problem(4, 128, 8, 2048, 768, DType::F32), &h, b),
+                "DType",
+                "needs bfloat16 or float16, got float32",
+            );
         }
         // devices: Hopper kernels on an A100, CUDA backends on CPU tensors and the CPU backend
         // on CUDA tensors
-        match forced_err(
-            &problem(4, 128, 8, 2048, 768, DType::BF16),
-            &a100,
-            Backend::CudaWgmma,
-        ) {
-            Error::Device(m) => assert!(m.contains("needs an sm_90 (Hopper) device"), "{m}"),
-            other => panic!("expected a device error, got {other:?}"),
-        }
-        match forced_err(
-            &problem(4, 128, 8, 2048, 768, DType::BF16),
-            &h,
-            Backend::Cpu,
-        ) {
-            Error::Device(m) => assert!(m.contains("it needs CPU tensors"), "{m}"),
-            other => panic!("expected a device error, got {other:?}"),
-        }
-        let cpu = {
-            let addrs = crate::problem::FakeAddresses::default();
-            let t = |d, shape: &[i64]| addrs.tensor(d, shape, Device::Cpu);
-            let (x, w1, w2) = (
-                t(DType::BF16, &[4, 256]),
-                t(DType::BF16, &[8, 256, 256]),
-                t(DType::BF16, &[8, 256, 128]),
-            );
-            let (tw, ids, out) = (
-                t(DType::F32, &[4, 2]),
-                t(DType::I32, &[4, 2]),
-                t(DType::BF16, &[4, 256]),
-            );
-            MoeProblem::new(&MoeArgs {
-                hidden_states: &x,
-                w1: &w1,
-                w2: &w2,
-                topk_weights: &tw,
-                topk_ids: &ids,
-                out: &out,
-                expert_map: None,
-                activation: Activation::Silu,
-                apply_router_weight_on_input: false,
-                global_num_experts: -1,
-                quant: crate::problem::QuantArgs::default(),
-            })
-            .unwrap()
-        };
-        match forced_err(&cpu, &h, Backend::CudaGeneric) {
-            Error::Device(m) => assert!(m.contains("it needs CUDA tensors"), "{m}"),
-            other => panic!("expected a device error, got {other:?}"),
-        }
-        // FP8 on a backend without e4m3 kernels is about the quantization argument
-        let req = |b| Request {
-            backend: Some(b),
-            ..Request::default()
-        };
-        let fp8 = |b| {
-            plan_for_shape(
-                4,
-                128,
-                8,
-                2048,
-                768,
-                DType::BF16,
-                Some(QuantScheme::Tensor),
-                None,
+        expect(
+            forced_err(
+                &problem(4, 128, 8, 2048, 768, DType::BF16),
+                &a100,
+                Backend::CudaWgmma,
+            ),
+            "Device",
+            "needs an sm_90 (Hopper) device",
+        );
+        expect(
+            forced_err(
+                &problem(4, 128, 8, 2048, 768, DType::BF16),
                 &h,
-                &req(b),
-            )
-            .unwrap_err()
+                Backend::Cpu,
+            ),
+            "Device",
+            "it needs CPU tensors",
+        );
+        let cpu = problem_on(Device::Cpu, 4, 8, 2, 256, 128, DType::BF16);
+        expect(
+            forced_err(&cpu, &h, Backend::CudaGeneric),
+            "Device",
+            "it needs CUDA tensors",
+        );
+        // FP8: a backend without e4m3 kernels (the quantization argument), tails, the block
+        // scales' N, and the 16-bit outputs the e4m3 kernels write
+        let fp8 = |n: i64, dtype: DType, scheme: QuantScheme, b: Backend| {
+            let req = Request {
+                backend: Some(b),
+                ..Request::default()
+            };
+            plan_for_shape(4, 128, 8, 2048, n, dtype, Some(scheme), None, &h, &req).unwrap_err()
         };
+        let tensor = QuantScheme::Tensor;
         for b in [Backend::CudaMma, Backend::CudaBulkDecode] {
-            match fp8(b) {
-                Error::Argument(m) => {
-                    assert!(m.contains("it has no FP8 kernels in this build"), "{m}")
-                }
-                other => panic!("{b:?}: expected an argument error, got {other:?}"),
-            }
+            expect(
+                fp8(768, DType::BF16, tensor, b),
+                "Argument",
+                "it has no FP8 kernels in this build",
+            );
         }
-        // FP8 tails and the block scales' N
-        match plan_for_shape(
-            4,
-            128,
-            8,
-            2048,
-            770,
-            DType::BF16,
-            Some(QuantScheme::Tensor),
-            None,
-            &h,
-            &req(Backend::CudaWgmmaSwap),
-        ) {
-            Err(Error::Shape(m)) => assert!(m.contains("multiples of 16 e4m3"), "{m}"),
-            other => panic!("expected a shape error, got {other:?}"),
-        }
-        match plan_for_shape(
-            4,
-            128,
-            8,
-            2048,
-            192,
-            DType::BF16,
-            Some(QuantScheme::Block),
-            None,
-            &h,
-            &req(Backend::CudaWgmma),
-        ) {
-            Err(Error::Shape(m)) => assert!(
-                m.contains("N must be a multiple of 128, got N = 192"),
-                "{m}"
-            ),
-            other => panic!("expected a shape error, got {other:?}"),
-        }
-        // the FP8 kernels write 16-bit outputs
-        match plan_for_shape(
-            4,
-            128,
-            8,
-            2048,
-            768,
-            DType::F32,
-            Some(QuantScheme::Tensor),
-            None,
-            &h,
-            &req(Backend::CudaWgmmaSwap),
-        ) {
-            Err(Error::DType(m)) => assert!(
-                m.contains("write bfloat16 or float16 outputs, got float32"),
-                "{m}"
-            ),
-            other => panic!("expected a dtype error, got {other:?}"),
-        }
+        expect(
+            fp8(770, DType::BF16, tensor, Backend::CudaWgmmaSwap),
+            "Shape",
+            "multiples of 16 e4m3",
+        );
+        expect(
+            fp8(192, DType::BF16, QuantScheme::Block, Backend::CudaWgmma),
+            "Shape",
+            "N must be a multiple of 128, got N = 192",
+        );
+        expect(
+            fp8(768, DType::F32, tensor, Backend::CudaWgmmaSwap),
+            "DType",
+            "write bfloat16 or float16 outputs, got float32",
+        );
+    }
+
+    /// The plan of qwen3-30b-a3b bf16 at M tokens for `req`.
+    fn qwen3_bf16(m: i64, caps: &DeviceCaps, req: &Request) -> Result<Plan> {
+        plan_for_shape(m, 128, 8, 2048, 768, DType::BF16, None, None, caps, req)
+    }
+
+    /// The heuristics' plan (no table, no override) for qwen3-30b-a3b bf16 at M tokens.
+    fn qwen3_bf16_heuristic(m: i64, caps: &DeviceCaps) -> Plan {
+        qwen3_bf16(m, caps, &Request::default()).unwrap()
     }
 
     /// Every candidate, swapmoe's and the external ones, has a reason in a plan, whatever
@@ -5805,19 +5763,7 @@ mod tests {
                 .chain(["vllm_triton", "flashinfer_cutlass"])
         };
         for m in [1, 8, 64, 4096] {
-            let heuristic = plan_for_shape(
-                m,
-                128,
-                8,
-                2048,
-                768,
-                DType::BF16,
-                None,
-                None,
-                &h,
-                &Request::default(),
-            )
-            .unwrap();
+            let heuristic = qwen3_bf16_heuristic(m, &h);
             let forced = plan_with(
                 &problem(m, 128, 8, 2048, 768, DType::BF16),
                 Some(&h),
@@ -5838,19 +5784,7 @@ mod tests {
                 ["cuda_wgmma: not picked, cuda_generic is forced"]
             );
         }
-        let p = plan_for_shape(
-            1,
-            128,
-            8,
-            2048,
-            768,
-            DType::BF16,
-            None,
-            None,
-            &h,
-            &Request::default(),
-        )
-        .unwrap();
+        let p = qwen3_bf16_heuristic(1, &h);
         assert_eq!(p.backend, Backend::CudaWgmmaSwap);
         assert_eq!(
             said(&p, "cuda_mma"),
@@ -5870,22 +5804,12 @@ mod tests {
         let _knobs = ENV_KNOBS.write().unwrap_or_else(|e| e.into_inner());
         let h = h200();
         let ask = |external: &[ExternalBackend]| {
-            plan_for_shape(
-                8,
-                128,
-                8,
-                2048,
-                768,
-                DType::BF16,
-                None,
-                None,
-                &h,
-                &Request {
-                    forced_external: Some(ExternalBackend::VllmTriton),
-                    external,
-                    ..Request::default()
-                },
-            )
+            let req = Request {
+                forced_external: Some(ExternalBackend::VllmTriton),
+                external,
+                ..Request::default()
+            };
+            qwen3_bf16(8, &h, &req)
         };
         let p = ask(&[ExternalBackend::VllmTriton]).unwrap();
         assert_eq!(p.external, Some(ExternalBackend::VllmTriton));
@@ -5947,19 +5871,7 @@ mod tests {
         assert!(offline_caps(Some("Some GPU"), None, None).is_err());
         let custom = offline_caps(Some("Some GPU"), Some((8, 6)), Some(84)).unwrap();
         assert_eq!(custom.sm_count, 84);
-        let p = plan_for_shape(
-            1,
-            128,
-            8,
-            2048,
-            768,
-            DType::BF16,
-            None,
-            None,
-            &h200,
-            &Request::default(),
-        )
-        .unwrap();
+        let p = qwen3_bf16_heuristic(1, &h200);
         assert_eq!(p.backend, Backend::CudaWgmmaSwap);
         assert!(p.pdl);
         let p = plan_for_shape(

@@ -1120,18 +1120,25 @@ IMPLS: Dict[str, Tuple[Callable, bool]] = {
 }
 
 
-def load_vllm_fused_experts() -> Tuple[Optional[Callable], str]:
-    """(vLLM's ``fused_experts``, vLLM's version) when ``import vllm`` and the import of
-    :data:`VLLM_FUSED_EXPERTS` work, else (None, the reason). vLLM is imported with stdout
-    sent to stderr, so the loggers it sets up do not mix into a CSV on stdout."""
+def import_quietly(package: str, function_path: str) -> Tuple[Any, Any, str]:
+    """(the package, the module holding ``function_path``'s function, the function's name),
+    imported with stdout sent to stderr, so that the loggers a package such as vLLM or
+    FlashInfer sets up do not mix into a CSV on stdout. Raises what the imports raise."""
     import contextlib
     import importlib
 
-    mod_name, _, fn_name = VLLM_FUSED_EXPERTS.rpartition(".")
+    mod_name, _, fn_name = function_path.rpartition(".")
+    with contextlib.redirect_stdout(sys.stderr):
+        top = importlib.import_module(package)
+        mod = importlib.import_module(mod_name)
+    return top, mod, fn_name
+
+
+def load_vllm_fused_experts() -> Tuple[Optional[Callable], str]:
+    """(vLLM's ``fused_experts``, vLLM's version) when ``import vllm`` and the import of
+    :data:`VLLM_FUSED_EXPERTS` work, else (None, the reason); see :func:`import_quietly`."""
     try:
-        with contextlib.redirect_stdout(sys.stderr):
-            vllm = importlib.import_module("vllm")
-            mod = importlib.import_module(mod_name)
+        vllm, mod, fn_name = import_quietly("vllm", VLLM_FUSED_EXPERTS)
     except Exception as e:  # not installed, or installed and broken
         return None, f"vllm not importable ({_err(e)})"
     fn = getattr(mod, fn_name, None)

@@ -750,11 +750,8 @@ def load_flashinfer() -> Tuple[Optional[FlashInferApi], str]:
     the reason). Imported with stdout sent to stderr, as vLLM is."""
     import importlib
 
-    mod_name, _, fn_name = FLASHINFER_FUSED_MOE.rpartition(".")
     try:
-        with contextlib.redirect_stdout(sys.stderr):
-            fi = importlib.import_module("flashinfer")
-            mod = importlib.import_module(mod_name)
+        fi, mod, fn_name = B.import_quietly("flashinfer", FLASHINFER_FUSED_MOE)
     except Exception as e:  # not installed, or installed and broken
         return None, f"flashinfer not importable ({B._err(e)})"
     version = str(getattr(fi, "__version__", None) or B._version("flashinfer") or "unknown")
