@@ -27,7 +27,8 @@ class Plan:
       tensors), or an external backend (``vllm_triton``, ``flashinfer_cutlass``) when a
       table picked it and the caller allowed it, or (``vllm_triton``) when no table measured
       the call against it and the call is outside swapmoe's measured range (README, "Tuned
-      tables")
+      tables"), or forced by ``backend=`` / ``$SWAPMOE_BACKEND`` where the caller lists it in
+      ``external_backends``
     - ``swap_ab``: whether the weights fill the MMA's wide side and the tokens the narrow one
     - ``tile``: kernels, rows per CTA, tokens per pass (token tile), load widths, PDL,
       ``splits`` (cuda_wgmma_swap's cluster sizes: GEMM1's K split, GEMM2's expert split),
@@ -35,7 +36,9 @@ class Plan:
       external backend, those of swapmoe's ``fallback``
     - ``source``: ``"override"`` (``backend=``, ``$SWAPMOE_BACKEND``,
       ``$SWAPMOE_MMA_TOKEN_TILE``), ``"table"`` (a tuned table entry) or ``"heuristic"``
-    - ``reasons``: why each choice was made and each candidate rejected
+    - ``reasons``: why each choice was made, and at least one sentence per candidate (each
+      of swapmoe's backends and the external ones), starting with its name: picked, not
+      picked (with the table entry's time against the pick's where it timed it) or rejected
     - ``table``: path of the tuned table consulted (None: none for this shape and device);
       ``table_m``: its entry's M; ``source == "table"`` says whether the plan follows it
     - ``fallback``: for an external backend, the swapmoe backend to run without it
