@@ -1512,50 +1512,57 @@ fn forced_name(argument: Option<&str>) -> Option<(&'static str, String)> {
     }
 }
 
+impl Forced {
+    /// A swapmoe backend's name, else an external one's.
+    fn parse(name: &str) -> Option<Forced> {
+        Backend::parse(name)
+            .map(Forced::Swapmoe)
+            .or_else(|| ExternalBackend::parse(name).map(Forced::External))
+    }
+}
+
+/// The refusal of a name that is no backend, listing `names`, the ones the caller takes.
+fn unknown_backend(source: &str, value: &str, names: impl Iterator<Item = &'static str>) -> Error {
+    let names: Vec<&str> = names.collect();
+    Error::Argument(format!(
+        "{source}: expected one of {names:?}, got {value:?}"
+    ))
+}
+
 /// The backend forced by the `backend=` argument, else by `$SWAPMOE_BACKEND`: swapmoe's or
 /// an external one (`select_backend` takes either; the ops take swapmoe's, `forced_backend`).
 pub fn forced_choice(argument: Option<&str>) -> Result<Option<Forced>> {
     let Some((source, value)) = forced_name(argument) else {
         return Ok(None);
     };
-    if let Some(b) = Backend::parse(&value) {
-        return Ok(Some(Forced::Swapmoe(b)));
-    }
-    if let Some(x) = ExternalBackend::parse(&value) {
-        return Ok(Some(Forced::External(x)));
-    }
-    let names: Vec<&str> = Backend::ALL
-        .iter()
-        .map(|b| b.name())
-        .chain(ExternalBackend::ALL.iter().map(|x| x.name()))
-        .collect();
-    Err(Error::Argument(format!(
-        "{source}: expected one of {names:?}, got {value:?}"
-    )))
+    let names = || {
+        Backend::ALL
+            .iter()
+            .map(|b| b.name())
+            .chain(ExternalBackend::ALL.iter().map(|x| x.name()))
+    };
+    Forced::parse(&value)
+        .map(Some)
+        .ok_or_else(|| unknown_backend(source, &value, names()))
 }
 
 /// The swapmoe backend forced by the `backend=` argument, else by `$SWAPMOE_BACKEND`, for a
 /// call of the op, which runs swapmoe's kernels: an external backend's name is refused.
 pub fn forced_backend(argument: Option<&str>) -> Result<Option<Backend>> {
-    if let Some((source, value)) = forced_name(argument) {
-        if Backend::parse(&value).is_none() && ExternalBackend::parse(&value).is_none() {
-            let names: Vec<&str> = Backend::ALL.iter().map(|b| b.name()).collect();
-            return Err(Error::Argument(format!(
-                "{source}: expected one of {names:?}, got {value:?}"
-            )));
-        }
-    }
-    match forced_choice(argument)? {
-        None => Ok(None),
+    let Some((source, value)) = forced_name(argument) else {
+        return Ok(None);
+    };
+    let swapmoe = || Backend::ALL.iter().map(|b| b.name());
+    match Forced::parse(&value) {
         Some(Forced::Swapmoe(b)) => Ok(Some(b)),
         Some(Forced::External(x)) => {
-            let source = forced_name(argument).map_or("backend", |(s, _)| s);
-            let names: Vec<&str> = Backend::ALL.iter().map(|b| b.name()).collect();
+            let names: Vec<&str> = swapmoe().collect();
             Err(Error::Argument(format!(
                 "{source}: {} runs outside swapmoe, so only a caller that can run it forces it (select_backend with it in external_backends, as the vLLM plugin asks); this call runs one of {names:?}",
                 x.name()
             )))
         }
+        None => Err(unknown_backend(source, &value, swapmoe())),
     }
 }
 
@@ -3197,8 +3204,12 @@ impl<'a> Candidates<'a> {
             Some(x) if forced_external => x.name(),
             _ => picked.name(),
         };
+        // whether a sentence about `name` is there already ("name: ...")
         let said = |reasons: &Reasons, name: &str| {
-            reasons.iter().any(|r| r.starts_with(&format!("{name}:")))
+            reasons.iter().any(|r| {
+                r.strip_prefix(name)
+                    .is_some_and(|rest| rest.starts_with(':'))
+            })
         };
         if !said(&self.reasons, picked.name()) {
             let how = match (decided_by, external) {

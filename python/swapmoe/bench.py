@@ -1120,28 +1120,28 @@ IMPLS: Dict[str, Tuple[Callable, bool]] = {
 }
 
 
-def import_quietly(package: str, function_path: str) -> Tuple[Any, Any, str]:
-    """(the package, the module holding ``function_path``'s function, the function's name),
-    imported with stdout sent to stderr, so that the loggers a package such as vLLM or
-    FlashInfer sets up do not mix into a CSV on stdout. Raises what the imports raise."""
+def import_quietly(path: str) -> Tuple[Any, Any]:
+    """(the top-level package of ``path``, the attribute ``path`` names in its module, or None
+    where the module lacks it), imported with stdout sent to stderr, so that the loggers a
+    package such as vLLM or FlashInfer sets up do not mix into a CSV on stdout. Raises what
+    the imports raise."""
     import contextlib
     import importlib
 
-    mod_name, _, fn_name = function_path.rpartition(".")
+    mod_name, _, attr = path.rpartition(".")
     with contextlib.redirect_stdout(sys.stderr):
-        top = importlib.import_module(package)
+        top = importlib.import_module(path.split(".", 1)[0])
         mod = importlib.import_module(mod_name)
-    return top, mod, fn_name
+    return top, getattr(mod, attr, None)
 
 
 def load_vllm_fused_experts() -> Tuple[Optional[Callable], str]:
     """(vLLM's ``fused_experts``, vLLM's version) when ``import vllm`` and the import of
     :data:`VLLM_FUSED_EXPERTS` work, else (None, the reason); see :func:`import_quietly`."""
     try:
-        vllm, mod, fn_name = import_quietly("vllm", VLLM_FUSED_EXPERTS)
+        vllm, fn = import_quietly(VLLM_FUSED_EXPERTS)
     except Exception as e:  # not installed, or installed and broken
         return None, f"vllm not importable ({_err(e)})"
-    fn = getattr(mod, fn_name, None)
     if not callable(fn):
         return None, f"vllm {getattr(vllm, '__version__', '?')}: {VLLM_FUSED_EXPERTS} not found"
     return fn, str(getattr(vllm, "__version__", None) or _version("vllm") or "unknown")

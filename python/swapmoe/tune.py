@@ -111,6 +111,9 @@ FLASHINFER_FUSED_MOE = "flashinfer.fused_moe.cutlass_fused_moe"
 #: ``tune_max_num_tokens`` as vLLM passes it: its largest CUDA-graph capture size, by default
 #: min(2 * max_num_seqs, 512) = 512; FlashInfer's autotuner profiles token buckets up to it
 FLASHINFER_TUNE_MAX_TOKENS = 512
+#: the offset added to the tune's seed for the autotuning call's inputs (routing and x), so
+#: that they are not the timed points' own
+FLASHINFER_AUTOTUNE_SEED_OFFSET = 3_000_017
 #: FlashInfer's FP8 per-tensor kernels need the intermediate size a multiple of 16 (TMA's
 #: 128-bit alignment of e4m3 rows); vLLM pads gate and up to it (``align_moe_weights_for_fi``)
 FLASHINFER_FP8_N_ALIGN = 16
@@ -662,15 +665,10 @@ def _swapmoe_impl(label: str) -> Callable:
 
 def load_vllm_fp8_quant_config() -> Tuple[Optional[Callable], str]:
     """(vLLM's ``fp8_w8a8_moe_quant_config``, "") or (None, why not)."""
-    mod_name, _, fn_name = VLLM_FP8_QUANT_CONFIG.rpartition(".")
     try:
-        import importlib
-
-        with contextlib.redirect_stdout(sys.stderr):
-            mod = importlib.import_module(mod_name)
+        _, fn = B.import_quietly(VLLM_FP8_QUANT_CONFIG)
     except Exception as e:  # not installed, or installed and broken
-        return None, f"vllm: {mod_name} not importable ({B._err(e)})"
-    fn = getattr(mod, fn_name, None)
+        return None, f"vllm: {VLLM_FP8_QUANT_CONFIG.rpartition('.')[0]} not importable ({B._err(e)})"
     if not callable(fn):
         return None, f"vllm: {VLLM_FP8_QUANT_CONFIG} not found"
     return fn, ""
@@ -748,20 +746,17 @@ class FlashInferApi:
 def load_flashinfer() -> Tuple[Optional[FlashInferApi], str]:
     """(the API, flashinfer's version) when :data:`FLASHINFER_FUSED_MOE` imports, else (None,
     the reason). Imported with stdout sent to stderr, as vLLM is."""
-    import importlib
-
     try:
-        fi, mod, fn_name = B.import_quietly("flashinfer", FLASHINFER_FUSED_MOE)
+        fi, fn = B.import_quietly(FLASHINFER_FUSED_MOE)
     except Exception as e:  # not installed, or installed and broken
         return None, f"flashinfer not importable ({B._err(e)})"
     version = str(getattr(fi, "__version__", None) or B._version("flashinfer") or "unknown")
-    fn = getattr(mod, fn_name, None)
     if not callable(fn):
         return None, f"flashinfer {version}: {FLASHINFER_FUSED_MOE} not found"
     autotune = getattr(fi, "autotune", None)
     if not callable(autotune):
         try:
-            autotune = getattr(importlib.import_module("flashinfer.autotuner"), "autotune", None)
+            _, autotune = B.import_quietly("flashinfer.autotuner.autotune")
         except Exception:
             autotune = None
     return FlashInferApi(fn, autotune if callable(autotune) else None, version), version
@@ -902,12 +897,8 @@ def prepare_flashinfer_weights(torch: Any, w1: Any, w2: Any, quant: str,
 def load_vllm_scaled_fp8_quant() -> Optional[Callable]:
     """vLLM's static per-tensor activation quantizer (``scaled_fp8_quant(x, scale)`` ->
     (e4m3, scale)), or None when vLLM's ops do not import."""
-    import importlib
-
-    mod_name, _, fn_name = VLLM_SCALED_FP8_QUANT.rpartition(".")
     try:
-        with contextlib.redirect_stdout(sys.stderr):
-            fn = getattr(importlib.import_module(mod_name), fn_name, None)
+        _, fn = B.import_quietly(VLLM_SCALED_FP8_QUANT)
     except Exception:
         return None
     return fn if callable(fn) else None
@@ -967,7 +958,7 @@ class FlashInferCutlass:
         if self.api.autotune is None:
             return
         gen = torch.Generator(device=dev)
-        gen.manual_seed(seed + 3_000_017)
+        gen.manual_seed(seed + FLASHINFER_AUTOTUNE_SEED_OFFSET)
         M = FLASHINFER_TUNE_MAX_TOKENS
         tw, ids = B.make_routing(torch, M, shape.E_global, shape.topk, "uniform", gen, dev)
         x = torch.randn(M, shape.K, generator=gen, device=dev, dtype=dtype)
