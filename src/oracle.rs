@@ -2500,7 +2500,12 @@ fn from_table(
         entry.choice,
         entry
             .time_us
-            .map(|us| format!(", {us:.1} µs measured"))
+            .map(|us| match entry.choice {
+                // an external backend's time may be the tune's estimate (a shipped table
+                // without vLLM times carries the anchor's GEMMs plus an estimate for the rest)
+                Choice::External(_) => format!(", {us:.1} µs in the entry"),
+                _ => format!(", {us:.1} µs measured"),
+            })
             .unwrap_or_default()
     ));
     let mut differs = Vec::new();
@@ -3256,7 +3261,7 @@ impl<'a> Candidates<'a> {
                     picked.name()
                 ),
                 (true, _, _, Some(us)) => format!(
-                    "picked, the table entry measured it fastest ({us:.1} µs); {} runs the call if it cannot",
+                    "picked, the table entry's fastest time ({us:.1} µs, which may be the tune's estimate of vLLM); {} runs the call if it cannot",
                     picked.name()
                 ),
                 (true, _, _, None) => format!(
@@ -3266,10 +3271,10 @@ impl<'a> Candidates<'a> {
                 (false, false, _, _) => "not a candidate: only a caller that can run it (inside vLLM) allows it, through external_backends".to_string(),
                 (false, true, Source::Override, _) => format!("not picked, {forced} is forced"),
                 (false, true, Source::Table, Some(us)) => format!(
-                    "not picked, the table entry measured it at {us:.1} µs against {winner}"
+                    "not picked, the table entry has {us:.1} µs for it (which may be the tune's estimate of vLLM) against {winner}"
                 ),
                 (false, true, _, _) => format!(
-                    "not picked, no table entry measured it for this call, so {} runs it",
+                    "not picked, no table entry has a time for it at this call, so {} runs it",
                     external.map_or(picked.name(), |e| e.name())
                 ),
             };

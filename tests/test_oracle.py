@@ -351,8 +351,11 @@ def test_a_table_plan_quotes_the_entrys_times_for_the_others(monkeypatch):
     assert pick, p.reasons
     for name in ("cuda_decode", "cuda_mma", "cuda_wgmma", "vllm_triton"):
         (why,) = _said(p, name)
-        m = re.fullmatch(rf"{name}: not picked, the table entry measured it at ([0-9.]+) µs against "
-                         rf"cuda_wgmma_swap \(([0-9.]+) µs\)", why)
+        # swapmoe's times are the tune's measurements; vLLM's in this shipped table the tune's
+        # estimate (the anchor's GEMMs plus the rest), and the sentence does not call it measured
+        has = ("has ([0-9.]+) µs for it \\(which may be the tune's estimate of vLLM\\)" if name == "vllm_triton"
+               else "measured it at ([0-9.]+) µs")
+        m = re.fullmatch(rf"{name}: not picked, the table entry {has} against cuda_wgmma_swap \(([0-9.]+) µs\)", why)
         assert m, why
         assert float(m.group(2)) == float(pick.group(1)) and float(m.group(1)) > float(m.group(2))
 
