@@ -2,7 +2,7 @@
 and against routing done by separate torch kernels, per layer in a CUDA graph of 8 layers
 on distinct weight copies (L2 flushed, do_bench median). Issue 3's measurement.
 
-    python benches/routing_bench.py [--m 1,8,64] [--json out.json]
+    python benches/routing_bench.py [--m 1,8,64] [--shapes qwen3-30b-a3b,deepseek-v3-tp8] [--json out.json]
 """
 
 import argparse
@@ -74,10 +74,15 @@ def paired_delta(times, a, b):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--m", default="1,8,64")
+    ap.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}")
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=5, help="alternating timing rounds per point (median)")
     ap.add_argument("--json")
     a = ap.parse_args()
+    shapes = a.shapes.split(",")
+    unknown = [s for s in shapes if s not in SHAPES]
+    if unknown:
+        ap.error(f"--shapes: unknown {unknown}, expected names of {list(SHAPES)}")
     swapmoe.warmup(0)
     rows = []
     print(f"{'shape':16s} {'M':>4s} {'experts_us':>10s} {'fused_moe_us':>12s} {'delta_us':>8s} "
@@ -86,7 +91,8 @@ def main():
           f"{'router kernel':>26s} {'alone/warp/cta':>17s} {'router (on)':>16s} {'launches moe/on/experts':>24s} "
           f"{'max|diff|':>9s} {'experts+noop/noop':>17s} {'first kernel w/o PDL: experts/moe/moe(cta)':>44s} "
           f"{'moe, first kernel with PDL (delta)':>34s}")
-    for name, (E, topk, K, N, kw) in SHAPES.items():
+    for name in shapes:
+        E, topk, K, N, kw = SHAPES[name]
         gen = torch.Generator(device="cuda").manual_seed(0)
         w1 = (torch.randn(E, 2 * N, K, device="cuda", generator=gen) / K**0.5).to(torch.bfloat16)
         w2 = (torch.randn(E, K, N, device="cuda", generator=gen) / N**0.5).to(torch.bfloat16)

@@ -293,3 +293,115 @@ def test_cli_router_errors(capsys):
     assert cli.main(["bench", "--device", "cpu", "--shape", "32,4,64,32", "--router", "bogus",
                      "--with-routing"]) == 2
     assert "--router: expected a preset" in capsys.readouterr().err
+
+
+# ---- fused_moe - fused_experts in paired, alternating rounds ---------------------------------
+
+
+def test_paired_difference_is_the_median_of_per_round_differences():
+    d = B.paired_difference([10.0, 20.0, 13.0], [9.0, 15.0, 10.0])  # differences 1, 5, 3
+    assert d == {"median": 3.0, "min": 1.0, "max": 5.0}
+    with pytest.raises(ValueError, match="no rounds"):
+        B.paired_difference([], [])
+
+
+def test_paired_rounds_alternate_the_names_within_each_round():
+    """Every round times each name once, in order (the GPU path's timer faked, eager calls):
+    so a drift between rounds falls on both names alike."""
+    order = []
+    timed = iter(range(1, 100))
+
+    def timer(fn):
+        fn()
+        return float(next(timed))  # ms of the whole list
+
+    calls = {"a": [lambda: order.append("a")] * 2, "b": [lambda: order.append("b")] * 2}
+    times, how = B.paired_rounds_us(torch, calls, timer, graph=False, rounds=3)
+    assert how == "eager"
+    assert order == ["a", "a", "b", "b"] * 3
+    # µs per layer: the timer's ms x 1000 / 2 layers, in the order timed
+    assert times == {"a": [500.0, 1500.0, 2500.0], "b": [1000.0, 2000.0, 3000.0]}
+    cpu_times, cpu_how = B.paired_rounds_us(torch, calls, None, graph=True, rounds=2)
+    assert cpu_how == "perf_counter" and [len(v) for v in cpu_times.values()] == [2, 2]
+
+
+def test_with_routing_records_the_paired_difference_per_point():
+    rec = _run(_small("deepseek-v3-tp8"), m_list=[1, 3], routing_rounds=3)
+    assert rec["method"]["routing_rounds"] == 3
+    for p in rec["points"]:
+        o = p["routing_overhead"]
+        assert o["rounds"] == 3 and o["how"] == "perf_counter"
+        assert len(o["fused_experts_us"]) == len(o["fused_moe_us"]) == 3
+        d = sorted(m - e for m, e in zip(o["fused_moe_us"], o["fused_experts_us"]))
+        assert (o["delta_us"], o["delta_min_us"], o["delta_max_us"]) == (d[1], d[0], d[2])
+        assert all(t > 0 for t in o["fused_experts_us"] + o["fused_moe_us"])
+    table = cli.format_table(rec)
+    head = next(ln for ln in table.splitlines() if ln.lstrip().startswith("M "))
+    assert head.split()[-1] == "moe-exp_us"
+    o = rec["points"][0]["routing_overhead"]
+    assert f"{o['delta_us']:+.1f} ({o['delta_min_us']:+.1f}..{o['delta_max_us']:+.1f})" in table
+    assert "timed again in 3 alternating rounds" in table
+    csv = cli.csv_text(rec).splitlines()
+    cols = csv[0].split(",")
+    row = dict(zip(cols, csv[1].split(",")))
+    assert float(row["fused_moe_minus_experts_paired_us"]) == pytest.approx(o["delta_us"], rel=1e-5)
+
+
+def test_routing_rounds_zero_and_without_routing_leave_the_pairing_out():
+    rec = _run(_small("qwen3-30b-a3b"), m_list=[2], routing_rounds=0)
+    assert "routing_overhead" not in rec["points"][0] and rec["method"]["routing_rounds"] == 0
+    assert "moe-exp_us" not in cli.format_table(rec)
+    plain = B.run_bench(_small("qwen3-30b-a3b"), device="cpu", m_list=[2], progress=False, layers=1)
+    assert "routing_overhead" not in plain["points"][0] and plain["method"]["routing_rounds"] is None
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "3"])
+def test_routing_rounds_must_be_a_count(bad):
+    with pytest.raises(B.BenchError, match=r"--routing-rounds: expected an integer >= 0, got"):
+        _run(_small("qwen3-30b-a3b"), routing_rounds=bad)
+
+
+def test_a_failed_pairing_keeps_the_columns_and_says_why(monkeypatch):
+    def broken(*a, **k):
+        raise RuntimeError("capture failed here")
+
+    monkeypatch.setattr(B, "paired_rounds_us", broken)
+    rec = _run(_small("qwen3-30b-a3b"), m_list=[1])
+    p = rec["points"][0]
+    assert "routing_overhead" not in p and "capture failed here" in p["errors"]["routing_overhead"]
+    assert {B.IMPL_SWAPMOE, B.IMPL_ROUTED} <= set(p["results"])
+    table = cli.format_table(rec)
+    assert "error: routing_overhead at M=1: RuntimeError: capture failed here" in table
+
+
+def test_cli_routing_rounds_reaches_run_bench(monkeypatch):
+    got = {}
+
+    def fake_run_bench(shape, **kw):
+        got.update(kw)
+        raise B.BenchError("stop here")
+
+    monkeypatch.setattr(B, "run_bench", fake_run_bench)
+    assert cli.main(["bench", "--device", "cpu", "--with-routing", "--routing-rounds", "7"]) == 2
+    assert got["routing_rounds"] == 7
+    got.clear()
+    cli.main(["bench", "--device", "cpu", "--with-routing"])
+    assert got["routing_rounds"] == B.ROUTING_ROUNDS
+
+
+@pytest.mark.gpu
+@pytest.mark.serial
+def test_gpu_paired_rounds_replay_captured_graphs():
+    """On a GPU the pairing captures both implementations as graphs and replays them in
+    turn; every round's time is positive and the difference is the per-round one."""
+    rec = B.run_bench(_small("deepseek-v3-tp8", K=256, N=128), device="cuda", m_list=[1, 9], with_routing=True,
+                      progress=False, layers=2, routing_rounds=2, baselines=False, read_floor=False,
+                      read_bw_tbps=3.0, gemm_tflops=700.0)
+    assert rec["check"]["ok"], rec["check"]
+    for p in rec["points"]:
+        o = p["routing_overhead"]
+        assert o["how"] == "graph" and o["rounds"] == 2
+        assert all(t > 0 for t in o["fused_experts_us"] + o["fused_moe_us"])
+        d = sorted(m - e for m, e in zip(o["fused_moe_us"], o["fused_experts_us"]))
+        assert o["delta_min_us"] == d[0] and o["delta_max_us"] == d[1]
+        assert p["router_ids_match"] is True

@@ -585,7 +585,8 @@ def _bench_argv_all_flags(tmp_path):
     return ["bench", "--shape", "8,2,64,32", "--tp", "2", "--ep", "2", "--dtype", "fp16", "--quant", "fp8_channel",
             "--m", "3,1", "--routing", "skewed", "--zipf-s", "1.7", "--layers", "3", "--no-graph", "--baselines",
             "--no-check", "--check-all", "--device", "cpu", "--seed", "11", "--anchors", str(tmp_path / "a.json"),
-            "--read-bw", "3.25", "--read-floor", "--gemm-tflops", "612.5", "--no-progress", "--with-routing"]
+            "--read-bw", "3.25", "--read-floor", "--gemm-tflops", "612.5", "--no-progress", "--with-routing",
+            "--routing-rounds", "2"]
 
 
 def test_bench_passes_every_flag_to_run_bench(monkeypatch, tmp_path, capsys):
@@ -607,7 +608,8 @@ def test_bench_passes_every_flag_to_run_bench(monkeypatch, tmp_path, capsys):
     assert got == {"dtype": "fp16", "quant": "fp8_channel", "m_list": [1, 3], "routing": "skewed", "zipf_s": 1.7,
                    "layers": 3, "graph": False, "baselines": True, "check": False, "check_all": True,
                    "device": "cpu", "seed": 11, "anchors": str(tmp_path / "a.json"), "read_bw_tbps": 3.25,
-                   "gemm_tflops": 612.5, "progress": False, "with_routing": True, "read_floor": True}
+                   "gemm_tflops": 612.5, "progress": False, "with_routing": True, "read_floor": True,
+                   "routing_rounds": 2}
     got.clear()
     assert cli.main(["bench", "--device", "cpu", "--no-progress"]) == 0
     capsys.readouterr()

@@ -110,6 +110,9 @@ ANCHOR_FILE = "h200_vllm_0.33_triton.json"
 MEMORY_FRACTION = 0.6
 #: bytes summed for the in-run streaming-read bandwidth (a cap: at most 40% of free memory)
 READ_BW_BYTES = 4 << 30
+#: Alternating rounds of fused_experts and fused_moe per point with --with-routing (the
+#: paired difference, ``point["routing_overhead"]``).
+ROUTING_ROUNDS = 5
 #: size of the square bf16 torch.matmul that measures the GEMM ceiling
 GEMM_N = 8192
 #: bytes written to flush L2 when triton is not there
@@ -1332,6 +1335,41 @@ def gpu_time_us(torch: Any, calls: Sequence[Callable[[], Any]], timer: GpuTimer,
     return ms * 1000.0 / layers, how
 
 
+def paired_rounds_us(torch: Any, calls_by_name: Dict[str, Sequence[Callable[[], Any]]],
+                     timer: Optional[GpuTimer], graph: bool, rounds: int) -> Tuple[Dict[str, List[float]], str]:
+    """µs per layer of each named call list (one call per layer) in ``rounds`` alternating
+    rounds, every name once per round in order, so that drift of the clock or power state
+    between rounds falls on every name alike and the difference of two names within a round
+    is a paired sample. On the GPU (``timer``) each list is captured as one CUDA graph up
+    front where ``graph`` (a capture that fails raises), else looped eagerly; on the CPU
+    (``timer`` None) each round times the calls by perf_counter. Returns
+    ({name: [µs per round]}, how)."""
+    fns: Dict[str, Callable[[], Any]] = {}
+    how = "perf_counter"
+    if timer is not None:
+        how = "graph" if graph else "eager"
+        for name, calls in calls_by_name.items():
+            if graph:
+                warm_up_for_capture(torch, calls)
+                fns[name] = capture_graph(torch, calls).replay
+            else:
+                fns[name] = (lambda cs: (lambda: [c() for c in cs]))(calls)
+    times: Dict[str, List[float]] = {name: [] for name in calls_by_name}
+    for _ in range(rounds):
+        for name, calls in calls_by_name.items():
+            times[name].append(cpu_time_us(calls) if timer is None else timer(fns[name]) * 1000.0 / len(calls))
+    fns.clear()  # the graphs go with their replay methods
+    return times, how
+
+
+def paired_difference(a: Sequence[float], b: Sequence[float]) -> Dict[str, float]:
+    """Median, min and max over rounds of a[i] - b[i] (paired_rounds_us' samples)."""
+    d = sorted(x - y for x, y in zip(a, b))
+    if not d:
+        raise ValueError("paired_difference: no rounds")
+    return {"median": statistics.median(d), "min": d[0], "max": d[-1]}
+
+
 def measure_read_bandwidth(torch: Any, device: Any, timer: GpuTimer, nbytes: int = READ_BW_BYTES) -> Tuple[float, int]:
     """Streaming read bandwidth (bytes/s): sum over an fp32 tensor of ``nbytes`` (capped at
     40% of free memory), bytes / median time."""
@@ -1516,6 +1554,7 @@ def run_bench(
     log: Optional[Callable[[str], None]] = None,
     with_routing: bool = False,
     read_floor: Optional[bool] = None,
+    routing_rounds: int = ROUTING_ROUNDS,
 ) -> dict:
     """Benchmarks swapmoe (and the baselines) on one shape over ``m_list``; returns the full
     record (see ``swapmoe bench --json``). Defaults depend on the device: on CUDA the shape
@@ -1526,8 +1565,12 @@ def run_bench(
     also times a read-only kernel over each point's routed weight bytes
     (``point["read_floor_us"]``, ``%read``; see ``swapmoe._read_floor``). ``with_routing`` also
     times ``swapmoe.fused_moe`` with ``shape.router`` (:data:`DEFAULT_ROUTER` where None) and
-    runs every column on that router's ids (see the module docstring)."""
+    runs every column on that router's ids (see the module docstring), then times fused_experts
+    and fused_moe again in ``routing_rounds`` alternating rounds (``point["routing_overhead"]``:
+    fused_moe - fused_experts per round, paired; 0 leaves them out)."""
     check_quant(quant)
+    if isinstance(routing_rounds, bool) or not isinstance(routing_rounds, int) or routing_rounds < 0:
+        raise BenchError(f"--routing-rounds: expected an integer >= 0, got {routing_rounds!r}")
     if with_routing and routing != "uniform":
         raise BenchError("--with-routing: needs --routing uniform (fused_moe routes from logits)")
     if dtype not in DTYPES:
@@ -1731,6 +1774,7 @@ def run_bench(
     if copies_note:
         _note(record, copies_note, log)
     record["method"]["with_routing"] = bool(with_routing)
+    record["method"]["routing_rounds"] = routing_rounds if with_routing else None
     record["method"]["weight_copies"] = copies
     record["method"]["weight_bytes_per_copy"] = per_copy
     gen = torch.Generator(device=dev)
@@ -1859,11 +1903,17 @@ def run_bench(
                     reader = None
                     torch.cuda.synchronize()
 
-            for name in list(impls):
-                fn, graphable = table[name]
+            def layer_calls(name: str) -> Tuple[List[Callable[[], Any]], List[Any]]:
+                """One call of implementation ``name`` per layer, on that layer's weight copy and
+                output (none where the implementation returns its own)."""
+                fn = table[name][0]
                 outs = [None if name in RETURNS_OUTPUT else torch.empty_like(x) for _ in range(layers)]
-                calls = [(lambda f, w, o, q: (lambda: f(x, w[0], w[1], tw, ids, emap, o, **q)))(
-                    fn, weights[i % copies], outs[i], qargs[i % copies]) for i in range(layers)]
+                return [(lambda f, w, o, q: (lambda: f(x, w[0], w[1], tw, ids, emap, o, **q)))(
+                    fn, weights[i % copies], outs[i], qargs[i % copies]) for i in range(layers)], outs
+
+            for name in list(impls):
+                graphable = table[name][1]
+                calls, outs = layer_calls(name)
                 try:
                     if gpu:
                         assert timer is not None
@@ -1898,6 +1948,28 @@ def run_bench(
             if sw:
                 sw["speedup_vs"] = {b: r["time_us"] / sw["time_us"] for b, r in point["results"].items()
                                     if b != IMPL_SWAPMOE}
+            if router is not None and routing_rounds > 0 and all(
+                    n in point["results"] for n in (IMPL_SWAPMOE, IMPL_ROUTED)):
+                # fused_moe - fused_experts (issue 3) is a few µs on layers of up to ~1 ms: the two
+                # columns above, timed one after the other, differ also by the clock's drift
+                # between them; alternating rounds pair each fused_moe time with a fused_experts
+                # time taken just before it.
+                pair_calls = {n: layer_calls(n)[0] for n in (IMPL_SWAPMOE, IMPL_ROUTED)}
+                try:
+                    per_round, how = paired_rounds_us(torch, pair_calls, timer if gpu else None,
+                                                      graph and all(table[n][1] for n in pair_calls),
+                                                      routing_rounds)
+                    d = paired_difference(per_round[IMPL_ROUTED], per_round[IMPL_SWAPMOE])
+                    point["routing_overhead"] = {
+                        "rounds": routing_rounds, "how": how,
+                        "fused_experts_us": per_round[IMPL_SWAPMOE], "fused_moe_us": per_round[IMPL_ROUTED],
+                        "delta_us": d["median"], "delta_min_us": d["min"], "delta_max_us": d["max"]}
+                except Exception as e:  # the columns above stand; the pairing says why it is missing
+                    point["errors"]["routing_overhead"] = _err(e, 400)
+                    if gpu:
+                        torch.cuda.synchronize()
+                finally:
+                    del pair_calls
             if gpu:
                 torch.cuda.empty_cache()
     except Exception as e:  # keep what was measured (a sticky CUDA error ends the run)

@@ -99,6 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "next to fused_experts on precomputed ids (needs --routing uniform). The router is the "
                         "model's own (preset or config; softmax top-k without renormalize where none is named) "
                         "and every column runs on its ids")
+    b.add_argument("--routing-rounds", type=int, default=B.ROUTING_ROUNDS, metavar="N",
+                   help="with --with-routing, time fused_experts and fused_moe again in N alternating rounds "
+                        "per M and print their paired difference as moe-exp_us (median of the per-round "
+                        f"differences, min..max); 0: off (default: {B.ROUTING_ROUNDS})")
     b.add_argument("--router", metavar="SPEC", default=None,
                    help="the router of --with-routing instead of the shape's: a preset's name (e.g. deepseek-v3), "
                         "or softmax|sigmoid[,renorm][,groups=G/T][,bias][,scale=F], e.g. "
@@ -361,6 +365,9 @@ def table_rows(rec: dict) -> Tuple[List[str], List[List[str]]]:
     for bname in baselines:
         s = B.SHORT_NAMES.get(bname, bname)
         head += [f"{s}_us", f"x_{s}"]
+    paired = any(p.get("routing_overhead") for p in rec["points"])
+    if paired:
+        head += ["moe-exp_us"]
     rows = []
     for p in rec["points"]:
         sw = p["results"].get(B.IMPL_SWAPMOE, {})
@@ -374,8 +381,17 @@ def table_rows(rec: dict) -> Tuple[List[str], List[List[str]]]:
         for bname in baselines:
             r = p["results"].get(bname)
             row += [_us(r["time_us"]) if r else "n/a", _x((sw.get("speedup_vs") or {}).get(bname))]
+        if paired:
+            row += [_paired_delta(p.get("routing_overhead"))]
         rows.append(row)
     return head, rows
+
+
+def _paired_delta(o: Optional[dict]) -> str:
+    """fused_moe - fused_experts over the paired rounds: "+2.6 (+2.3..+2.8)"."""
+    if not o:
+        return "n/a"
+    return f"{o['delta_us']:+.1f} ({o['delta_min_us']:+.1f}..{o['delta_max_us']:+.1f})"
 
 
 def format_table(rec: dict) -> str:
@@ -411,6 +427,12 @@ def format_table(rec: dict) -> str:
     if baselines_shown(rec):
         lines.append("baselines: " + "; ".join(f"{B.SHORT_NAMES.get(n, n)} = {BASELINE_WHAT.get(n, n)}"
                                                for n in baselines_shown(rec)))
+    rounds = {p["routing_overhead"]["rounds"] for p in rec["points"] if p.get("routing_overhead")}
+    if rounds:
+        n = "/".join(map(str, sorted(rounds)))
+        lines.append(f"moe-exp_us = fused_moe - fused_experts, µs per layer, timed again in {n} "
+                     "alternating rounds: median of the per-round differences (min..max); the two _us columns "
+                     "were timed one after the other")
     return "\n".join(lines)
 
 
@@ -421,6 +443,10 @@ def csv_text(rec: dict) -> str:
         head += [f"{n}_us", f"{n}_pct_floor", f"{n}_tflops", f"{n}_pct_gemm", f"{n}_x_anchor"]
     head += [f"swapmoe_x_{n}" for n in impls if n != B.IMPL_SWAPMOE]
     head += ["read_floor_us"] + [f"{n}_pct_read" for n in impls]
+    paired = any(p.get("routing_overhead") for p in rec["points"])
+    if paired:
+        head += ["fused_moe_minus_experts_paired_us", "fused_moe_minus_experts_paired_min_us",
+                 "fused_moe_minus_experts_paired_max_us"]
 
     def f(v: Any) -> str:
         return "" if v is None else (f"{v:.6g}" if isinstance(v, float) else str(v))
@@ -435,6 +461,9 @@ def csv_text(rec: dict) -> str:
         sw = p["results"].get(B.IMPL_SWAPMOE, {}).get("speedup_vs") or {}
         row += [sw.get(n) for n in impls if n != B.IMPL_SWAPMOE]
         row += [p.get("read_floor_us")] + [p["results"].get(n, {}).get("pct_read") for n in impls]
+        if paired:
+            o = p.get("routing_overhead") or {}
+            row += [o.get("delta_us"), o.get("delta_min_us"), o.get("delta_max_us")]
         out.append(",".join(f(v) for v in row))
     return "\n".join(out) + "\n"
 
@@ -584,7 +613,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                       layers=args.layers, graph=args.graph, baselines=args.baselines, check=args.check,
                       check_all=args.check_all, device=args.device, seed=args.seed, anchors=args.anchors,
                       read_bw_tbps=args.read_bw, gemm_tflops=args.gemm_tflops, progress=args.progress, log=log,
-                      with_routing=args.with_routing, read_floor=args.read_floor)
+                      with_routing=args.with_routing, read_floor=args.read_floor,
+                      routing_rounds=args.routing_rounds)
     if args.json:
         B.write_json(rec, args.json)
     if args.plot:
