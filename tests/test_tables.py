@@ -47,7 +47,17 @@ SHIPPED_H100 = {
     for e, n in ((128, 768), (256, 256), (8, 14336))
     for d in ("bf16", "fp8_w8a8", "fp8_w8a8,block_shape=[128,128]", "fp8_w8a8,per_channel=true")
 }
-SHIPPED_ALL = SHIPPED | SHIPPED_H100
+# Qwen3-235B-A22B on the H100 (2026-12-07, M = 1-64, swapmoe's kernels only): TP4 (N = 384) bf16,
+# per tensor and 128x128 blocks (Qwen3-235B-A22B-FP8's scheme); TP8 (N = 192) bf16 and per tensor
+# (vLLM refuses 128x128 blocks where N = 192 is not a multiple of 128).
+SHIPPED_H100_235B = {
+    "E=128,N=384,device_name=NVIDIA_H100_80GB_HBM3,dtype=bf16.json",
+    "E=128,N=384,device_name=NVIDIA_H100_80GB_HBM3,dtype=fp8_w8a8.json",
+    "E=128,N=384,device_name=NVIDIA_H100_80GB_HBM3,dtype=fp8_w8a8,block_shape=[128,128].json",
+    "E=128,N=192,device_name=NVIDIA_H100_80GB_HBM3,dtype=bf16.json",
+    "E=128,N=192,device_name=NVIDIA_H100_80GB_HBM3,dtype=fp8_w8a8.json",
+}
+SHIPPED_ALL = SHIPPED | SHIPPED_H100 | SHIPPED_H100_235B
 
 
 @pytest.fixture(autouse=True)
@@ -111,6 +121,37 @@ def test_shipped_h100_tables_are_measured_and_picked_on_an_h100_only():
     v = swapmoe.select_backend(32, 256, 8, 7168, 256, device_name=H100, device_capability=(9, 0),
                                external_backends=("vllm_triton",))
     assert v.backend == "vllm_triton" and v.fallback == "cuda_wgmma_swap", v.reasons
+
+
+def test_shipped_h100_qwen3_235b_tables_are_measured_and_picked():
+    """Qwen3-235B-A22B's H100 tables (TP4 and TP8): measured by `swapmoe tune` on the H100 at
+    M = 1-64 with swapmoe's kernels only, and the oracle's pick there is the entry's. Where
+    the heuristics missed the tune's fastest by more than 5% (TP8 bf16 M = 1: cuda_decode
+    22.0 against swap-AB 23.1 µs; TP4 128x128 blocks M = 1: the e4m3 GEMM2 ring of 7, 29.2
+    against 30.8; M = 4: cuda_wgmma t64 70.2 against swap-AB 75.5) the table decides."""
+    for name in SHIPPED_H100_235B:
+        entries = tuned_entries(name, H100)
+        assert sorted(entries) == [1, 2, 4, 8, 16, 32, 64], name
+        meta = shipped_table(name)["metadata"]
+        assert (meta["E"], meta["topk"], meta["K"], meta["model"]) == (
+            128, 8, 4096, f"qwen3-235b-a22b-tp{1536 // meta['N']}"), name
+        for m, e in entries.items():
+            assert "vllm_triton" not in e["times_us"], (name, m)
+    cases = [  # (M, N, quant, backend, token tile or None)
+        (1, 192, None, "cuda_decode", None),
+        (4, 384, "fp8_block128", "cuda_wgmma", 64),
+        (32, 384, None, "cuda_wgmma", 64),
+        (64, 192, None, "cuda_mma", 16),
+    ]
+    for m, n, quant, backend, tile in cases:
+        p = swapmoe.select_backend(m, 128, 8, 4096, n, device_name=H100, device_capability=(9, 0), quant=quant)
+        assert p.source == "table" and p.backend == backend, (m, n, quant, p.reasons)
+        if tile is not None:
+            assert p.tile["tokens_per_pass"] == tile, (m, n, quant, p.tile)
+    # the 128x128-block entry at M = 1 carries its swap launch (GEMM2 ring 7)
+    p = swapmoe.select_backend(1, 128, 8, 4096, 384, device_name=H100, device_capability=(9, 0),
+                               quant="fp8_block128")
+    assert p.source == "table" and p.backend == "cuda_wgmma_swap" and p.tile["swap_gemm2_ring"] == 7, p.tile
 
 
 def shipped_table(name):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# This session's second device call (written 2026-12-07 09:45; dist/main = main + the paired rounds):
+# This session's second device call (written 2026-12-07 08:50; dist/main = main + the paired rounds):
 #   run(command="OUT=$OUT bash benches/results/session_2026-12-07c/call2.sh", carry=["dist/main"], kind="nvidia-h200")
 # 1. `swapmoe bench --with-routing` with the paired rounds (5 alternating rounds per point,
 #    moe-exp_us) for deepseek-v3-tp8 and qwen3-30b-a3b at M = 1, 8, 64: call1's two columns
