@@ -57,7 +57,18 @@ SHIPPED_H100_235B = {
     "E=128,N=192,device_name=NVIDIA_H100_80GB_HBM3,dtype=bf16.json",
     "E=128,N=192,device_name=NVIDIA_H100_80GB_HBM3,dtype=fp8_w8a8.json",
 }
-SHIPPED_ALL = SHIPPED | SHIPPED_H100 | SHIPPED_H100_235B
+# More deployments on the H100 (2026-12-07, M = 1-64, swapmoe's kernels only): Mixtral-8x22B at
+# TP8 (N = 2048) and TP4 (N = 4096), bf16 and per tensor; Llama-4-Scout at TP8 (E = 16, top-1,
+# N = 1024), bf16; DeepSeek-V3 with EP8 (32 local experts of 256, N = 2048), 128x128 blocks.
+SHIPPED_H100_MORE = {
+    "E=8,N=2048,device_name=NVIDIA_H100_80GB_HBM3,dtype=bf16.json",
+    "E=8,N=2048,device_name=NVIDIA_H100_80GB_HBM3,dtype=fp8_w8a8.json",
+    "E=8,N=4096,device_name=NVIDIA_H100_80GB_HBM3,dtype=bf16.json",
+    "E=8,N=4096,device_name=NVIDIA_H100_80GB_HBM3,dtype=fp8_w8a8.json",
+    "E=16,N=1024,device_name=NVIDIA_H100_80GB_HBM3,dtype=bf16.json",
+    "E=32,N=2048,device_name=NVIDIA_H100_80GB_HBM3,dtype=fp8_w8a8,block_shape=[128,128].json",
+}
+SHIPPED_ALL = SHIPPED | SHIPPED_H100 | SHIPPED_H100_235B | SHIPPED_H100_MORE
 
 
 @pytest.fixture(autouse=True)
@@ -152,6 +163,29 @@ def test_shipped_h100_qwen3_235b_tables_are_measured_and_picked():
     p = swapmoe.select_backend(1, 128, 8, 4096, 384, device_name=H100, device_capability=(9, 0),
                                quant="fp8_block128")
     assert p.source == "table" and p.backend == "cuda_wgmma_swap" and p.tile["swap_gemm2_ring"] == 7, p.tile
+
+
+def test_shipped_h100_tables_of_more_deployments():
+    """Mixtral-8x22B (TP8, TP4), Llama-4-Scout (TP8) and DeepSeek-V3 with EP8 on the H100:
+    measured by `swapmoe tune` at M = 1-64 with swapmoe's kernels only, each on its model's
+    shape (the EP8 table on 32 local experts of 256), and picked for those calls."""
+    shapes = {  # E_local: (model, E_global, topk, K)
+        "E=8,N=2048": ("mixtral-8x22b-tp8", 8, 2, 6144), "E=8,N=4096": ("mixtral-8x22b-tp4", 8, 2, 6144),
+        "E=16,N=1024": ("llama4-scout-tp8", 16, 1, 5120), "E=32,N=2048": ("deepseek-v3-ep8", 256, 8, 7168),
+    }
+    for name in SHIPPED_H100_MORE:
+        entries = tuned_entries(name, H100)
+        assert sorted(entries) == [1, 2, 4, 8, 16, 32, 64], name
+        meta = shipped_table(name)["metadata"]
+        model, e_global, topk, k = shapes[name.split(",device_name")[0]]
+        assert (meta["model"], meta["E_global"], meta["topk"], meta["K"]) == (model, e_global, topk, k), name
+    # Mixtral-8x22B TP8 FP8 per tensor at M = 16: swap-AB with the e4m3 GEMM2's ring of 5
+    # (110.0 µs) where the heuristics take cuda_wgmma t64 (118.8)
+    p = swapmoe.select_backend(16, 8, 2, 6144, 2048, device_name=H100, device_capability=(9, 0), quant="fp8_tensor")
+    assert p.source == "table" and p.backend == "cuda_wgmma_swap" and p.tile["swap_gemm2_ring"] == 5, p.reasons
+    # Llama-4-Scout TP8 bf16 at M = 2: the decode kernels (29.3 against swap-AB's 31.0)
+    p = swapmoe.select_backend(2, 16, 1, 5120, 1024, device_name=H100, device_capability=(9, 0))
+    assert p.source == "table" and p.backend == "cuda_decode", p.reasons
 
 
 def shipped_table(name):
