@@ -2904,10 +2904,15 @@ pub fn offline_caps(
 /// activation scales the call has: None is the scheme's usual one (static for per-tensor, as
 /// calibrated checkpoints give them; dynamic for per-channel and block, the only kind those
 /// kernels take).
+/// `global_num_experts`: the model's experts when this rank holds `num_experts` of them
+/// (expert parallelism; -1: all of them): the plan the op makes for a call with an
+/// `expert_map` of that length, whose ids fall uniformly on the model's experts, so that about
+/// `num_experts / global_num_experts` of the slots land on this rank.
 #[allow(clippy::too_many_arguments)]
 pub fn plan_for_shape(
     num_tokens: i64,
     num_experts: i64,
+    global_num_experts: i64,
     top_k: i64,
     hidden_size: i64,
     intermediate_size: i64,
@@ -2942,14 +2947,24 @@ pub fn plan_for_shape(
     let addrs = crate::problem::FakeAddresses::default();
     let t = |d, shape: &[i64]| addrs.tensor(d, shape, dev);
     let (m, e, k, n) = (num_tokens, num_experts, hidden_size, intermediate_size);
-    if m < 0 || e < 1 || top_k < 1 || top_k > e || k < 1 || n < 1 {
+    if global_num_experts != -1 && global_num_experts < e.max(1) {
         return Err(Error::Shape(format!(
-            "select_backend: expected num_tokens >= 0, num_experts >= 1, 1 <= top_k <= num_experts, hidden_size >= 1 and intermediate_size >= 1, got {m}, {e}, {top_k}, {k}, {n}"
+            "global_num_experts: expected -1 or at least num_experts ({e}), got {global_num_experts}"
+        )));
+    }
+    let global = if global_num_experts == -1 {
+        e
+    } else {
+        global_num_experts
+    };
+    if m < 0 || e < 1 || top_k < 1 || top_k > global || k < 1 || n < 1 {
+        return Err(Error::Shape(format!(
+            "select_backend: expected num_tokens >= 0, num_experts >= 1, 1 <= top_k <= global_num_experts (num_experts without expert parallelism), hidden_size >= 1 and intermediate_size >= 1, got {m}, {e}, {top_k}, {k}, {n} (global_num_experts {global})"
         )));
     }
     // the op's own limits (32-bit indices in the kernels), named by this function's arguments
     let big = i32::MAX as i64;
-    if [m, e, k, n].iter().any(|&v| v > big) || m.saturating_mul(top_k) > big {
+    if [m, e, global, k, n].iter().any(|&v| v > big) || m.saturating_mul(top_k) > big {
         return Err(Error::Shape(format!(
             "select_backend: expected num_tokens * top_k, num_experts, hidden_size and intermediate_size each < 2^31, got num_tokens = {m}, top_k = {top_k}, num_experts = {e}, hidden_size = {k}, intermediate_size = {n}"
         )));
@@ -2961,6 +2976,8 @@ pub fn plan_for_shape(
     };
     let (h, w1, w2) = (t(dtype, &[m, k]), t(wd, &[e, 2 * n, k]), t(wd, &[e, k, n]));
     let (tw, ids) = (t(DType::F32, &[m, top_k]), t(DType::I32, &[m, top_k]));
+    // expert parallelism: the op sees an expert_map of the model's experts
+    let map = t(DType::I32, &[global]);
     let b = crate::problem::FP8_BLOCK as i64;
     let (s1, s2) = match quant {
         Some(QuantScheme::Block) => (
@@ -2988,7 +3005,7 @@ pub fn plan_for_shape(
         topk_weights: &tw,
         topk_ids: &ids,
         out: &h,
-        expert_map: None,
+        expert_map: (global != e).then_some(&map),
         activation: Activation::Silu,
         apply_router_weight_on_input: false,
         global_num_experts: -1,
@@ -4269,6 +4286,23 @@ mod tests {
         .unwrap()
     }
 
+    /// [`plan_for_shape`] of a whole model (no expert parallelism) with the scheme's usual
+    /// activation scales.
+    #[allow(clippy::too_many_arguments)]
+    fn whole_model_plan(
+        m: i64,
+        e: i64,
+        topk: i64,
+        k: i64,
+        n: i64,
+        dtype: DType,
+        quant: Option<QuantScheme>,
+        caps: &DeviceCaps,
+        req: &Request,
+    ) -> Result<Plan> {
+        plan_for_shape(m, e, -1, topk, k, n, dtype, quant, None, caps, req)
+    }
+
     fn h200() -> DeviceCaps {
         DeviceCaps {
             name: "NVIDIA H200".into(),
@@ -4292,7 +4326,7 @@ mod tests {
             backend: Some(backend),
             ..Request::default()
         };
-        plan_for_shape(m, e, topk, k, n, DType::BF16, quant, None, &h200(), &req).unwrap()
+        whole_model_plan(m, e, topk, k, n, DType::BF16, quant, &h200(), &req).unwrap()
     }
 
     #[test]
@@ -4390,19 +4424,7 @@ mod tests {
                 mma_token_tile: Some(64),
                 ..Request::default()
             };
-            plan_for_shape(
-                m,
-                256,
-                8,
-                7168,
-                256,
-                DType::BF16,
-                quant,
-                None,
-                &h200(),
-                &req,
-            )
-            .unwrap()
+            whole_model_plan(m, 256, 8, 7168, 256, DType::BF16, quant, &h200(), &req).unwrap()
         };
         // after route_align (and quantize-x): on, with the reason
         for quant in [None, Some(QuantScheme::Tensor)] {
@@ -4448,6 +4470,59 @@ mod tests {
     }
 
     #[test]
+    fn a_rank_shape_plans_for_the_slots_that_land_on_the_rank() {
+        // DeepSeek-V3 with EP8: 32 of 256 experts, 128x128 blocks. Planned as a whole model
+        // of 32 experts, M = 1's 8 slots fill ~8 experts (cuda_wgmma's GEMM1 ~2 waves: its
+        // GEMMs); as a rank of 256, ~1 slot lands here (swap-AB, measured 55.3 against 58.5 µs
+        // on an H100, 48.0 against 59.1 at M = 2: benches/NOTES.md "H100 tables of more
+        // deployments")
+        let _knobs = ENV_KNOBS.read().unwrap_or_else(|e| e.into_inner());
+        let req = Request::default();
+        let rank = |m: i64, e: i64, global: i64, topk: i64, quant: Option<QuantScheme>| {
+            let bf16 = DType::BF16;
+            plan_for_shape(
+                m,
+                e,
+                global,
+                topk,
+                7168,
+                2048,
+                bf16,
+                quant,
+                None,
+                &h200(),
+                &req,
+            )
+        };
+        let block = Some(QuantScheme::Block);
+        for m in [1, 2] {
+            let whole = whole_model_plan(m, 32, 8, 7168, 2048, DType::BF16, block, &h200(), &req);
+            let whole = whole.unwrap();
+            assert_eq!(whole.backend, Backend::CudaWgmma, "{:?}", whole.reasons);
+            let ep8 = rank(m, 32, 256, 8, block).unwrap();
+            assert_eq!(ep8.backend, Backend::CudaWgmmaSwap, "{:?}", ep8.reasons);
+            // -1 and E itself are the whole model
+            let same = rank(m, 32, 32, 8, block).unwrap();
+            assert_eq!((same.backend, same.kernels), (whole.backend, whole.kernels));
+        }
+        // top_k may exceed the rank's experts
+        assert!(rank(1, 4, 256, 8, None).is_ok());
+        // fewer global than local experts, and top_k past the model's, are shape errors
+        for (e, g, needle) in [
+            (
+                32,
+                16,
+                "global_num_experts: expected -1 or at least num_experts (32), got 16",
+            ),
+            (4, 6, "1 <= top_k <= global_num_experts"),
+        ] {
+            let err = rank(1, e, g, 8, None).unwrap_err();
+            assert!(matches!(err, Error::Shape(_)), "{err:?}");
+            assert!(err.to_string().contains(needle), "{err}");
+        }
+    }
+
+    #[test]
     fn wgmma_gemm1_groups_the_slots_where_its_grid_is_persistent_and_the_slots_few() {
         let _knobs = ENV_KNOBS.write().unwrap_or_else(|e| e.into_inner());
         std::env::remove_var(ALIGN_IN_GEMM1_ENV);
@@ -4459,7 +4534,7 @@ mod tests {
                 mma_token_tile: Some(64),
                 ..Request::default()
             };
-            plan_for_shape(m, e, 8, k, n, DType::BF16, quant, None, &h200(), &req).unwrap()
+            whole_model_plan(m, e, 8, k, n, DType::BF16, quant, &h200(), &req).unwrap()
         };
         let aligns = |p: &Plan| p.kernels.contains(&KernelId::RouteAlign);
         // qwen3-30b-a3b FP8 per tensor (static): GEMM1 of 16 k-stages is persistent; up to
@@ -4583,8 +4658,7 @@ mod tests {
                 mma_token_tile: Some(tile),
                 ..Request::default()
             };
-            let p =
-                plan_for_shape(m, e, topk, k, n, DType::BF16, quant, None, &h200(), &req).unwrap();
+            let p = whole_model_plan(m, e, topk, k, n, DType::BF16, quant, &h200(), &req).unwrap();
             assert_eq!((p.backend, p.tokens_per_pass), (Backend::CudaWgmma, tile));
             (p.wgmma_gemm2_block_run, p.reasons)
         };
@@ -4640,7 +4714,7 @@ mod tests {
     fn wgmma_grids_are_persistent_for_short_items_only() {
         let h = h200();
         let grids_at = |m: i64, e: i64, topk: i64, k: i64, n: i64, quant: Option<QuantScheme>| {
-            let p = plan_for_shape(
+            let p = whole_model_plan(
                 m,
                 e,
                 topk,
@@ -4648,7 +4722,6 @@ mod tests {
                 n,
                 DType::BF16,
                 quant,
-                None,
                 &h,
                 &Request {
                     backend: Some(Backend::CudaWgmma),
@@ -5723,7 +5796,7 @@ mod tests {
                 backend: Some(b),
                 ..Request::default()
             };
-            plan_for_shape(4, 128, 8, 2048, n, dtype, Some(scheme), None, &h, &req).unwrap_err()
+            whole_model_plan(4, 128, 8, 2048, n, dtype, Some(scheme), &h, &req).unwrap_err()
         };
         let tensor = QuantScheme::Tensor;
         for b in [Backend::CudaMma, Backend::CudaBulkDecode] {
@@ -5752,7 +5825,7 @@ mod tests {
 
     /// The plan of qwen3-30b-a3b bf16 at M tokens for `req`.
     fn qwen3_bf16(m: i64, caps: &DeviceCaps, req: &Request) -> Result<Plan> {
-        plan_for_shape(m, 128, 8, 2048, 768, DType::BF16, None, None, caps, req)
+        whole_model_plan(m, 128, 8, 2048, 768, DType::BF16, None, caps, req)
     }
 
     /// The heuristics' plan (no table, no override) for qwen3-30b-a3b bf16 at M tokens.
@@ -5890,7 +5963,7 @@ mod tests {
         let p = qwen3_bf16_heuristic(1, &h200);
         assert_eq!(p.backend, Backend::CudaWgmmaSwap);
         assert!(p.pdl);
-        let p = plan_for_shape(
+        let p = whole_model_plan(
             4096,
             8,
             2,
@@ -5898,13 +5971,12 @@ mod tests {
             14336,
             DType::BF16,
             None,
-            None,
             &h200,
             &Request::default(),
         )
         .unwrap();
         assert_eq!((p.backend, p.tokens_per_pass), (Backend::CudaWgmma, 128));
-        let p = plan_for_shape(
+        let p = whole_model_plan(
             64,
             8,
             2,
@@ -5912,20 +5984,18 @@ mod tests {
             14336,
             DType::F32,
             None,
-            None,
             &h200,
             &Request::default(),
         )
         .unwrap();
         assert_eq!(p.backend, Backend::CudaGeneric);
-        let forced = plan_for_shape(
+        let forced = whole_model_plan(
             64,
             8,
             2,
             4096,
             14336,
             DType::BF16,
-            None,
             None,
             &h200,
             &Request {
@@ -5935,14 +6005,13 @@ mod tests {
         )
         .unwrap();
         assert!(forced.reasons.iter().any(|r| r.starts_with("override:")));
-        assert!(plan_for_shape(
+        assert!(whole_model_plan(
             1,
             8,
             9,
             64,
             64,
             DType::BF16,
-            None,
             None,
             &h200,
             &Request::default()
@@ -6531,7 +6600,7 @@ mod tests {
             external,
             ..Request::default()
         };
-        plan_for_shape(
+        whole_model_plan(
             m,
             128,
             8,
@@ -6539,7 +6608,6 @@ mod tests {
             768,
             DType::BF16,
             Some(scheme),
-            None,
             &h200(),
             &req,
         )
@@ -6635,7 +6703,8 @@ mod tests {
                 external: &vllm,
                 ..Request::default()
             };
-            let p = plan_for_shape(m, 128, 8, 2048, 768, dtype, quant, scales, caps, &req).unwrap();
+            let p =
+                plan_for_shape(m, 128, -1, 8, 2048, 768, dtype, quant, scales, caps, &req).unwrap();
             let case = format!("M={m} {dtype:?} {quant:?} {scales:?} {}", caps.name);
             assert_eq!(p.external.is_some(), to_vllm, "{case}: {:?}", p.reasons);
             assert_eq!(p.source, Source::Heuristic, "{case}");
@@ -6648,6 +6717,7 @@ mod tests {
             let alone = plan_for_shape(
                 m,
                 128,
+                -1,
                 8,
                 2048,
                 768,
@@ -6709,7 +6779,7 @@ mod tests {
     #[test]
     fn fp8_problems_look_up_their_own_tables() {
         let set = TableSet::default();
-        let p = plan_for_shape(
+        let p = whole_model_plan(
             8,
             128,
             8,
@@ -6717,7 +6787,6 @@ mod tests {
             768,
             DType::BF16,
             Some(QuantScheme::Block),
-            None,
             &h200(),
             &Request {
                 tables: Some(&set),
@@ -6873,6 +6942,7 @@ mod tests {
             plan_for_shape(
                 8,
                 128,
+                -1,
                 8,
                 2048,
                 768,
@@ -6946,6 +7016,7 @@ mod tests {
             plan_for_shape(
                 8,
                 128,
+                -1,
                 8,
                 2048,
                 768,
@@ -7030,19 +7101,8 @@ mod tests {
         let l40s = offline_caps(Some("NVIDIA L40S"), None, None).unwrap();
         for q in FP8_SCHEMES {
             let shape = |m: i64, k: i64, n: i64, dtype: DType, caps: &DeviceCaps| {
-                plan_for_shape(
-                    m,
-                    128,
-                    8,
-                    k,
-                    n,
-                    dtype,
-                    Some(q),
-                    None,
-                    caps,
-                    &Request::default(),
-                )
-                .unwrap()
+                whole_model_plan(m, 128, 8, k, n, dtype, Some(q), caps, &Request::default())
+                    .unwrap()
             };
             // Hopper: the e4m3 wgmma swap-AB kernels after the input quantization, up to M = 8
             // per tensor, and per channel or block while cuda_wgmma's GEMM1 grid is under 1.5
@@ -7135,7 +7195,7 @@ mod tests {
                 &p,
                 &["cuda_wgmma: FP8 past the swap-AB kernels' range"]
             ));
-            let p = plan_for_shape(
+            let p = whole_model_plan(
                 1024,
                 128,
                 8,
@@ -7143,7 +7203,6 @@ mod tests {
                 768,
                 DType::BF16,
                 Some(q),
-                None,
                 &h200,
                 &Request::default(),
             )
@@ -7179,6 +7238,7 @@ mod tests {
                 let dynamic = plan_for_shape(
                     4096,
                     8,
+                    -1,
                     2,
                     4096,
                     14336,
@@ -7220,7 +7280,7 @@ mod tests {
                 ));
             }
             // K = 200: 16-byte e4m3 vectors do not fit, scalar loads
-            let p = plan_for_shape(
+            let p = whole_model_plan(
                 1024,
                 8,
                 2,
@@ -7228,13 +7288,12 @@ mod tests {
                 64,
                 DType::F32,
                 Some(q),
-                None,
                 &h200,
                 &Request::default(),
             )
             .unwrap();
             assert_eq!((p.gemm1_vec, p.gemm2_vec), (1, FP8_VEC));
-            let forced = plan_for_shape(
+            let forced = whole_model_plan(
                 1024,
                 128,
                 8,
@@ -7242,7 +7301,6 @@ mod tests {
                 768,
                 DType::BF16,
                 Some(q),
-                None,
                 &h200,
                 &Request {
                     backend: Some(Backend::CudaMma),
@@ -7251,7 +7309,7 @@ mod tests {
             );
             assert!(matches!(forced, Err(Error::Argument(ref m)) if m.contains("FP8")));
             let a100 = offline_caps(Some("NVIDIA A100-SXM4-80GB"), None, None).unwrap();
-            let err = plan_for_shape(
+            let err = whole_model_plan(
                 1,
                 128,
                 8,
@@ -7259,7 +7317,6 @@ mod tests {
                 768,
                 DType::BF16,
                 Some(q),
-                None,
                 &a100,
                 &Request::default(),
             )
@@ -7269,7 +7326,7 @@ mod tests {
             );
         }
         // a per-tensor question assumes static scales: no absmax pre-pass
-        let p = plan_for_shape(
+        let p = whole_model_plan(
             1,
             128,
             8,
@@ -7277,7 +7334,6 @@ mod tests {
             768,
             DType::BF16,
             Some(QuantScheme::Tensor),
-            None,
             &h200,
             &Request::default(),
         )
@@ -7316,18 +7372,7 @@ mod tests {
                                 quiet,
                                 ..Request::default()
                             };
-                            plan_for_shape(
-                                m,
-                                e,
-                                topk,
-                                k,
-                                n,
-                                DType::BF16,
-                                quant,
-                                None,
-                                &h200(),
-                                &req,
-                            )
+                            whole_model_plan(m, e, topk, k, n, DType::BF16, quant, &h200(), &req)
                         };
                         let (Ok(mut told), Ok(mut quiet)) = (plan(false), plan(true)) else {
                             continue;

@@ -200,6 +200,29 @@ def test_bad_shape_raises_shape_error():
         swapmoe.select_backend(1, 8, 9, 64, 64, **H200)
 
 
+def test_a_rank_under_expert_parallelism_is_planned_for_its_share_of_the_slots(capsys):
+    """global_num_experts: the plan of a rank that holds 32 of DeepSeek-V3's 256 experts
+    expects ~1 of M = 1's 8 slots there (swap-AB), where 32 experts planned as the whole model
+    expect ~8 (cuda_wgmma's GEMMs); explain --ep passes the model's count."""
+    ep = dict(quant="fp8_block128", **H200)
+    assert swapmoe.select_backend(1, 32, 8, 7168, 2048, **ep).backend == "cuda_wgmma"
+    assert swapmoe.select_backend(1, 32, 8, 7168, 2048, global_num_experts=256, **ep).backend == "cuda_wgmma_swap"
+    same = [swapmoe.select_backend(4, *QWEN3, global_num_experts=g, **H200) for g in (-1, 128)]
+    assert same[0].backend == same[1].backend and same[0].tile == same[1].tile
+    # top_k may exceed the rank's experts, not the model's
+    assert swapmoe.select_backend(1, 4, 8, 7168, 2048, global_num_experts=256, **H200).backend
+    fewer = r"global_num_experts: expected -1 or at least num_experts \(32\), got 16"
+    with pytest.raises(swapmoe.ShapeError, match=fewer):
+        swapmoe.select_backend(1, 32, 8, 7168, 2048, global_num_experts=16, **H200)
+    with pytest.raises(swapmoe.ShapeError, match="top_k"):
+        swapmoe.select_backend(1, 4, 8, 7168, 2048, global_num_experts=6, **H200)
+    with pytest.raises(swapmoe.ArgumentError, match="global_num_experts: expected an integer"):
+        swapmoe.select_backend(1, 32, 8, 7168, 2048, global_num_experts="256", **H200)
+    assert cli.main(["explain", "--model", "deepseek-v3", "--ep", "8", "--quant", "fp8_block128", "--m", "1",
+                     "--device-name", "NVIDIA H200"]) == 0
+    assert "M=1: cuda_wgmma_swap (heuristic" in capsys.readouterr().out
+
+
 def test_explain_offline(capsys):
     assert cli.main(["explain", "--model", "qwen3-30b-a3b", "--device-name", "NVIDIA H200", "--m", "1,1024"]) == 0
     out = capsys.readouterr().out

@@ -397,6 +397,35 @@ def test_route_asks_the_oracle_once_per_token_count(monkeypatch):
     assert asked[0][5:] == ((9, 0), "NVIDIA H200", ("vllm_triton",))
 
 
+def test_route_under_expert_parallelism_asks_for_the_ranks_share(monkeypatch):
+    """With an expert map (this rank holds 32 of 256 experts) route() gives the oracle the
+    model's expert count, so that it plans for the slots that land on the rank, as the op
+    does with the map; without one (or where the counts agree) it gives -1."""
+    from swapmoe import oracle as sw_oracle
+
+    asked = []
+
+    def select_backend(m, e, topk, k, n, **kw):
+        asked.append((m, e, kw["global_num_experts"]))
+        return type("Plan", (), {"backend": "cuda_wgmma_swap"})()
+
+    monkeypatch.setattr(sw_oracle, "select_backend", select_backend)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    experts = vllm_plugin.experts_class()(moe_config(E=32, topk=8, K=7168, N=2048), FusedMoEQuantConfig.make())
+    w1, w2 = _CudaShaped(32, 4096, 7168), _CudaShaped(32, 7168, 2048)
+    assert experts.route(_CudaShaped(1, 7168), w1, w2, 8, 256) == "swapmoe"
+    assert experts.route(_CudaShaped(2, 7168), w1, w2, 8, 32) == "swapmoe"
+    assert experts.route(_CudaShaped(4, 7168), w1, w2, 8) == "swapmoe"
+    assert asked == [(1, 32, 256), (2, 32, -1), (4, 32, -1)]
+    g = vllm_plugin._rank_global_experts
+    assert (g(32, 256), g(32, 32), g(32, -1), g(32, None), g(256, 32)) == (256, -1, -1, -1, -1)
+    # the real oracle: DeepSeek-V3 EP8 with 128x128 blocks at M = 2 (no table on the H200)
+    plan = lambda gl: swapmoe.select_backend(2, 32, 8, 7168, 2048, quant="fp8_block128",  # noqa: E731
+                                             device_name="NVIDIA H200", global_num_experts=gl)
+    assert (plan(-1).backend, plan(256).backend) == ("cuda_wgmma", "cuda_wgmma_swap")
+
+
 def test_a_forced_external_backend_reaches_the_oracle_and_not_the_op(monkeypatch):
     """$SWAPMOE_BACKEND naming an external backend: route() lists it among the external
     backends, so the oracle's plan takes the override (an external pick: vLLM's Triton runs the

@@ -116,6 +116,7 @@ def select_backend(
     quant: Optional[str] = None,
     external_backends: Optional[list[str]] = None,
     activation_scales: Optional[str] = None,
+    global_num_experts: int = -1,
 ) -> dict[str, Any]:
     """The oracle's plan for a shape (see ``swapmoe.select_backend``): backend, swap_ab,
     tile, source, reasons, device_name, device_capability, table, table_m, table_used,

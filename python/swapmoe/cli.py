@@ -526,7 +526,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
             plan = swapmoe.select_backend(m, shape.E, shape.topk, shape.K, shape.N, dtype=args.dtype, quant=quant,
                                           device_capability=cap, device_name=args.device_name,
                                           backend=args.backend, external_backends=external,
-                                          activation_scales=args.activation_scales)
+                                          activation_scales=args.activation_scales,
+                                          global_num_experts=shape.E_global if shape.E_global > shape.E else -1)
         except swapmoe.Error as e:
             print(f"swapmoe explain: error: {_as_flag(str(e), args)}", file=sys.stderr)
             return 2

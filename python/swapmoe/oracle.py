@@ -88,9 +88,15 @@ def select_backend(
     backend: Optional[str] = None,
     external_backends: Sequence[str] = (),
     activation_scales: Optional[str] = None,
+    global_num_experts: int = -1,
 ) -> Plan:
     """The plan for fused experts with ``num_tokens`` tokens, ``num_experts`` local experts,
     ``top_k``, hidden size K and intermediate size N (contiguous, aligned tensors).
+
+    ``global_num_experts``: the model's experts when this rank holds ``num_experts`` of them
+    (expert parallelism; -1: all of them), as ``fused_experts`` takes it with an
+    ``expert_map``: the plan expects about ``num_experts / global_num_experts`` of the slots
+    on this rank, as the op plans such a call.
 
     Order: ``backend`` / ``$SWAPMOE_BACKEND`` (and ``$SWAPMOE_MMA_TOKEN_TILE``), then the
     tuned table of the shape and device (shipped, or ``$SWAPMOE_TABLES_DIR``), then the
@@ -132,12 +138,13 @@ def select_backend(
     cap = _capability(device_capability)
     args = dict(num_tokens=num_tokens, num_experts=num_experts, top_k=top_k, hidden_size=hidden_size,
                 intermediate_size=intermediate_size, dtype=dtype, device_name=device_name, backend=backend,
-                external_backends=external_backends, activation_scales=activation_scales)
+                external_backends=external_backends, activation_scales=activation_scales,
+                global_num_experts=global_num_experts)
     try:
         d = _core.select_backend(num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype=dtype,
                                  device_capability=cap, device_name=device_name, backend=backend, quant=quant,
                                  external_backends=list(external_backends),
-                                 activation_scales=activation_scales)
+                                 activation_scales=activation_scales, global_num_experts=global_num_experts)
     except CONVERSION_ERRORS as e:
         raise_named(e, args, _args.SELECT_BACKEND_KINDS)
     return Plan(

@@ -282,6 +282,16 @@ def reorder_fp8_backends(backends: list, backend_enum: Any, moe_config: Any, wei
     return out
 
 
+def _rank_global_experts(local: int, global_: Any) -> int:
+    """``global_num_experts`` for the oracle: the model's experts where this rank holds fewer
+    (expert parallelism), else -1 (the rank holds them all)."""
+    try:
+        g = int(global_)
+    except (TypeError, ValueError):
+        return -1
+    return g if g > int(local) else -1
+
+
 def _layer_plan(moe_config: Any, weight_key: Any, activation_key: Any, m: int,
                 external: Tuple[str, ...]) -> Any:
     """The oracle's plan for this layer at ``m`` tokens on the current device, or None when
@@ -306,6 +316,8 @@ def _layer_plan(moe_config: Any, weight_key: Any, activation_key: Any, m: int,
             quant=quant, device_capability=(cap.major, cap.minor),
             device_name=current_platform.get_device_name(), external_backends=external,
             activation_scales=scales,
+            global_num_experts=_rank_global_experts(moe_config.num_local_experts,
+                                                    getattr(moe_config, "num_experts", -1)),
         )
     except Exception as e:  # noqa: BLE001
         logger.debug("swapmoe: the oracle cannot plan this layer (%s); vLLM's order stands", e)
@@ -401,7 +413,7 @@ def experts_class() -> type:
             itemsize = torch.empty((), dtype=self.moe_config.in_dtype).element_size()
             return vllm_experts.workspace_shapes(M, N, K, topk, local_num_experts, itemsize)
 
-        def route(self, hidden_states: Any, w1: Any, w2: Any, topk: int) -> str:
+        def route(self, hidden_states: Any, w1: Any, w2: Any, topk: int, global_num_experts: int = -1) -> str:
             """``"swapmoe"`` or ``"vllm_triton"`` for this call (cached per token count)."""
             m = hidden_states.shape[0]
             if not hidden_states.is_cuda:
@@ -409,11 +421,12 @@ def experts_class() -> type:
             key = (m, str(hidden_states.device))
             hit = self._route_cache.get(key)
             if hit is None:
-                hit = self._ask_oracle(m, hidden_states, w1, w2, topk)
+                hit = self._ask_oracle(m, hidden_states, w1, w2, topk, global_num_experts)
                 self._route_cache[key] = hit
             return hit
 
-        def _ask_oracle(self, m: int, hidden_states: Any, w1: Any, w2: Any, topk: int) -> str:
+        def _ask_oracle(self, m: int, hidden_states: Any, w1: Any, w2: Any, topk: int,
+                        global_num_experts: int = -1) -> str:
             from .oracle import EXTERNAL_BACKENDS, select_backend
 
             dev = hidden_states.device
@@ -424,6 +437,7 @@ def experts_class() -> type:
                     device_capability=torch.cuda.get_device_capability(dev),
                     device_name=torch.cuda.get_device_name(dev), external_backends=_triton_entry_externals(),
                     activation_scales=activation_scales_of_config(self.quant_config, self.quant),
+                    global_num_experts=_rank_global_experts(w1.shape[0], global_num_experts),
                 )
             except Exception as e:  # noqa: BLE001
                 logger.warning("swapmoe: oracle failed for M=%d (%s); running swapmoe's kernels", m, e)
@@ -436,7 +450,8 @@ def experts_class() -> type:
                   global_num_experts, expert_map, a1q_scale, a2_scale, workspace13, workspace2,
                   expert_tokens_meta, apply_router_weight_on_input):
             act = supported_activations.get(activation)
-            if act is None or self.route(hidden_states, w1, w2, topk_ids.shape[1]) == "vllm_triton":
+            if act is None or self.route(hidden_states, w1, w2, topk_ids.shape[1],
+                                         global_num_experts if expert_map is not None else -1) == "vllm_triton":
                 return self._delegate(output, hidden_states, w1, w2, topk_weights, topk_ids,
                                       activation, global_num_experts, expert_map, a1q_scale,
                                       a2_scale, workspace13, workspace2, expert_tokens_meta,

@@ -904,9 +904,9 @@ fn parse_float_dtype(dtype: &str) -> crate::error::Result<DType> {
 /// names fill in the capability), else the given capability, else CUDA device 0. Tables
 /// may pick the backends named in `external_backends` (e.g. `["vllm_triton"]`).
 #[pyfunction]
-#[pyo3(signature = (num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype="bf16", device_capability=None, device_name=None, sm_count=None, backend=None, quant=None, external_backends=None, activation_scales=None))]
+#[pyo3(signature = (num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype="bf16", device_capability=None, device_name=None, sm_count=None, backend=None, quant=None, external_backends=None, activation_scales=None, global_num_experts=-1))]
 #[pyo3(
-    text_signature = "(num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype='bf16', device_capability=None, device_name=None, sm_count=None, backend=None, quant=None, external_backends=None, activation_scales=None)"
+    text_signature = "(num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype='bf16', device_capability=None, device_name=None, sm_count=None, backend=None, quant=None, external_backends=None, activation_scales=None, global_num_experts=-1)"
 )]
 #[allow(clippy::too_many_arguments)]
 fn select_backend<'py>(
@@ -924,6 +924,7 @@ fn select_backend<'py>(
     quant: Option<&str>,
     external_backends: Option<Vec<String>>,
     activation_scales: Option<&str>,
+    global_num_experts: i64,
 ) -> PyResult<Bound<'py, PyDict>> {
     let dtype = parse_float_dtype(dtype).py_err(py)?;
     let quant = parse_quant(quant).py_err(py)?;
@@ -967,6 +968,7 @@ fn select_backend<'py>(
     let mut plan = oracle::plan_for_shape(
         num_tokens,
         num_experts,
+        global_num_experts,
         top_k,
         hidden_size,
         intermediate_size,
