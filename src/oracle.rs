@@ -228,6 +228,17 @@ fn swap_ring_override(gemm: &str, env: &str, v: &str, own_ring: usize) -> (usize
 /// make room for: past 4 the ring has 2 stages, too few to keep a CTA streaming (qwen3-30b-a3b
 /// M = 8 at 5 per SM: 2% slower than 2.45 waves of its own ring).
 pub const SWAP_GEMM1_RING_MAX_CTAS_PER_SM: usize = 4;
+/// The swap-AB GEMM1 ring where about one expert is active (`expected_active_experts` <=
+/// `SWAP_FEW_EXPERTS_MAX_ACTIVE`: a rank under expert parallelism at M = 1-2, a top-1 model at
+/// M = 1), whatever the wave count.
+pub const SWAP_FEW_EXPERTS_GEMM1_RING: usize = 3;
+/// Most expected active experts for `SWAP_FEW_EXPERTS_GEMM1_RING`: at two (Mixtral at M = 1)
+/// the ring of 3 measured 2.6-3.8% slower than the kernel's own.
+pub const SWAP_FEW_EXPERTS_MAX_ACTIVE: f64 = 1.5;
+/// What the ring of 3 measured where about one expert is active (H100, 2026-12-07; `swapmoe
+/// tune` tables and three routing draws each in `swapmoe bench`, benches/NOTES.md "The swap
+/// GEMM1 ring where one expert is active").
+const SWAP_FEW_EXPERTS_RING_MEASURED: &str = "H100: Qwen3-235B-A22B EP8 M = 1 23.1-23.2 against 28.4-28.6 us with its own ring (bf16), 27.3-27.4 against 31.3-31.7 (128x128 blocks); DeepSeek-V3 EP16 128x128 blocks M = 1-2 36.1-37.6 against 36.4-39.4, EP8 M = 1 55.3 against 61.2; Llama-4-Scout TP8 M = 1 20.4 against 21.3";
 /// What the one-wave ring measured (H200, swapmoe bench, cuda_wgmma_swap forced, two rounds;
 /// benches/NOTES.md "Swap GEMM1 ring sized for one wave, measured" and "The e4m3 swap GEMM1's
 /// ring sized for one wave").
@@ -3623,6 +3634,7 @@ impl<'a> Candidates<'a> {
         gemm1: KernelId,
         tile: usize,
         ctas: usize,
+        active_experts: f64,
     ) -> (usize, Option<String>) {
         let stage = swap_gemm1_stage_bytes(gemm1);
         let own_ring = swap_own_ring(gemm1, stage);
@@ -3646,6 +3658,16 @@ impl<'a> Candidates<'a> {
         }
         let own_per_sm = swap_gemm1_ctas_per_sm(gemm1, tile, 0);
         let want = ctas.div_ceil(self.sms.max(1));
+        let few = SWAP_FEW_EXPERTS_GEMM1_RING;
+        if active_experts <= SWAP_FEW_EXPERTS_MAX_ACTIVE
+            && want <= swap_gemm1_ctas_per_sm(gemm1, tile, few)
+            && few < own_ring
+        {
+            return (
+                few,
+                Some(self.why(|| format!("gemm1: a ring of {few} stages (its own: {own_ring}): ~{active_experts:.1} active experts, so all ~{ctas} CTAs stream one expert's weights ({SWAP_FEW_EXPERTS_RING_MEASURED})"))),
+            );
+        }
         if want <= own_per_sm {
             return (0, None);
         }
@@ -3830,7 +3852,11 @@ impl<'a> Candidates<'a> {
             let gemm1 = swap_gemm1_kernel(d, self.p.quant, tile, k1);
             let ctas =
                 (self.p.n.div_ceil(SWAP_ROWS) as f64 * active_experts).ceil() as usize * g1_split;
-            (gemm1, ctas, self.swap_gemm1_ring(gemm1, tile, ctas))
+            (
+                gemm1,
+                ctas,
+                self.swap_gemm1_ring(gemm1, tile, ctas, active_experts),
+            )
         });
         // GEMM1's kernel and CTAs, for the GEMM2 ring beside it
         let swap_gemm1_shape = swap_gemm1_grid.as_ref().map(|(g, c, _)| (*g, *c));
@@ -5102,6 +5128,50 @@ mod tests {
             .iter()
             .any(|r| r.starts_with("$SWAPMOE_ALIGN_CTAS=\"9\" ignored (expected 1 to 8)")));
         std::env::remove_var(ALIGN_CTAS_ENV);
+    }
+
+    #[test]
+    fn swap_gemm1_ring_of_three_where_about_one_expert_is_active() {
+        let _knobs = ENV_KNOBS.read().unwrap_or_else(|e| e.into_inner());
+        let req = Request {
+            backend: Some(Backend::CudaWgmmaSwap),
+            ..Request::default()
+        };
+        let ring =
+            |m: i64, e: i64, global: i64, topk: i64, k: i64, n: i64, quant: Option<QuantScheme>| {
+                let bf16 = DType::BF16;
+                let p = plan_for_shape(m, e, global, topk, k, n, bf16, quant, None, &h200(), &req)
+                    .unwrap();
+                (p.swap_gemm1_ring, p.reasons)
+            };
+        // Qwen3-235B-A22B EP8 (16 of 128 experts): ~1 slot of M = 1's 8 on the rank, ~2 at M = 2
+        for quant in [None, Some(QuantScheme::Block)] {
+            let (r, why) = ring(1, 16, 128, 8, 4096, 1536, quant);
+            assert_eq!(r, SWAP_FEW_EXPERTS_GEMM1_RING, "{why:?}");
+            assert!(
+                why.iter()
+                    .any(|w| w.starts_with("gemm1: a ring of 3 stages")
+                        && w.contains("~1.0 active experts")),
+                "{why:?}"
+            );
+            assert_eq!(ring(2, 16, 128, 8, 4096, 1536, quant).0, 0);
+        }
+        // DeepSeek-V3 EP16 (16 of 256): ~1 at M = 1 and 2; Llama-4-Scout (top-1) at M = 1
+        assert_eq!(
+            ring(2, 16, 256, 8, 7168, 2048, Some(QuantScheme::Block)).0,
+            3
+        );
+        assert_eq!(ring(1, 16, -1, 1, 5120, 1024, None).0, 3);
+        // two active experts (Mixtral M = 1) and the whole of qwen3-30b-a3b M = 1 keep the
+        // one-wave rule (Mixtral: its ring of 2 for 4 CTAs per SM; qwen3: its own ring)
+        for (m, e, topk, k, n, want) in [(1, 8, 2, 4096, 14336, 2), (1, 128, 8, 2048, 768, 0)] {
+            let (r, why) = ring(m, e, -1, topk, k, n, None);
+            assert_eq!(r, want, "{why:?}");
+            assert!(
+                !why.iter().any(|w| w.contains("active experts, so all")),
+                "{why:?}"
+            );
+        }
     }
 
     #[test]

@@ -67,6 +67,11 @@ SHIPPED_H100_MORE = {
     "E=8,N=4096,device_name=NVIDIA_H100_80GB_HBM3,dtype=fp8_w8a8.json",
     "E=16,N=1024,device_name=NVIDIA_H100_80GB_HBM3,dtype=bf16.json",
     "E=32,N=2048,device_name=NVIDIA_H100_80GB_HBM3,dtype=fp8_w8a8,block_shape=[128,128].json",
+    # expert parallelism: Qwen3-235B-A22B EP8 (16 of 128, N = 1536; how its FP8 checkpoint runs on
+    # 8 GPUs), 128x128 blocks and bf16; DeepSeek-V3 EP16 (16 of 256, N = 2048), 128x128 blocks
+    "E=16,N=1536,device_name=NVIDIA_H100_80GB_HBM3,dtype=fp8_w8a8,block_shape=[128,128].json",
+    "E=16,N=1536,device_name=NVIDIA_H100_80GB_HBM3,dtype=bf16.json",
+    "E=16,N=2048,device_name=NVIDIA_H100_80GB_HBM3,dtype=fp8_w8a8,block_shape=[128,128].json",
 }
 SHIPPED_ALL = SHIPPED | SHIPPED_H100 | SHIPPED_H100_235B | SHIPPED_H100_MORE
 
@@ -166,12 +171,14 @@ def test_shipped_h100_qwen3_235b_tables_are_measured_and_picked():
 
 
 def test_shipped_h100_tables_of_more_deployments():
-    """Mixtral-8x22B (TP8, TP4), Llama-4-Scout (TP8) and DeepSeek-V3 with EP8 on the H100:
+    """Mixtral-8x22B (TP8, TP4), Llama-4-Scout (TP8), DeepSeek-V3 with EP8 and EP16 and
+    Qwen3-235B-A22B with EP8 on the H100:
     measured by `swapmoe tune` at M = 1-64 with swapmoe's kernels only, each on its model's
     shape (the EP8 table on 32 local experts of 256), and picked for those calls."""
     shapes = {  # E_local: (model, E_global, topk, K)
         "E=8,N=2048": ("mixtral-8x22b-tp8", 8, 2, 6144), "E=8,N=4096": ("mixtral-8x22b-tp4", 8, 2, 6144),
         "E=16,N=1024": ("llama4-scout-tp8", 16, 1, 5120), "E=32,N=2048": ("deepseek-v3-ep8", 256, 8, 7168),
+        "E=16,N=1536": ("qwen3-235b-a22b-ep8", 128, 8, 4096), "E=16,N=2048": ("deepseek-v3-ep16", 256, 8, 7168),
     }
     for name in SHIPPED_H100_MORE:
         entries = tuned_entries(name, H100)
