@@ -2958,7 +2958,7 @@ pub fn plan_for_shape(
     let addrs = crate::problem::FakeAddresses::default();
     let t = |d, shape: &[i64]| addrs.tensor(d, shape, dev);
     let (m, e, k, n) = (num_tokens, num_experts, hidden_size, intermediate_size);
-    if global_num_experts != -1 && global_num_experts < e.max(1) {
+    if e >= 1 && global_num_experts != -1 && global_num_experts < e {
         return Err(Error::Shape(format!(
             "global_num_experts: expected -1 or at least num_experts ({e}), got {global_num_experts}"
         )));
@@ -2977,7 +2977,7 @@ pub fn plan_for_shape(
     let big = i32::MAX as i64;
     if [m, e, global, k, n].iter().any(|&v| v > big) || m.saturating_mul(top_k) > big {
         return Err(Error::Shape(format!(
-            "select_backend: expected num_tokens * top_k, num_experts, hidden_size and intermediate_size each < 2^31, got num_tokens = {m}, top_k = {top_k}, num_experts = {e}, hidden_size = {k}, intermediate_size = {n}"
+            "select_backend: expected num_tokens * top_k, num_experts, global_num_experts, hidden_size and intermediate_size each < 2^31, got num_tokens = {m}, top_k = {top_k}, num_experts = {e}, global_num_experts = {global}, hidden_size = {k}, intermediate_size = {n}"
         )));
     }
     let wd = if quant.is_some() {
@@ -3624,9 +3624,12 @@ impl<'a> Candidates<'a> {
     }
 
     /// cuda_wgmma_swap's GEMM1 ring (`Plan::swap_gemm1_ring`) for `ctas` expected CTAs of
-    /// `gemm1` (bf16/fp16 or e4m3, token tile `tile`), and why:
-    /// `$SWAPMOE_SWAP_GEMM1_RING`, else 0 (the kernel's own ring, two CTAs per SM) unless the
-    /// CTAs need more per SM than that to fit one wave, at most
+    /// `gemm1` (bf16/fp16 or e4m3, token tile `tile`) with `active_experts` expected active
+    /// experts, and why: `$SWAPMOE_SWAP_GEMM1_RING`; else the table entry's ring (where it
+    /// fits the kernel); else `SWAP_FEW_EXPERTS_GEMM1_RING` where at most
+    /// `SWAP_FEW_EXPERTS_MAX_ACTIVE` experts are expected and the CTAs that ring allows per SM
+    /// hold the grid in one wave (measured on an H100 only); else 0 (the kernel's own ring, two
+    /// CTAs per SM) unless the CTAs need more per SM than that to fit one wave, at most
     /// `SWAP_GEMM1_RING_MAX_CTAS_PER_SM` and what registers allow: then the most stages (at
     /// least 2) that let that many share an SM.
     fn swap_gemm1_ring(
@@ -4533,8 +4536,11 @@ mod tests {
         }
         // top_k may exceed the rank's experts
         assert!(rank(1, 4, 256, 8, None).is_ok());
-        // fewer global than local experts, and top_k past the model's, are shape errors
+        // fewer global than local experts, top_k past the model's, no local experts and a
+        // global count past 2^31 are shape errors naming what is wrong
         for (e, g, needle) in [
+            (0, 0, "num_experts >= 1"),
+            (32, 1 << 31, "global_num_experts = 2147483648"),
             (
                 32,
                 16,

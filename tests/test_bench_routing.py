@@ -306,8 +306,8 @@ def test_paired_difference_is_the_median_of_per_round_differences():
 
 
 def test_paired_rounds_alternate_the_names_within_each_round():
-    """Every round times each name once, in order (the GPU path's timer faked, eager calls):
-    so a drift between rounds falls on both names alike."""
+    """Every round times each name once, in order, then reversed (the GPU path's timer faked,
+    eager calls): so a drift between rounds and within one falls on both names alike."""
     order = []
     timed = iter(range(1, 100))
 
@@ -318,11 +318,48 @@ def test_paired_rounds_alternate_the_names_within_each_round():
     calls = {"a": [lambda: order.append("a")] * 2, "b": [lambda: order.append("b")] * 2}
     times, how = B.paired_rounds_us(torch, calls, timer, graph=False, rounds=3)
     assert how == "eager"
-    assert order == ["a", "a", "b", "b"] * 3
+    # ABBA: in order on even rounds, reversed on odd ones
+    assert order == ["a", "a", "b", "b", "b", "b", "a", "a", "a", "a", "b", "b"]
     # µs per layer: the timer's ms x 1000 / 2 layers, in the order timed
-    assert times == {"a": [500.0, 1500.0, 2500.0], "b": [1000.0, 2000.0, 3000.0]}
+    assert times == {"a": [500.0, 2000.0, 2500.0], "b": [1000.0, 1500.0, 3000.0]}
     cpu_times, cpu_how = B.paired_rounds_us(torch, calls, None, graph=True, rounds=2)
     assert cpu_how == "perf_counter" and [len(v) for v in cpu_times.values()] == [2, 2]
+
+
+def test_paired_rounds_capture_each_round_and_fall_back_to_eager(monkeypatch):
+    """With graphs, every round captures each list again; where a capture fails, every round
+    is timed again eagerly and `how` says why (the GPU path, its CUDA calls faked)."""
+    captures = []
+
+    class Graph:
+        def __init__(self, calls):
+            self.calls = calls
+
+        def replay(self):
+            for c in self.calls:
+                c()
+
+    def capture(torch_, calls):
+        captures.append(len(calls))
+        if fail:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return Graph(calls)
+
+    monkeypatch.setattr(B, "warm_up_for_capture", lambda torch_, calls: None)
+    monkeypatch.setattr(B, "capture_graph", capture)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    ran = []
+    calls = {"a": [lambda: ran.append("a")], "b": [lambda: ran.append("b")]}
+    fail = False
+    times, how = B.paired_rounds_us(torch, calls, lambda fn: (fn(), 1.0)[1], graph=True, rounds=3)
+    assert how == "graph" and len(captures) == 6 and times == {"a": [1000.0] * 3, "b": [1000.0] * 3}
+    captures.clear()
+    ran.clear()
+    fail = True
+    times, how = B.paired_rounds_us(torch, calls, lambda fn: (fn(), 2.0)[1], graph=True, rounds=2)
+    assert how.startswith("eager (graph capture failed: RuntimeError: operation not permitted")
+    assert len(captures) == 1 and times == {"a": [2000.0] * 2, "b": [2000.0] * 2}
+    assert ran == ["a", "b", "b", "a"]
 
 
 def test_with_routing_records_the_paired_difference_per_point():
@@ -387,6 +424,11 @@ def test_cli_routing_rounds_reaches_run_bench(monkeypatch):
     got.clear()
     cli.main(["bench", "--device", "cpu", "--with-routing"])
     assert got["routing_rounds"] == B.ROUTING_ROUNDS
+
+
+def test_cli_routing_rounds_needs_with_routing(capsys):
+    assert cli.main(["bench", "--device", "cpu", "--routing-rounds", "3"]) == 2
+    assert "--routing-rounds: only with --with-routing" in capsys.readouterr().err
 
 
 @pytest.mark.gpu

@@ -193,6 +193,26 @@ def test_shipped_h100_tables_of_more_deployments():
     # Llama-4-Scout TP8 bf16 at M = 2: the decode kernels (29.3 against swap-AB's 31.0)
     p = swapmoe.select_backend(2, 16, 1, 5120, 1024, device_name=H100, device_capability=(9, 0))
     assert p.source == "table" and p.backend == "cuda_decode", p.reasons
+    # the expert-parallel tables, asked as a rank: the entry's launch comes before the ring rule
+    # for ~1 active expert (which would take a GEMM1 ring of 3)
+    ep = lambda m, e, k, n, g, quant=None: swapmoe.select_backend(  # noqa: E731
+        m, e, 8, k, n, device_name=H100, device_capability=(9, 0), quant=quant, global_num_experts=g)
+    p = ep(1, 16, 4096, 1536, 128)  # Qwen3-235B EP8 bf16: r2p1, 22.5 µs
+    assert p.source == "table" and p.backend == "cuda_wgmma_swap" and p.tile["swap_gemm1_ring"] == 2, p.reasons
+    p = ep(1, 16, 7168, 2048, 256, "fp8_block128")  # DeepSeek-V3 EP16: r0p1g5, 34.9 µs
+    assert p.source == "table" and p.tile["swap_gemm1_ring"] == 0 and p.tile["swap_gemm2_ring"] == 5, p.reasons
+    p = ep(4, 32, 7168, 2048, 256, "fp8_block128")  # DeepSeek-V3 EP8: cuda_wgmma t64, 127.2 µs
+    assert p.source == "table" and p.backend == "cuda_wgmma" and p.tile["tokens_per_pass"] == 64, p.reasons
+    # untabled (tables off): the rule's ring of 3 for the same rank at M = 1
+    with_env = os.environ.get("SWAPMOE_TABLES")
+    os.environ["SWAPMOE_TABLES"] = "off"
+    try:
+        assert ep(1, 16, 4096, 1536, 128).tile["swap_gemm1_ring"] == 3
+    finally:
+        if with_env is None:
+            del os.environ["SWAPMOE_TABLES"]
+        else:
+            os.environ["SWAPMOE_TABLES"] = with_env
 
 
 def shipped_table(name):

@@ -289,6 +289,23 @@ def test_fp8_layer_plan_follows_the_activation_key(hopper, vllm_config):
     assert any("measured with static activation scales and this call's are dynamic" in r for r in dynamic.reasons)
 
 
+def test_layer_plan_under_expert_parallelism_gives_the_models_expert_count(hopper, monkeypatch):
+    """A layer whose rank holds 32 of 256 experts asks the oracle with global_num_experts=256;
+    one that holds them all with -1."""
+    import types
+
+    from swapmoe import oracle as sw_oracle
+
+    asked = []
+    monkeypatch.setattr(sw_oracle, "select_backend",
+                        lambda *a, **kw: asked.append((a[1], kw["global_num_experts"])) or "plan")
+    for local, global_ in ((32, 256), (256, 256)):
+        cfg = types.SimpleNamespace(num_local_experts=local, num_experts=global_, experts_per_token=8,
+                                    hidden_dim=7168, intermediate_size_per_partition=2048, in_dtype=torch.bfloat16)
+        assert vllm_plugin._layer_plan(cfg, None, None, 1, ("vllm_triton",)) == "plan"
+    assert asked == [(32, 256), (256, -1)]
+
+
 def test_fp8_forced_backend_is_respected(hopper, vllm_config):
     vllm_plugin.register()
     backend, experts_cls = fp8_oracle.select_fp8_moe_backend(
@@ -337,6 +354,9 @@ def test_apply_on_cpu_matches_float64_reference(on_input, with_map):
                           FusedMoEQuantConfig.make())
     t = lambda a, dt=torch.float32: torch.from_numpy(np.ascontiguousarray(a)).to(dt)  # noqa: E731
     output, ws13, ws2 = _vllm_buffers(experts, M, 2 * N, K, topk, E, torch.float32)
+    asked = []  # the global expert count apply() gives route(): the model's only with a map
+    route = experts.route
+    experts.route = lambda *a: (asked.append(a[4:]), route(*a))[1]
     ret = experts.apply(
         output=output, hidden_states=t(ref_in), w1=t(w1), w2=t(w2), topk_weights=t(tw),
         topk_ids=t(ids, torch.int32), activation=MoEActivation.SILU, global_num_experts=global_E,
@@ -345,6 +365,7 @@ def test_apply_on_cpu_matches_float64_reference(on_input, with_map):
         apply_router_weight_on_input=on_input,
     )
     assert ret is None
+    assert asked == [(global_E if with_map else -1,)]
     out = output.double().numpy()
     assert np.isfinite(out).all()
     assert reference.rel_error(out, ref) < 1e-5

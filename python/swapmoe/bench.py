@@ -1337,29 +1337,38 @@ def gpu_time_us(torch: Any, calls: Sequence[Callable[[], Any]], timer: GpuTimer,
 
 def paired_rounds_us(torch: Any, calls_by_name: Dict[str, Sequence[Callable[[], Any]]],
                      timer: Optional[GpuTimer], graph: bool, rounds: int) -> Tuple[Dict[str, List[float]], str]:
-    """µs per layer of each named call list (one call per layer) in ``rounds`` alternating
-    rounds, every name once per round in order, so that drift of the clock or power state
-    between rounds falls on every name alike and the difference of two names within a round
-    is a paired sample. On the GPU (``timer``) each list is captured as one CUDA graph up
-    front where ``graph`` (a capture that fails raises), else looped eagerly; on the CPU
-    (``timer`` None) each round times the calls by perf_counter. Returns
-    ({name: [µs per round]}, how)."""
-    fns: Dict[str, Callable[[], Any]] = {}
-    how = "perf_counter"
-    if timer is not None:
-        how = "graph" if graph else "eager"
-        for name, calls in calls_by_name.items():
-            if graph:
-                warm_up_for_capture(torch, calls)
-                fns[name] = capture_graph(torch, calls).replay
-            else:
-                fns[name] = (lambda cs: (lambda: [c() for c in cs]))(calls)
-    times: Dict[str, List[float]] = {name: [] for name in calls_by_name}
-    for _ in range(rounds):
-        for name, calls in calls_by_name.items():
-            times[name].append(cpu_time_us(calls) if timer is None else timer(fns[name]) * 1000.0 / len(calls))
-    fns.clear()  # the graphs go with their replay methods
-    return times, how
+    """µs per layer of each named call list (one call per layer) in ``rounds`` rounds that
+    time every name once, in order on even rounds and reversed on odd ones (ABBA), so that
+    drift of the clock or power state, between rounds and within one, falls on every name
+    alike and the difference of two names within a round is a paired sample. On the GPU
+    (``timer``) each round captures each list again as a CUDA graph where ``graph`` (so that
+    the spread over rounds includes what one capture differs from another: allocations and
+    placement); where a capture fails, every round is timed again as the eager loop, and
+    ``how`` says why. On the CPU (``timer`` None) each round times the calls by
+    perf_counter. Returns ({name: [µs per round]}, how)."""
+    names = list(calls_by_name)
+    how = "perf_counter" if timer is None else ("graph" if graph else "eager")
+    while True:
+        times: Dict[str, List[float]] = {name: [] for name in names}
+        try:
+            for r in range(rounds):
+                for name in (names if r % 2 == 0 else names[::-1]):
+                    calls = calls_by_name[name]
+                    if timer is None:
+                        times[name].append(cpu_time_us(calls))
+                    elif how == "graph":
+                        warm_up_for_capture(torch, calls)
+                        g = capture_graph(torch, calls)
+                        times[name].append(timer(g.replay) * 1000.0 / len(calls))
+                        del g
+                    else:
+                        times[name].append(timer(lambda: [c() for c in calls]) * 1000.0 / len(calls))
+            return times, how
+        except Exception as e:
+            if how != "graph":
+                raise
+            torch.cuda.synchronize()  # a sticky CUDA error raises here, as in gpu_time_us
+            how = f"eager (graph capture failed: {_err(e, 120)})"
 
 
 def paired_difference(a: Sequence[float], b: Sequence[float]) -> Dict[str, float]:

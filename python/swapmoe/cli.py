@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "next to fused_experts on precomputed ids (needs --routing uniform). The router is the "
                         "model's own (preset or config; softmax top-k without renormalize where none is named) "
                         "and every column runs on its ids")
-    b.add_argument("--routing-rounds", type=int, default=B.ROUTING_ROUNDS, metavar="N",
+    b.add_argument("--routing-rounds", type=int, default=None, metavar="N",
                    help="with --with-routing, time fused_experts and fused_moe again in N alternating rounds "
                         "per M and print their paired difference as moe-exp_us (median of the per-round "
                         f"differences, min..max); 0: off (default: {B.ROUTING_ROUNDS})")
@@ -604,6 +604,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     B.check_output_paths(json=args.json, csv=args.csv, plot=args.plot)
+    if args.routing_rounds is not None and not args.with_routing:
+        raise B.BenchError("--routing-rounds: only with --with-routing (the rounds pair fused_moe with fused_experts)")
+    rounds = B.ROUTING_ROUNDS if args.routing_rounds is None else args.routing_rounds
     shape = _bench_shape_from_args(args)
     ms = B.parse_m_list(args.m) if args.m else None
 
@@ -615,7 +618,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                       check_all=args.check_all, device=args.device, seed=args.seed, anchors=args.anchors,
                       read_bw_tbps=args.read_bw, gemm_tflops=args.gemm_tflops, progress=args.progress, log=log,
                       with_routing=args.with_routing, read_floor=args.read_floor,
-                      routing_rounds=args.routing_rounds)
+                      routing_rounds=rounds)
     if args.json:
         B.write_json(rec, args.json)
     if args.plot:

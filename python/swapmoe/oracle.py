@@ -96,7 +96,9 @@ def select_backend(
     ``global_num_experts``: the model's experts when this rank holds ``num_experts`` of them
     (expert parallelism; -1: all of them), as ``fused_experts`` takes it with an
     ``expert_map``: the plan expects about ``num_experts / global_num_experts`` of the slots
-    on this rank, as the op plans such a call.
+    on this rank, as the op plans such a call. ``top_k`` may then exceed ``num_experts`` (not
+    ``global_num_experts``); a ``global_num_experts`` below ``num_experts`` raises
+    :class:`ShapeError`.
 
     Order: ``backend`` / ``$SWAPMOE_BACKEND`` (and ``$SWAPMOE_MMA_TOKEN_TILE``), then the
     tuned table of the shape and device (shipped, or ``$SWAPMOE_TABLES_DIR``), then the

@@ -418,7 +418,7 @@ def experts_class() -> type:
             m = hidden_states.shape[0]
             if not hidden_states.is_cuda:
                 return "swapmoe"
-            key = (m, str(hidden_states.device))
+            key = (m, str(hidden_states.device), global_num_experts)
             hit = self._route_cache.get(key)
             if hit is None:
                 hit = self._ask_oracle(m, hidden_states, w1, w2, topk, global_num_experts)
