@@ -1534,7 +1534,7 @@ def describe_point_plan(torch: Any, x, weights: Tuple[Any, Any], tw, ids, emap, 
                     "reasons": ["CPU tensors run the Rust reference path (FP8 W8A8 on the CPU)"],
                     "workspace_bytes": 0}
         p = swapmoe.select_backend(int(x.shape[0]), shape.E, shape.topk, shape.K, shape.N, dtype=dtype,
-                                   quant=quant, global_num_experts=shape.E_global if shape.E_global > shape.E else -1,
+                                   quant=quant, global_num_experts=shape.E_global,
                                    **(plan_kw or {}))
         return {"backend": p.backend, "kernels": list(p.tile.get("kernels") or []), "source": p.source,
                 "reasons": list(p.reasons), "workspace_bytes": swapmoe.workspace_bytes(x, weights[0], ids, quant)}

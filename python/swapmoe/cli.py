@@ -527,7 +527,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
                                           device_capability=cap, device_name=args.device_name,
                                           backend=args.backend, external_backends=external,
                                           activation_scales=args.activation_scales,
-                                          global_num_experts=shape.E_global if shape.E_global > shape.E else -1)
+                                          global_num_experts=shape.E_global)
         except swapmoe.Error as e:
             print(f"swapmoe explain: error: {_as_flag(str(e), args)}", file=sys.stderr)
             return 2

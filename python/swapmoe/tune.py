@@ -479,7 +479,7 @@ def ineligible(label: str, M: int, shape: B.MoeShape, dtype: str, device_name: s
             plan = _core.select_backend(M, shape.E, shape.topk, shape.K, shape.N, dtype=dtype,
                                         quant=None if quant == "none" else quant,
                                         device_capability=capability, device_name=device_name,
-                                        global_num_experts=shape.E_global if shape.E_global > shape.E else -1)
+                                        global_num_experts=shape.E_global)
         except Error as e:
             return str(e)
     ring2 = swap_gemm2_ring(label)
