@@ -2395,7 +2395,15 @@ fn from_table(
         Some(QuantScheme::Channel) => Quant::Fp8Channel,
         Some(QuantScheme::Block) => Quant::Fp8Block128,
     });
-    let file = tables::file_name(p.local_experts, p.n, &caps.name, p.dtype, quant);
+    // The table measured at this call's hidden size, else the (E, N) one (vLLM's key).
+    let file_k =
+        tables::file_name_for_hidden(p.local_experts, p.n, p.k, &caps.name, p.dtype, quant);
+    let file_any_k = tables::file_name(p.local_experts, p.n, &caps.name, p.dtype, quant);
+    let file = if set.get(&file_k).is_some() {
+        file_k.clone()
+    } else {
+        file_any_k
+    };
     if set.disabled {
         c.reasons.add(|| {
             format!(
@@ -2414,14 +2422,14 @@ fn from_table(
         None => {
             c.reasons.add(|| {
                 format!(
-                    "table: none named {file} ({}), so the heuristics decide",
+                    "table: none named {file} or {file_k} ({}), so the heuristics decide",
                     set.searched()
                 )
             });
             note(
                 "none",
                 false,
-                format!("no tuned table {file}; the heuristics decide for this shape"),
+                format!("no tuned table {file} or {file_k}; the heuristics decide for this shape"),
             );
             return None;
         }
@@ -2529,7 +2537,7 @@ fn from_table(
     if !differs.is_empty() {
         c.reasons.add(|| {
             format!(
-            "table: measured with {}; used all the same (tables are keyed by E and N, as vLLM's)",
+            "table: measured with {}; used all the same (this (E, N) table stands for every K, as vLLM's; a table named {file_k} would come first)",
             differs.join(", ")
         )
         });
@@ -6623,6 +6631,67 @@ mod tests {
             &t,
             &["measured with K=4096 (this call K=256), topk=2 (this call topk=8)"]
         ));
+    }
+
+    #[test]
+    fn a_table_named_with_the_calls_k_comes_before_the_e_n_table() {
+        // the (E, N) table, measured at K = 4096, and one named K = 256
+        let mut set = tables_with(
+            96,
+            512,
+            "NVIDIA H200",
+            r#"{"metadata": {"K": 4096}, "8": {"backend": "cuda_generic"}}"#,
+        );
+        let file =
+            tables::file_name_for_hidden(96, 512, 256, "NVIDIA H200", DType::BF16, Quant::None);
+        assert_eq!(
+            file,
+            "E=96,N=512,K=256,device_name=NVIDIA_H200,dtype=bf16.json"
+        );
+        let json = r#"{"metadata": {"K": 256}, "8": {"backend": "cuda_decode"}}"#;
+        let t = Table::parse(json, &file, Path::new(&file), Origin::Shipped).unwrap();
+        set.insert(&file, Loaded::Ok(std::sync::Arc::new(t)));
+        let at = |k| {
+            ask(
+                &problem(8, 96, 8, k, 512, DType::BF16),
+                &h200(),
+                &set,
+                Request::default(),
+            )
+        };
+        let t = at(256);
+        assert_eq!((t.backend, t.source), (Backend::CudaDecode, Source::Table));
+        assert_eq!(
+            t.table.as_ref().map(|u| u.file.as_str()),
+            Some(file.as_str())
+        );
+        assert!(!has(&t, &["measured with K="]));
+        // another K reads the (E, N) table and says a K-named one would come first
+        let t = at(1024);
+        assert_eq!((t.backend, t.source), (Backend::CudaGeneric, Source::Table));
+        assert!(has(
+            &t,
+            &["measured with K=4096 (this call K=1024); used all the same (this (E, N) table stands for every K, as vLLM's; a table named E=96,N=512,K=1024,"]
+        ));
+        // with no table at all, the reason names both files
+        let t = ask(
+            &problem(8, 97, 8, 256, 512, DType::BF16),
+            &h200(),
+            &TableSet::default(),
+            Request::default(),
+        );
+        assert!(has(
+            &t,
+            &["table: none named E=97,N=512,device_name=NVIDIA_H200,dtype=bf16.json or E=97,N=512,K=256,device_name=NVIDIA_H200,dtype=bf16.json"]
+        ));
+        // a name whose K disagrees with its metadata is malformed
+        let bad = Table::parse(
+            r#"{"metadata": {"K": 512}, "8": {"backend": "cuda_decode"}}"#,
+            &file,
+            Path::new(&file),
+            Origin::User,
+        );
+        assert!(bad.is_err_and(|e| e.contains("metadata.K = 512 but the file name says K=256")));
     }
 
     #[test]

@@ -8,6 +8,12 @@
 //! `dtype=fp8_w8a8` (per-tensor), `dtype=fp8_w8a8,per_channel=true`,
 //! `dtype=fp8_w8a8,block_shape=[128,128]`.
 //!
+//! A file may also name the hidden size K after N (`E=128,N=384,K=2048,device_name=...`,
+//! [`file_name_for_hidden`]): vLLM's key leaves K out, so two models with the same (E, N) and
+//! different K would share one table. The oracle reads the file named with the call's K first
+//! and the (E, N) file, whose entries stand for every K, only where there is none. A named K
+//! must agree with `metadata.K`.
+//!
 //! Content: a JSON object. `"metadata"` (optional) describes the run (E, N, K, topk,
 //! device_name, dtype, quant, swapmoe version, date, method). Every other key is a token
 //! count M (a positive integer) whose value is an entry:
@@ -419,7 +425,7 @@ pub fn dtype_key(dtype: DType, quant: Quant) -> String {
     }
 }
 
-/// The table file name of a shape on a device.
+/// The table file name of a shape on a device: vLLM's key, (E, N), for every hidden size K.
 pub fn file_name(
     experts: usize,
     intermediate: usize,
@@ -434,6 +440,23 @@ pub fn file_name(
     )
 }
 
+/// The file name of a table for one hidden size K: `E=..,N=..,K=..,device_name=..` (vLLM's key
+/// with K after N). The oracle reads it ahead of the (E, N) table of [`file_name`], whose
+/// entries then stand for every other K: two models whose (E, N) match (Qwen3-30B-A3B TP2 and
+/// Qwen3-235B-A22B TP4, K 2048 and 4096) can each have their own measurements.
+pub fn file_name_for_hidden(
+    experts: usize,
+    intermediate: usize,
+    hidden: usize,
+    device_name: &str,
+    dtype: DType,
+    quant: Quant,
+) -> String {
+    let any_k = file_name(experts, intermediate, device_name, dtype, quant);
+    let head = format!("E={experts},N={intermediate},");
+    format!("{head}K={hidden},{}", &any_k[head.len()..])
+}
+
 /// The lookup key of a table file name: `;` separators (the spelling of the files shipped
 /// in the package, because a wheel's RECORD is CSV and maturin does not quote commas) read
 /// as vLLM's `,`.
@@ -441,13 +464,19 @@ pub fn canonical_name(file: &str) -> String {
     file.replace(';', ",")
 }
 
-/// E and N from a file name that starts `E=..,N=..,` (or `E=..;N=..;`).
-fn name_e_n(file: &str) -> Option<(usize, usize)> {
+/// E, N and (where the name has it) K from a file name that starts `E=..,N=..,[K=..,]` (or
+/// with `;`).
+fn name_e_n_k(file: &str) -> Option<(usize, usize, Option<usize>)> {
     let file = canonical_name(file);
     let mut parts = file.split(',');
     let e = parts.next()?.strip_prefix("E=")?.parse().ok()?;
     let n = parts.next()?.strip_prefix("N=")?.parse().ok()?;
-    Some((e, n))
+    let k = parts.next().and_then(|p| p.strip_prefix("K="));
+    let k = match k {
+        Some(k) => Some(k.parse().ok()?),
+        None => None,
+    };
+    Some((e, n, k))
 }
 
 fn uint(v: &Value, what: &str) -> std::result::Result<usize, String> {
@@ -616,8 +645,12 @@ impl Table {
             });
         }
         entries.sort_by_key(|e| e.m);
-        if let Some((e, n)) = name_e_n(file) {
-            for (what, named, said) in [("E", e, meta.e), ("N", n, meta.n)] {
+        if let Some((e, n, k)) = name_e_n_k(file) {
+            let named_k = k.map(|k| ("K", k, meta.k));
+            for (what, named, said) in [("E", e, meta.e), ("N", n, meta.n)]
+                .into_iter()
+                .chain(named_k)
+            {
                 if let Some(s) = said.filter(|&s| s != named) {
                     return Err(format!(
                         "metadata.{what} = {s} but the file name says {what}={named}"
@@ -898,8 +931,30 @@ mod tests {
             "E=256,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8.json"
         );
         assert!(file_name(8, 8, "X", DType::BF16, Quant::Fp8Channel).contains("per_channel"));
-        assert_eq!(name_e_n("E=8,N=14336,device_name=x.json"), Some((8, 14336)));
-        assert_eq!(name_e_n("E=8;N=14336;device_name=x.json"), Some((8, 14336)));
+        assert_eq!(
+            name_e_n_k("E=8,N=14336,device_name=x.json"),
+            Some((8, 14336, None))
+        );
+        assert_eq!(
+            name_e_n_k("E=8;N=14336;device_name=x.json"),
+            Some((8, 14336, None))
+        );
+        assert_eq!(
+            file_name_for_hidden(
+                128,
+                384,
+                2048,
+                "NVIDIA H100 80GB HBM3",
+                DType::BF16,
+                Quant::Fp8Tensor
+            ),
+            "E=128,N=384,K=2048,device_name=NVIDIA_H100_80GB_HBM3,dtype=fp8_w8a8.json"
+        );
+        assert_eq!(
+            name_e_n_k("E=128;N=384;K=2048;device_name=x.json"),
+            Some((128, 384, Some(2048)))
+        );
+        assert_eq!(name_e_n_k("E=128;N=384;K=big;device_name=x.json"), None);
         assert_eq!(
             canonical_name("E=1;N=2;device_name=X;dtype=fp8_w8a8;block_shape=[128;128].json"),
             file_name(1, 2, "X", DType::BF16, Quant::Fp8Block128)

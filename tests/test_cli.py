@@ -633,14 +633,14 @@ def test_tune_passes_every_flag_to_run_tune(monkeypatch, tmp_path, capsys):
     assert cli.main(["tune", "--shape", "8,2,64,32", "--dtype", "fp16", "--quant", "fp8_tensor", "--m", "2,1",
                      "--out-dir", str(tmp_path / "t"), "--force", "--layers", "5", "--no-vllm", "--no-flashinfer",
                      "--no-check",
-                     "--prune", "3.5", "--device", "cuda:1", "--seed", "7", "--no-progress"]) == 0
+                     "--prune", "3.5", "--device", "cuda:1", "--seed", "7", "--no-progress", "--per-hidden-size"]) == 0
     out, err = capsys.readouterr()
     assert path in out and f"SWAPMOE_TABLES_DIR={tmp_path / 't'}" in err
     assert [(s.E, s.topk, s.K, s.N) for s in got.pop("shapes")] == [(8, 2, 64, 32)]
     assert callable(got.pop("log"))
     assert got == {"out_dir": str(tmp_path / "t"), "dtype": "fp16", "quant": "fp8_tensor", "m_list": [1, 2],
                    "force": True, "layers": 5, "vllm": False, "flashinfer": False, "check": False, "prune": 3.5,
-                   "device": "cuda:1", "seed": 7, "progress": False}
+                   "device": "cuda:1", "seed": 7, "progress": False, "per_hidden_size": True}
     got.clear()
     assert cli.main(["tune", "--shape", "8,2,64,32", "--out-dir", str(tmp_path / "t")]) == 0
     capsys.readouterr()

@@ -73,7 +73,16 @@ SHIPPED_H100_MORE = {
     "E=16,N=1536,device_name=NVIDIA_H100_80GB_HBM3,dtype=bf16.json",
     "E=16,N=2048,device_name=NVIDIA_H100_80GB_HBM3,dtype=fp8_w8a8,block_shape=[128,128].json",
 }
-SHIPPED_ALL = SHIPPED | SHIPPED_H100 | SHIPPED_H100_235B | SHIPPED_H100_MORE
+# Qwen3-30B-A3B at TP2 (N = 384) and TP4 (N = 192) on the H100 (2026-12-07, M = 1-64, swapmoe's
+# kernels only), named by K = 2048: they share (E, N) with Qwen3-235B-A22B TP4 / TP8 (K = 4096).
+SHIPPED_H100_30B_BY_K = {
+    "E=128,N=384,K=2048,device_name=NVIDIA_H100_80GB_HBM3,dtype=bf16.json",
+    "E=128,N=384,K=2048,device_name=NVIDIA_H100_80GB_HBM3,dtype=fp8_w8a8.json",
+    "E=128,N=384,K=2048,device_name=NVIDIA_H100_80GB_HBM3,dtype=fp8_w8a8,block_shape=[128,128].json",
+    "E=128,N=192,K=2048,device_name=NVIDIA_H100_80GB_HBM3,dtype=bf16.json",
+    "E=128,N=192,K=2048,device_name=NVIDIA_H100_80GB_HBM3,dtype=fp8_w8a8.json",
+}
+SHIPPED_ALL = SHIPPED | SHIPPED_H100 | SHIPPED_H100_235B | SHIPPED_H100_MORE | SHIPPED_H100_30B_BY_K
 
 
 @pytest.fixture(autouse=True)
@@ -213,6 +222,61 @@ def test_shipped_h100_tables_of_more_deployments():
             del os.environ["SWAPMOE_TABLES"]
         else:
             os.environ["SWAPMOE_TABLES"] = with_env
+
+
+def test_shipped_h100_qwen3_30b_tables_are_named_by_k_and_read_for_that_k_only():
+    """Qwen3-30B-A3B TP2 / TP4 (K = 2048) share (E, N) with Qwen3-235B-A22B TP4 / TP8 (K =
+    4096). Their own tables, named by K, are measured at K = 2048 and read for calls of that K;
+    calls of K = 4096 still read the (E, N) tables."""
+    for name in SHIPPED_H100_30B_BY_K:
+        entries = tuned_entries(name, H100)
+        assert sorted(entries) == [1, 2, 4, 8, 16, 32, 64], name
+        meta = shipped_table(name)["metadata"]
+        assert (meta["E"], meta["topk"], meta["K"], meta["model"]) == (
+            128, 8, 2048, f"qwen3-30b-a3b-tp{768 // meta['N']}"), name
+        assert _core.table_file_name(128, meta["N"], H100, "bf16", meta["quant"], hidden_size=2048) == name
+
+    def at(m, k, n, quant=None):
+        return swapmoe.select_backend(m, 128, 8, k, n, device_name=H100, device_capability=(9, 0), quant=quant)
+
+    # TP4 per tensor at M = 4: the K = 2048 table's e4m3 GEMM2 ring of 5 (25.5 µs there, where the
+    # Qwen3-235B entry's default launch took 27.8); K = 4096 keeps the 235B entry
+    p = at(4, 2048, 192, "fp8_tensor")
+    assert p.source == "table" and "K=2048" in p.table and p.tile["swap_gemm2_ring"] == 5, p.reasons
+    assert not any("measured with K=" in r for r in p.reasons), p.reasons
+    p = at(4, 4096, 192, "fp8_tensor")
+    assert p.source == "table" and "K=" not in os.path.basename(p.table), p.table
+    # TP8-shaped bf16 at M = 32: cuda_mma t16 at K = 2048 (114.4 against the 235B pick's 123.2)
+    p = at(32, 2048, 192)
+    assert (p.source, p.backend, p.tile["tokens_per_pass"]) == ("table", "cuda_mma", 16), p.reasons
+    assert at(32, 4096, 192).backend == "cuda_wgmma_swap"
+    # another K (no table of its own) reads the (E, N) table and says so
+    p = at(4, 3072, 192, "fp8_tensor")
+    assert "K=" not in os.path.basename(p.table)
+    assert any("measured with K=4096 (this call K=3072)" in r and "K=3072" in r for r in p.reasons), p.reasons
+
+
+def test_user_table_named_by_k_steers_only_calls_of_that_k(tmp_path, monkeypatch):
+    shape = (16, 2, 1024, 512)
+    meta = {"E": 16, "N": 512, "K": 1024, "topk": 2}
+    write(tmp_path, _core.table_file_name(16, 512, H200, hidden_size=1024).replace(",", ";"),
+          {"metadata": meta, "8": {"backend": "cuda_generic"}})
+    write(tmp_path, _core.table_file_name(16, 512, H200),
+          {"metadata": dict(meta, K=4096), "8": {"backend": "cuda_decode"}})
+    monkeypatch.setenv("SWAPMOE_TABLES_DIR", str(tmp_path))
+    p = plan(8, shape)
+    assert (p.backend, p.source) == ("cuda_generic", "table") and "K=1024" in p.table
+    p = plan(8, (16, 2, 2048, 512))
+    assert (p.backend, p.source) == ("cuda_decode", "table") and "K=" not in os.path.basename(p.table)
+    # a K-named file whose metadata disagrees is ignored with the reason (another folder: a
+    # folder's tables are read once per process)
+    bad = tmp_path / "bad"
+    write(bad, _core.table_file_name(16, 512, H200, hidden_size=2048), {"metadata": dict(meta, K=1024),
+                                                                         "8": {"backend": "cuda_generic"}})
+    monkeypatch.setenv("SWAPMOE_TABLES_DIR", str(bad))
+    p = plan(8, (16, 2, 2048, 512))
+    assert p.source == "heuristic"
+    assert any("metadata.K = 1024 but the file name says K=2048" in r for r in p.reasons), p.reasons
 
 
 def shipped_table(name):
@@ -1392,6 +1456,52 @@ def test_run_tune_names_each_table_by_the_local_e_and_the_quant(quant, tmp_path,
         raw = json.load(f)
     assert (raw["metadata"]["E_global"], raw["metadata"]["ep"]) == (16, 2)
     assert raw["metadata"]["quant"] == (None if quant == "none" else quant)
+
+
+def test_run_tune_per_hidden_size_names_the_table_by_k(tmp_path, monkeypatch):
+    """--per-hidden-size: the table goes to the file named with its K, which the oracle reads
+    for calls of that K only."""
+    torch = pytest.importorskip("torch")
+    import swapmoe
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda dev: None)
+    monkeypatch.setattr(T.B, "resolve_device", lambda torch_, device: torch.device("cuda", 0))
+    monkeypatch.setattr(_core, "device_info", lambda index: {"name": H200, "capability": (9, 0)})
+    monkeypatch.setattr(swapmoe, "warmup", lambda index=None: [])
+
+    def fake_runner(*args):
+        r = FakeRunner(vllm=False)
+        r.timer = _FakeTimer()
+        return r
+
+    monkeypatch.setattr(T, "GpuRunner", fake_runner)
+    shape = T.B.shard_shape("fake", 16, 4, 1024, 512)
+    [s] = T.run_tune([shape], out_dir=str(tmp_path), m_list=[1, 8], vllm=False, progress=False,
+                     per_hidden_size=True)
+    want = tmp_path / "E=16;N=512;K=1024;device_name=NVIDIA_H200;dtype=bf16.json"
+    assert s["path"] == str(want) and os.listdir(tmp_path) == [want.name]
+    assert _core.read_table(str(want))["metadata"]["K"] == 1024
+    monkeypatch.setenv("SWAPMOE_TABLES_DIR", str(tmp_path))
+    assert "K=1024" in (plan(8, (16, 4, 1024, 512)).table or "")
+    assert plan(8, (16, 4, 2048, 512)).source == "heuristic"
+
+
+def test_cli_per_hidden_size_reaches_run_tune(monkeypatch, tmp_path, capsys):
+    got = {}
+
+    def fake_run_tune(shapes, **kw):
+        got.update(kw)
+        return [{"shape": shapes[0].name, "path": str(tmp_path / "t.json"), "skipped_m": [], "entries": {}}]
+
+    monkeypatch.setattr(T, "run_tune", fake_run_tune)
+    from swapmoe import cli
+
+    assert cli.main(["tune", "--shape", "8,2,64,32", "--out-dir", str(tmp_path), "--per-hidden-size"]) == 0
+    assert got["per_hidden_size"] is True
+    assert cli.main(["tune", "--shape", "8,2,64,32", "--out-dir", str(tmp_path)]) == 0
+    assert got["per_hidden_size"] is False
+    capsys.readouterr()
 
 
 def test_prepare_refuses_a_table_of_another_topk(tmp_path):

@@ -128,8 +128,11 @@ def table_file_name(
     device_name: str,
     dtype: str = "bf16",
     quant: Optional[str] = None,
+    hidden_size: Optional[int] = None,
 ) -> str:
-    """The tuned table's file name for a shape on a device (vLLM's naming)."""
+    """The tuned table's file name for a shape on a device: vLLM's naming, keyed by (E, N);
+    with ``hidden_size``, the name of a table for that K alone (``E=..,N=..,K=..,...``), which
+    the oracle reads ahead of the (E, N) one."""
 
 def read_table(path: str) -> dict[str, Any]:
     """A table file parsed as the oracle parses it: {"file", "metadata", "entries": {M:

@@ -203,6 +203,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--force", action="store_true", help="re-measure M points already in the table")
     t.add_argument("--layers", type=int, default=8, help="calls per CUDA graph, each on its own weight copy")
     t.add_argument("--vllm", action=argparse.BooleanOptionalAction, default=True,
+    t.add_argument("--per-hidden-size", action="store_true",
+                   help="name each table by its hidden size too (E=..,N=..,K=..,...): the oracle reads it only "
+                        "for calls of that K, ahead of the (E, N) table, which stands for every K (vLLM's key). "
+                        "For a model that shares (E, N) with another, e.g. Qwen3-30B-A3B TP2 and "
+                        "Qwen3-235B-A22B TP4")
                    help="also time vLLM's Triton fused_experts as vllm_triton when vllm imports (default: on)")
     t.add_argument("--flashinfer", action=argparse.BooleanOptionalAction, default=True,
                    help="also time FlashInfer's CUTLASS fused MoE as vLLM's FlashInferExperts runs it, as "
@@ -594,7 +599,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     summaries = T.run_tune(shapes, out_dir=args.out_dir, dtype=args.dtype, quant=args.quant, m_list=ms,
                            force=args.force, layers=args.layers, vllm=args.vllm, check=args.check,
                            prune=args.prune, device=args.device, seed=args.seed, progress=args.progress, log=log,
-                           flashinfer=args.flashinfer)
+                           flashinfer=args.flashinfer, per_hidden_size=args.per_hidden_size)
     print(T.format_summary(summaries))
     out = os.path.dirname(summaries[0]["path"]) if summaries else args.out_dir
     print(f"swapmoe tune: tables in {out}; use them with SWAPMOE_TABLES_DIR={out} "

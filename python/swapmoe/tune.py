@@ -1163,8 +1163,11 @@ def run_tune(
     seed: int = 0,
     progress: bool = True,
     log: Optional[Callable[[str], None]] = None,
+    per_hidden_size: bool = False,
 ) -> List[dict]:
     """Tunes each shape on the GPU; returns one summary per shape (see :func:`sweep`).
+    ``per_hidden_size``: name each table by its K too (``E=..,N=..,K=..,...``), so that the
+    oracle reads it only for calls of that hidden size, ahead of the (E, N) table.
     ``vllm``: also time vLLM's Triton (``vllm_triton``) when vllm imports; ``flashinfer``:
     also time FlashInfer's CUTLASS MoE as vLLM runs it (``flashinfer_cutlass``) when flashinfer
     imports and vLLM would use it for the dtype, quantization and device.
@@ -1269,7 +1272,8 @@ def run_tune(
         meta_of=lambda sh: table_metadata(sh, dtype, device_name, capability, layers, seed, runner.timer.method,
                                           versions, quant),
         file_name=lambda sh: _core.table_file_name(sh.E, sh.N, device_name, dtype,
-                                                   None if quant == "none" else quant),
+                                                   None if quant == "none" else quant,
+                                                   hidden_size=sh.K if per_hidden_size else None),
         say=say)
     bar = None
     total = sum(len(p.todo) for p in plans) * len(runner.labels)

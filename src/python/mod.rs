@@ -1036,9 +1036,10 @@ fn select_backend<'py>(
     Ok(d)
 }
 
-/// The file name of the tuned table for a shape on a device (vLLM's naming).
+/// The file name of the tuned table for a shape on a device: vLLM's naming, (E, N), or with
+/// `hidden_size` the name of a table for that K alone (read ahead of the (E, N) one).
 #[pyfunction]
-#[pyo3(signature = (num_experts, intermediate_size, device_name, dtype="bf16", quant=None))]
+#[pyo3(signature = (num_experts, intermediate_size, device_name, dtype="bf16", quant=None, hidden_size=None))]
 fn table_file_name(
     py: Python<'_>,
     num_experts: usize,
@@ -1046,16 +1047,21 @@ fn table_file_name(
     device_name: &str,
     dtype: &str,
     quant: Option<&str>,
+    hidden_size: Option<usize>,
 ) -> PyResult<String> {
     let dtype = parse_float_dtype(dtype).py_err(py)?;
     let quant = Quant::parse(quant).py_err(py)?;
-    Ok(crate::tables::file_name(
-        num_experts,
-        intermediate_size,
-        device_name,
-        dtype,
-        quant,
-    ))
+    Ok(match hidden_size {
+        Some(k) => crate::tables::file_name_for_hidden(
+            num_experts,
+            intermediate_size,
+            k,
+            device_name,
+            dtype,
+            quant,
+        ),
+        None => crate::tables::file_name(num_experts, intermediate_size, device_name, dtype, quant),
+    })
 }
 
 /// Parses a table file as the oracle does: {"file", "metadata": {E, N, K, topk,
