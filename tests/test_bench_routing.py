@@ -298,9 +298,18 @@ def test_cli_router_errors(capsys):
 # ---- fused_moe - fused_experts in paired, alternating rounds ---------------------------------
 
 
-def test_paired_difference_is_the_median_of_per_round_differences():
-    d = B.paired_difference([10.0, 20.0, 13.0], [9.0, 15.0, 10.0])  # differences 1, 5, 3
-    assert d == {"median": 3.0, "min": 1.0, "max": 5.0}
+def test_paired_difference_is_the_mean_of_the_two_orders_medians():
+    """Rounds alternate their order (ABBA): a position effect must cancel, not fall on the order
+    with more rounds (5 rounds: 3 of one order; the median of all 5 would be 2.3 here)."""
+    d = B.paired_difference([12.3, 14.9, 12.0, 14.7, 12.2], [10.0] * 5)  # orders: 2.3 2.0 2.2 | 4.9 4.7
+    assert d["estimate"] == pytest.approx((2.2 + 4.8) / 2)
+    assert d["order_effect"] == pytest.approx((4.8 - 2.2) / 2)
+    assert (d["min"], d["max"]) == (pytest.approx(2.0), pytest.approx(4.9))
+    # no position effect: the median of the per-round differences
+    d = B.paired_difference([10.0, 20.0, 13.0, 14.0], [9.0, 15.0, 10.0, 13.0])  # even 1, 3 | odd 5, 1
+    assert d == {"estimate": (2.0 + 3.0) / 2, "order_effect": 0.5, "min": 1.0, "max": 5.0}
+    assert B.paired_difference([3.0], [1.0]) == {"estimate": 2.0, "order_effect": 0.0, "min": 2.0, "max": 2.0}
+    assert B.ROUTING_ROUNDS % 2 == 0  # as many rounds in each order by default
     with pytest.raises(ValueError, match="no rounds"):
         B.paired_difference([], [])
 
@@ -369,15 +378,18 @@ def test_with_routing_records_the_paired_difference_per_point():
         o = p["routing_overhead"]
         assert o["rounds"] == 3 and o["how"] == "perf_counter"
         assert len(o["fused_experts_us"]) == len(o["fused_moe_us"]) == 3
-        d = sorted(m - e for m, e in zip(o["fused_moe_us"], o["fused_experts_us"]))
-        assert (o["delta_us"], o["delta_min_us"], o["delta_max_us"]) == (d[1], d[0], d[2])
+        d = [m - e for m, e in zip(o["fused_moe_us"], o["fused_experts_us"])]
+        even, odd = (d[0] + d[2]) / 2, d[1]  # the medians of rounds 0, 2 and of round 1
+        assert o["delta_us"] == pytest.approx((even + odd) / 2)
+        assert o["order_effect_us"] == pytest.approx((odd - even) / 2)
+        assert (o["delta_min_us"], o["delta_max_us"]) == (min(d), max(d))
         assert all(t > 0 for t in o["fused_experts_us"] + o["fused_moe_us"])
     table = cli.format_table(rec)
     head = next(ln for ln in table.splitlines() if ln.lstrip().startswith("M "))
     assert head.split()[-1] == "moe-exp_us"
     o = rec["points"][0]["routing_overhead"]
     assert f"{o['delta_us']:+.1f} ({o['delta_min_us']:+.1f}..{o['delta_max_us']:+.1f})" in table
-    assert "timed again in 3 alternating rounds" in table
+    assert "timed again in 3 rounds of alternating order" in table
     csv = cli.csv_text(rec).splitlines()
     cols = csv[0].split(",")
     row = dict(zip(cols, csv[1].split(",")))

@@ -112,7 +112,7 @@ MEMORY_FRACTION = 0.6
 READ_BW_BYTES = 4 << 30
 #: Alternating rounds of fused_experts and fused_moe per point with --with-routing (the
 #: paired difference, ``point["routing_overhead"]``).
-ROUTING_ROUNDS = 5
+ROUTING_ROUNDS = 6  # even: as many rounds in each order (paired_difference)
 #: size of the square bf16 torch.matmul that measures the GEMM ceiling
 GEMM_N = 8192
 #: bytes written to flush L2 when triton is not there
@@ -1372,11 +1372,21 @@ def paired_rounds_us(torch: Any, calls_by_name: Dict[str, Sequence[Callable[[], 
 
 
 def paired_difference(a: Sequence[float], b: Sequence[float]) -> Dict[str, float]:
-    """Median, min and max over rounds of a[i] - b[i] (paired_rounds_us' samples)."""
-    d = sorted(x - y for x, y in zip(a, b))
+    """a[i] - b[i] over paired_rounds_us' rounds, whose order alternates (ABBA): ``estimate``
+    is the mean of the two orders' medians (even rounds, odd rounds), so that a position
+    effect (the name timed second in a round reading higher or lower) cancels instead of
+    falling on whichever order has more rounds; ``order_effect`` is half the odd rounds'
+    median minus the even rounds' (0 with one round); ``min`` and ``max`` span every round.
+    (deepseek-v3-tp8 M = 64 on an H100, 2026-12-07: rounds read +2.0..+2.3 in one order and
+    +4.7..+4.9 in the other, so the median of 5 rounds said +2.3 where the orders' mean is
+    +3.5.)"""
+    d = [x - y for x, y in zip(a, b)]
     if not d:
         raise ValueError("paired_difference: no rounds")
-    return {"median": statistics.median(d), "min": d[0], "max": d[-1]}
+    even, odd = statistics.median(d[0::2]), statistics.median(d[1::2]) if len(d) > 1 else None
+    estimate = even if odd is None else (even + odd) / 2
+    return {"estimate": estimate, "order_effect": 0.0 if odd is None else (odd - even) / 2,
+            "min": min(d), "max": max(d)}
 
 
 def measure_read_bandwidth(torch: Any, device: Any, timer: GpuTimer, nbytes: int = READ_BW_BYTES) -> Tuple[float, int]:
@@ -1973,7 +1983,8 @@ def run_bench(
                     point["routing_overhead"] = {
                         "rounds": routing_rounds, "how": how,
                         "fused_experts_us": per_round[IMPL_SWAPMOE], "fused_moe_us": per_round[IMPL_ROUTED],
-                        "delta_us": d["median"], "delta_min_us": d["min"], "delta_max_us": d["max"]}
+                        "delta_us": d["estimate"], "delta_min_us": d["min"], "delta_max_us": d["max"],
+                        "order_effect_us": d["order_effect"]}
                 except Exception as e:  # the columns above stand; the pairing says why it is missing
                     point["errors"]["routing_overhead"] = _err(e, 400)
                     if gpu:

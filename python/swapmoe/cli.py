@@ -101,8 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "and every column runs on its ids")
     b.add_argument("--routing-rounds", type=int, default=None, metavar="N",
                    help="with --with-routing, time fused_experts and fused_moe again in N alternating rounds "
-                        "per M and print their paired difference as moe-exp_us (median of the per-round "
-                        f"differences, min..max); 0: off (default: {B.ROUTING_ROUNDS})")
+                        "per M (each round in the other order: ABBA) and print their paired difference as "
+                        "moe-exp_us (the mean of the two orders' medians of the per-round differences, "
+                        f"min..max over rounds); an even N puts as many rounds in each order; 0: off "
+                        f"(default: {B.ROUTING_ROUNDS})")
     b.add_argument("--router", metavar="SPEC", default=None,
                    help="the router of --with-routing instead of the shape's: a preset's name (e.g. deepseek-v3), "
                         "or softmax|sigmoid[,renorm][,groups=G/T][,bias][,scale=F], e.g. "
@@ -201,13 +203,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out-dir", metavar="DIR", default=None,
                    help="folder for the tables (default: $SWAPMOE_TABLES_DIR; one of the two is needed)")
     t.add_argument("--force", action="store_true", help="re-measure M points already in the table")
-    t.add_argument("--layers", type=int, default=8, help="calls per CUDA graph, each on its own weight copy")
-    t.add_argument("--vllm", action=argparse.BooleanOptionalAction, default=True,
     t.add_argument("--per-hidden-size", action="store_true",
                    help="name each table by its hidden size too (E=..,N=..,K=..,...): the oracle reads it only "
                         "for calls of that K, ahead of the (E, N) table, which stands for every K (vLLM's key). "
                         "For a model that shares (E, N) with another, e.g. Qwen3-30B-A3B TP2 and "
                         "Qwen3-235B-A22B TP4")
+    t.add_argument("--layers", type=int, default=8, help="calls per CUDA graph, each on its own weight copy")
+    t.add_argument("--vllm", action=argparse.BooleanOptionalAction, default=True,
                    help="also time vLLM's Triton fused_experts as vllm_triton when vllm imports (default: on)")
     t.add_argument("--flashinfer", action=argparse.BooleanOptionalAction, default=True,
                    help="also time FlashInfer's CUTLASS fused MoE as vLLM's FlashInferExperts runs it, as "
@@ -436,8 +438,8 @@ def format_table(rec: dict) -> str:
     if rounds:
         n = "/".join(map(str, sorted(rounds)))
         lines.append(f"moe-exp_us = fused_moe - fused_experts, µs per layer, timed again in {n} "
-                     "alternating rounds: median of the per-round differences (min..max); the two _us columns "
-                     "were timed one after the other")
+                     "rounds of alternating order: the mean of the two orders' medians of the per-round "
+                     "differences (min..max over rounds); the two _us columns were timed one after the other")
     return "\n".join(lines)
 
 
@@ -451,7 +453,7 @@ def csv_text(rec: dict) -> str:
     paired = any(p.get("routing_overhead") for p in rec["points"])
     if paired:
         head += ["fused_moe_minus_experts_paired_us", "fused_moe_minus_experts_paired_min_us",
-                 "fused_moe_minus_experts_paired_max_us"]
+                 "fused_moe_minus_experts_paired_max_us", "fused_moe_minus_experts_order_effect_us"]
 
     def f(v: Any) -> str:
         return "" if v is None else (f"{v:.6g}" if isinstance(v, float) else str(v))
@@ -468,7 +470,7 @@ def csv_text(rec: dict) -> str:
         row += [p.get("read_floor_us")] + [p["results"].get(n, {}).get("pct_read") for n in impls]
         if paired:
             o = p.get("routing_overhead") or {}
-            row += [o.get("delta_us"), o.get("delta_min_us"), o.get("delta_max_us")]
+            row += [o.get("delta_us"), o.get("delta_min_us"), o.get("delta_max_us"), o.get("order_effect_us")]
         out.append(",".join(f(v) for v in row))
     return "\n".join(out) + "\n"
 
