@@ -12,6 +12,7 @@ as the benchmark) and summarizes each kernel per layer, in µs from the layer's 
 CTA entry.
 
     python benches/stamps.py --shape qwen3 --m 1 [--splits 1,4] [--json out.json.gz]
+    python benches/stamps.py --shape 128,8,4096,1536 --ep 8 --m 1   # Qwen3-235B-A22B EP8, one rank
 
 It also times the graph (do_bench median, per layer; the stamps cost an atomic and a few
 stores per CTA).
@@ -158,23 +159,43 @@ def summarize(recs, fp8=False):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shape", default="qwen3", choices=sorted(SHAPES))
+    ap.add_argument("--shape", default="qwen3",
+                    help=f"{', '.join(sorted(SHAPES))} or E,topk,K,N (E: the model's experts)")
+    ap.add_argument("--ep", type=int, default=1,
+                    help="expert parallel: this rank holds the first E/ep experts (an expert_map with -1 "
+                         "for the rest), as one rank of an EP deployment")
     ap.add_argument("--m", type=int, default=1)
     ap.add_argument("--splits", default=None, help="$SWAPMOE_SWAP_SPLITS (GEMM1 K split, GEMM2 expert split)")
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--quant", default="none", choices=["none", "fp8_tensor"],
                     help="fp8_tensor: e4m3 weights with per-expert scales, static a1/a2 scales")
+    ap.add_argument("--seed", type=int, default=0, help="routing seed (the logits' generator)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--label", default="", help="appended to the case's key in --json")
     a = ap.parse_args()
     if a.splits:
         os.environ["SWAPMOE_SWAP_SPLITS"] = a.splits
-    E, topk, K, N = SHAPES[a.shape]
+    if a.shape in SHAPES:
+        E_global, topk, K, N = SHAPES[a.shape]
+    else:
+        try:
+            E_global, topk, K, N = (int(v) for v in a.shape.split(","))
+        except ValueError:
+            ap.error(f"--shape: expected one of {', '.join(sorted(SHAPES))} or E,topk,K,N, got {a.shape!r}")
+    if a.ep < 1 or E_global % a.ep:
+        ap.error(f"--ep: expected a divisor of E={E_global}, got {a.ep}")
+    E = E_global // a.ep
     g = torch.Generator(device="cuda").manual_seed(0)
     w1s = [(torch.randn(E, 2 * N, K, device="cuda", generator=g) / K**0.5).to(torch.bfloat16) for _ in range(a.layers)]
     w2s = [(torch.randn(E, K, N, device="cuda", generator=g) / N**0.5).to(torch.bfloat16) for _ in range(a.layers)]
     x = torch.randn(a.m, K, device="cuda", generator=g).to(torch.bfloat16)
-    tw, ids = swapmoe.select_experts(torch.randn(a.m, E, device="cuda", generator=g), topk)
+    routing = torch.Generator(device="cuda").manual_seed(a.seed)
+    tw, ids = swapmoe.select_experts(torch.randn(a.m, E_global, device="cuda", generator=routing), topk)
+    expert_map = None
+    if a.ep > 1:  # the rank's experts are the first E of E_global
+        expert_map = torch.full((E_global,), -1, dtype=torch.int32, device="cuda")
+        expert_map[:E] = torch.arange(E, dtype=torch.int32, device="cuda")
+    touched = len({int(i) for i in ids.flatten().tolist() if i < E})
     out = [torch.empty(a.m, K, device="cuda", dtype=torch.bfloat16) for _ in range(a.layers)]
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     fp8 = a.quant == "fp8_tensor"
@@ -189,7 +210,8 @@ def main():
                             a2_scale=torch.tensor(3.0 / 448.0, device="cuda"))
 
     def layer(i):
-        swapmoe.fused_experts(x, w1s[i], w2s[i], tw, ids, backend="cuda_wgmma_swap", out=out[i], **quant[i])
+        swapmoe.fused_experts(x, w1s[i], w2s[i], tw, ids, backend="cuda_wgmma_swap", out=out[i],
+                              expert_map=expert_map, **quant[i])
 
     st = Stamps()
     layer(0)
@@ -200,10 +222,15 @@ def main():
         for i in range(a.layers):
             layer(i)
     plan = swapmoe.select_backend(a.m, E, topk, K, N, quant=None if a.quant == "none" else a.quant,
-                                  device_name=torch.cuda.get_device_name())
-    print(f"{a.shape} M={a.m} {a.quant} splits={a.splits or 'oracle'} "
+                                  device_name=torch.cuda.get_device_name(),
+                                  global_num_experts=E_global if a.ep > 1 else -1)
+    ring = os.environ.get("SWAPMOE_SWAP_GEMM1_RING")
+    print(f"{a.shape} M={a.m} {a.quant} ep={a.ep} ({touched} of the rank's {E} experts touched) "
+          f"splits={a.splits or 'oracle'} GEMM1 ring={ring or 'oracle'} "
           f"(default plan {plan.backend}; forced cuda_wgmma_swap)")
-    case = {"shape": a.shape, "m": a.m, "splits": a.splits, "quant": a.quant}
+    case = {"shape": a.shape, "m": a.m, "splits": a.splits, "quant": a.quant, "ep": a.ep, "seed": a.seed,
+            "touched": touched,
+            "gemm1_ring": ring}
 
     def replay():
         flush.zero_()
@@ -242,7 +269,9 @@ def main():
             with gzip.open(a.json, "rt") as f:
                 data = json.load(f)
         tag = "" if a.quant == "none" else f"_{a.quant}"
-        key = f"{a.shape}{tag}_m{a.m}_s{a.splits or 'oracle'}" + ("_probe" if probe else "")
+        ep = f"_ep{a.ep}" if a.ep > 1 else ""
+        key = f"{a.shape}{ep}{tag}_m{a.m}_s{a.splits or 'oracle'}" + ("_probe" if probe else "")
+        key += f"_seed{a.seed}" if a.seed else ""
         data[key + (f"_{a.label}" if a.label else "")] = case
         with gzip.open(a.json, "wt") as f:
             json.dump(data, f)
