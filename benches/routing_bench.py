@@ -13,6 +13,7 @@ import torch
 import triton.testing
 
 import swapmoe
+from swapmoe.bench import paired_difference
 
 SHAPES = {
     # name: (E, topk, K, N, router kwargs)
@@ -55,20 +56,22 @@ def capture(fn, layers):
 
 def time_graphs(graphs, layers, rounds):
     """Per-layer µs of each graph: the median over `rounds` rounds that replay the graphs in
-    turn (do_bench median each), so that clock and thermal drift falls on all of them alike.
+    turn (do_bench median each), in order on even rounds and reversed on odd ones, so that
+    clock and thermal drift, and a graph's position in the round, fall on all of them alike.
     The differences between them are what this bench reports."""
     times = {name: [] for name in graphs}
-    for _ in range(rounds):
-        for name, g in graphs.items():
-            times[name].append(triton.testing.do_bench(g.replay, return_mode="median") * 1000 / layers)
+    names = list(graphs)
+    for r in range(rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            times[name].append(triton.testing.do_bench(graphs[name].replay, return_mode="median") * 1000 / layers)
     return {name: sorted(t)[len(t) // 2] for name, t in times.items()}, times
 
 
 def paired_delta(times, a, b):
-    """The median, min and max over rounds of (a - b) within each round: drift that moves both
-    graphs of a round alike cancels, which the difference of the two medians does not do."""
-    d = sorted(x - y for x, y in zip(times[a], times[b]))
-    return d[len(d) // 2], d[0], d[-1]
+    """(a - b) within each round: the mean of the two orders' medians (`swapmoe bench`'s
+    paired_difference: a position effect cancels), min and max over rounds."""
+    d = paired_difference(times[a], times[b])
+    return d["estimate"], d["min"], d["max"]
 
 
 def main():
@@ -76,7 +79,8 @@ def main():
     ap.add_argument("--m", default="1,8,64")
     ap.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}")
     ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--rounds", type=int, default=5, help="alternating timing rounds per point (median)")
+    ap.add_argument("--rounds", type=int, default=6,
+                    help="timing rounds per point, of alternating order (even: as many in each order)")
     ap.add_argument("--json")
     a = ap.parse_args()
     shapes = a.shapes.split(",")
