@@ -645,6 +645,18 @@ impl Table {
             });
         }
         entries.sort_by_key(|e| e.m);
+        let canonical = canonical_name(file);
+        if let Some(k) = canonical
+            .split(',')
+            .nth(2)
+            .and_then(|p| p.strip_prefix("K="))
+        {
+            if k.parse::<usize>().is_err() {
+                return Err(format!(
+                    "the file name's K={k} is not a hidden size (expected K=<integer> after N)"
+                ));
+            }
+        }
         if let Some((e, n, k)) = name_e_n_k(file) {
             let named_k = k.map(|k| ("K", k, meta.k));
             for (what, named, said) in [("E", e, meta.e), ("N", n, meta.n)]
@@ -955,6 +967,9 @@ mod tests {
             Some((128, 384, Some(2048)))
         );
         assert_eq!(name_e_n_k("E=128;N=384;K=big;device_name=x.json"), None);
+        let bad = "E=128;N=384;K=big;device_name=x;dtype=bf16.json";
+        let err = Table::parse("{}", bad, Path::new(bad), Origin::User).unwrap_err();
+        assert!(err.contains("K=big is not a hidden size"), "{err}");
         assert_eq!(
             canonical_name("E=1;N=2;device_name=X;dtype=fp8_w8a8;block_shape=[128;128].json"),
             file_name(1, 2, "X", DType::BF16, Quant::Fp8Block128)
