@@ -12,7 +12,9 @@
 # 2. `swapmoe bench --with-routing` (deepseek-v3-tp8, qwen3-30b-a3b, M = 1, 8, 64) with moe-exp_us
 #    as the mean of the two orders' medians over 6 rounds (call 1's 5-round median took one
 #    order: deepseek M = 64 +2.3 where the orders' mean was +3.5).
-# 3. Why the swap GEMM1's own ring (6 stages) loses to a ring of 3 where one expert is active:
+# 3. The reverse collision: Qwen3-235B-A22B TP2 (N = 768, K = 4096; its FP8 checkpoint on two
+#    H200s) reads Qwen3-30B-A3B's (E, N) tables (K = 2048); tuned with --per-hidden-size.
+# 4. Why the swap GEMM1's own ring (6 stages) loses to a ring of 3 where one expert is active:
 #    per-CTA stamps of Qwen3-235B-A22B EP8 M = 1 bf16 (one rank: 16 of 128 experts) with GEMM1
 #    rings own / 3 / 2, routing seeds with one local expert touched; Qwen3-30B-A3B M = 1 (8
 #    experts) own / 3 as the contrast.
@@ -50,6 +52,19 @@ for model in deepseek-v3-tp8 qwen3-30b-a3b; do
   status "bench --with-routing (orders' mean, 6 rounds) $model" $?
   grep -E "^ *[0-9]+ |^ *M " "$OUT/bench/paired_${model}.txt" | cut -c1-220
 done
+mkdir -p "$OUT/tables" "$OUT/logs"
+tune() {  # TAG SECONDS ARGS...
+  local tag=$1 s=$2
+  shift 2
+  [ $(el) -gt $((D - s)) ] && { echo "[$(el) s] tune $tag skipped"; return; }
+  PYTHONPATH=/tmp/site_main timeout $s python3 -m swapmoe tune "$@" --m 1,2,4,8,16,32,64 --force --no-vllm \
+    --per-hidden-size --out-dir "$OUT/tables" --no-progress > "$OUT/logs/tune_$tag.txt" 2>&1
+  status "tune $tag" $?
+  grep -E "^ *M=" "$OUT/logs/tune_$tag.txt" | cut -c1-120
+}
+tune q235_tp2_bf16 60 --model qwen3-235b-a22b --tp 2
+tune q235_tp2_fp8_tensor 60 --model qwen3-235b-a22b --tp 2 --quant fp8_tensor
+tune q235_tp2_fp8_block128 60 --model qwen3-235b-a22b --tp 2 --quant fp8_block128
 st() {  # TAG RING ARGS...
   local tag=$1 ring=$2
   shift 2
@@ -65,6 +80,6 @@ for seed in 0 1 2; do
   for ring in 0 3 2; do st q235ep8_s$seed $ring --shape 128,8,4096,1536 --ep 8 --m 1 --seed $seed; done
 done
 for ring in 0 3; do st qwen3 $ring --shape qwen3 --m 1; done
-tar czf "$OUT/bench.tgz" -C "$OUT" bench && rm -rf "$OUT/bench"
+tar czf "$OUT/bench.tgz" -C "$OUT" bench logs tables && rm -rf "$OUT/bench" "$OUT/logs" "$OUT/tables"
 tar czf "$OUT/stamps.tgz" -C "$OUT" stamps && rm -rf "$OUT/stamps"
 echo "[$(el) s] end"
