@@ -31,6 +31,15 @@
 #   routing_bench WHEEL SECONDS ROUNDS
 #                              benches/routing_bench.py (fused_moe - fused_experts, issue 3) at
 #                              M = 1, 8, 64 with dist/WHEEL's install, as $OUT/routing_WHEEL.txt
+#   tune_tables WHEEL TAG SECONDS STOP ARGS...
+#                              `swapmoe tune ARGS --m 1,2,4,8,16,32,64 --force --no-vllm` with
+#                              dist/WHEEL's install, its tables in $OUT/tables and its log as
+#                              $OUT/logs/tune_TAG.txt, killed after SECONDS; skipped where fewer
+#                              than SECONDS are left before STOP seconds of the call
+#   with_routing_bench WHEEL MS MODEL...
+#                              `swapmoe bench --with-routing` (paired rounds: moe-exp_us) of each
+#                              MODEL at token counts MS with dist/WHEEL's install, as
+#                              $OUT/bench/paired_MODEL.txt and .json
 #   $SPLIT_TESTS               pytest -k selection of the swap split GPU tests (bf16 and FP8,
 #                              splits 1,1 to 8,8; in tests/test_gpu.py and tests/test_fp8_gpu.py)
 #   pack PATTERN...            every file under $OUT but gpu.txt and the first 6 (sorted) that
@@ -91,6 +100,28 @@ routing_bench() {
   PYTHONPATH=/tmp/site_$1 timeout "$2" python3 benches/routing_bench.py --m 1,8,64 --rounds "$3" > "$OUT/routing_$1.txt" 2>&1
   status "routing bench ($1)" $?
   grep -E "^(shape|qwen3|deepseek)" "$OUT/routing_$1.txt" | cut -c1-110
+}
+tune_tables() {
+  local wheel=$1 tag=$2 s=$3 stop=$4
+  shift 4
+  [ $(el) -gt $((stop - s)) ] && { echo "[$(el) s] tune $tag skipped"; return; }
+  mkdir -p "$OUT/tables" "$OUT/logs"
+  PYTHONPATH=/tmp/site_$wheel timeout "$s" python3 -m swapmoe tune "$@" --m 1,2,4,8,16,32,64 --force --no-vllm \
+    --out-dir "$OUT/tables" --no-progress > "$OUT/logs/tune_$tag.txt" 2>&1
+  status "tune $tag" $?
+  grep -E "^ *M=" "$OUT/logs/tune_$tag.txt" | cut -c1-120
+}
+with_routing_bench() {
+  local wheel=$1 ms=$2 model
+  shift 2
+  mkdir -p "$OUT/bench"
+  for model in "$@"; do
+    PYTHONPATH=/tmp/site_$wheel timeout 120 python3 -m swapmoe bench --model "$model" --m "$ms" --with-routing \
+      --no-baselines --no-read-floor --no-progress --json "$OUT/bench/paired_$model.json" \
+      > "$OUT/bench/paired_$model.txt" 2>&1
+    status "bench --with-routing $model" $?
+    grep -E "^ *[0-9]+ |^ *M " "$OUT/bench/paired_$model.txt" | cut -c1-220
+  done
 }
 SPLIT_TESTS="swap_gemm1_ring or swap_gemm2_ring or test_wgmma_swap_backend or test_wgmma_swap_gemm2_launch"
 pack() {

@@ -1420,11 +1420,9 @@ class _FakeTimer:
     method = "fake timer"
 
 
-@pytest.mark.parametrize("quant", ["none", "fp8_block128"])
-def test_run_tune_names_each_table_by_the_local_e_and_the_quant(quant, tmp_path, monkeypatch):
-    """run_tune with the device faked (no GPU here): an --ep 2 shape's table goes to the file
-    of its local E (what the oracle looks up on that GPU) with the FP8 scheme in the name, and
-    the table written there is one the Rust reader accepts."""
+def _fake_h200(monkeypatch):
+    """run_tune's device faked as an H200 (no GPU here; needs torch): the GPU runner is the
+    test's to fake."""
     torch = pytest.importorskip("torch")
     import swapmoe
 
@@ -1433,6 +1431,14 @@ def test_run_tune_names_each_table_by_the_local_e_and_the_quant(quant, tmp_path,
     monkeypatch.setattr(T.B, "resolve_device", lambda torch_, device: torch.device("cuda", 0))
     monkeypatch.setattr(_core, "device_info", lambda index: {"name": H200, "capability": (9, 0)})
     monkeypatch.setattr(swapmoe, "warmup", lambda index=None: [])
+
+
+@pytest.mark.parametrize("quant", ["none", "fp8_block128"])
+def test_run_tune_names_each_table_by_the_local_e_and_the_quant(quant, tmp_path, monkeypatch):
+    """run_tune with the device faked (no GPU here): an --ep 2 shape's table goes to the file
+    of its local E (what the oracle looks up on that GPU) with the FP8 scheme in the name, and
+    the table written there is one the Rust reader accepts."""
+    _fake_h200(monkeypatch)
     made = []
 
     def fake_runner(torch_, dev, dtype, layers, seed, device_name, capability, vllm_fn, say, q):
@@ -1461,14 +1467,7 @@ def test_run_tune_names_each_table_by_the_local_e_and_the_quant(quant, tmp_path,
 def test_run_tune_per_hidden_size_names_the_table_by_k(tmp_path, monkeypatch):
     """--per-hidden-size: the table goes to the file named with its K, which the oracle reads
     for calls of that K only."""
-    torch = pytest.importorskip("torch")
-    import swapmoe
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "set_device", lambda dev: None)
-    monkeypatch.setattr(T.B, "resolve_device", lambda torch_, device: torch.device("cuda", 0))
-    monkeypatch.setattr(_core, "device_info", lambda index: {"name": H200, "capability": (9, 0)})
-    monkeypatch.setattr(swapmoe, "warmup", lambda index=None: [])
+    _fake_h200(monkeypatch)
 
     def fake_runner(*args):
         r = FakeRunner(vllm=False)

@@ -45,26 +45,10 @@ for r in 1 2; do
   kb tp4_bf16 $r --tp 4 --m 8,16,32
   kb tp2_bf16 $r --tp 2 --m 1,2,4,8
 done
-for model in deepseek-v3-tp8 qwen3-30b-a3b; do
-  PYTHONPATH=/tmp/site_main timeout 120 python3 -m swapmoe bench --model $model --m 1,8,64 --with-routing \
-    --no-baselines --no-read-floor --no-progress --json "$OUT/bench/paired_${model}.json" \
-    > "$OUT/bench/paired_${model}.txt" 2>&1
-  status "bench --with-routing (orders' mean, 6 rounds) $model" $?
-  grep -E "^ *[0-9]+ |^ *M " "$OUT/bench/paired_${model}.txt" | cut -c1-220
+with_routing_bench main 1,8,64 deepseek-v3-tp8 qwen3-30b-a3b
+for tag in bf16:none fp8_tensor:fp8_tensor fp8_block128:fp8_block128; do
+  tune_tables main q235_tp2_${tag%%:*} 60 $D --model qwen3-235b-a22b --tp 2 --quant ${tag#*:} --per-hidden-size
 done
-mkdir -p "$OUT/tables" "$OUT/logs"
-tune() {  # TAG SECONDS ARGS...
-  local tag=$1 s=$2
-  shift 2
-  [ $(el) -gt $((D - s)) ] && { echo "[$(el) s] tune $tag skipped"; return; }
-  PYTHONPATH=/tmp/site_main timeout $s python3 -m swapmoe tune "$@" --m 1,2,4,8,16,32,64 --force --no-vllm \
-    --per-hidden-size --out-dir "$OUT/tables" --no-progress > "$OUT/logs/tune_$tag.txt" 2>&1
-  status "tune $tag" $?
-  grep -E "^ *M=" "$OUT/logs/tune_$tag.txt" | cut -c1-120
-}
-tune q235_tp2_bf16 60 --model qwen3-235b-a22b --tp 2
-tune q235_tp2_fp8_tensor 60 --model qwen3-235b-a22b --tp 2 --quant fp8_tensor
-tune q235_tp2_fp8_block128 60 --model qwen3-235b-a22b --tp 2 --quant fp8_block128
 st() {  # TAG RING ARGS...
   local tag=$1 ring=$2
   shift 2
