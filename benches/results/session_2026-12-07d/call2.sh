@@ -40,7 +40,7 @@ kb() {  # TAG ROUND ARGS...
     echo "[$(el) s] $tag $v r$r: $(grep -E '^ *[0-9]+ ' "$OUT/bench/${tag}_${v}_r$r.txt" | awk '{printf "M=%s %s %s; ", $1, $3, $5}')"
   done
 }
-for r in 1 2; do
+for r in $(seq 1 "${KROUNDS:-2}"); do
   kb tp4_fp8 $r --tp 4 --quant fp8_tensor --m 1,2,4,8
   kb tp4_bf16 $r --tp 4 --m 8,16,32
   kb tp2_bf16 $r --tp 2 --m 1,2,4,8
