@@ -2399,10 +2399,12 @@ fn from_table(
     let file_k =
         tables::file_name_for_hidden(p.local_experts, p.n, p.k, &caps.name, p.dtype, quant);
     let file_any_k = tables::file_name(p.local_experts, p.n, &caps.name, p.dtype, quant);
-    let file = if set.get(&file_k).is_some() {
-        file_k.clone()
-    } else {
-        file_any_k
+    let (file, loaded) = match set.get(&file_k) {
+        Some(l) => (file_k.clone(), Some(l)),
+        None => {
+            let l = set.get(&file_any_k);
+            (file_any_k, l)
+        }
     };
     if set.disabled {
         c.reasons.add(|| {
@@ -2418,7 +2420,7 @@ fn from_table(
             *log = Some(LogNote { warning, message });
         }
     };
-    let t = match set.get(&file) {
+    let t = match loaded {
         None => {
             c.reasons.add(|| {
                 format!(
