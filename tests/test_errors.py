@@ -1009,3 +1009,126 @@ def test_fused_moe_out_may_not_overlap_the_routers_inputs(lib, rng):
     want = swapmoe.fused_moe(x, inp["w1"], inp["w2"], g, 2)
     assert swapmoe.fused_moe(x, inp["w1"], inp["w2"], g, 2, out=x) is x
     assert same_bits(want, x)
+
+
+# --------------------------------------------------------------------------- random malformed calls
+
+_FUZZ_DTYPES = ("float32", "bfloat16", "float16", "float64", "int32", "int64", "int8", "uint8", "bool",
+                "float8_e4m3fn")
+
+
+def _fuzz_call(r):
+    """One call of fused_experts or fused_moe (torch CPU tensors, some as numpy) on a small
+    problem where each argument may be malformed: a wrong shape, dtype or layout, None, a list,
+    an out-of-range id or map entry, a bad scalar. Returns (what, hidden_states, call)."""
+
+    def shape(base):
+        u = r.random()
+        if u < 0.92:
+            return base
+        if u < 0.94:
+            return base[:-1]
+        if u < 0.96:
+            return base + (r.choice([1, 2]),)
+        return tuple(max(0, b + r.choice([-1, 1, 5])) for b in base)
+
+    def tensor(base, dtype):
+        dtype = dtype if r.random() < 0.95 else r.choice(_FUZZ_DTYPES)
+        s = shape(base)
+        t = getattr(torch, dtype)
+        if t.is_floating_point:
+            return torch.randn(s).to(t)
+        if t == torch.bool:
+            return torch.rand(s) > 0.5
+        return torch.randint(-2, 10, s).to(t)
+
+    def odd(t):
+        u = r.random()
+        if u < 0.015:
+            return None
+        if u < 0.03:
+            return [1, 2]
+        if t.dim() >= 2 and u < 0.045:
+            return t.transpose(-1, -2)
+        if t.dim() >= 1 and t.shape[-1] > 1 and u < 0.06:
+            return t[..., ::2]
+        if u < 0.08 and t.dtype not in (torch.bfloat16, torch.float8_e4m3fn):
+            return t.numpy()
+        return t
+
+    M, E, K, N = r.choice([0, 1, 3, 5]), r.choice([1, 2, 4, 8]), r.choice([8, 16, 24]), r.choice([8, 16])
+    topk = r.randint(1, min(E, 3)) if r.random() < 0.95 else E + 1
+    act_dtype = r.choice(["float32", "bfloat16", "float16"])
+    fp8 = r.random() < 0.3
+    w_dtype = "float8_e4m3fn" if fp8 else act_dtype
+    x, w1, w2 = tensor((M, K), act_dtype), tensor((E, 2 * N, K), w_dtype), tensor((E, K, N), w_dtype)
+    kw = {}
+    if r.random() < 0.2:
+        kw["expert_map"] = odd(torch.randint(-1, E, shape((E + 1,)), dtype=torch.int32))
+        kw["global_num_experts"] = r.choice([-1, E + 1]) if r.random() < 0.9 else r.choice([E, 0, -5])
+    if r.random() < 0.1:
+        kw["activation"] = r.choice(["silu", "gelu", "relu", "", None, 3])
+    if r.random() < 0.1:
+        kw["apply_router_weight_on_input"] = r.choice([True, False, True, 1, "yes"])
+    if r.random() < 0.1:
+        kw["out"] = odd(tensor((M, K), act_dtype))
+    if fp8:
+        kw["use_fp8_w8a8"] = True
+        scheme = r.choice(["tensor", "channel", "block"])
+        if scheme == "tensor":
+            kw["w1_scale"], kw["w2_scale"] = odd(tensor((E,), "float32")), odd(tensor((E,), "float32"))
+            if r.random() < 0.5:
+                kw["a1_scale"], kw["a2_scale"] = odd(tensor((1,), "float32")), odd(tensor((), "float32"))
+        elif scheme == "channel":
+            kw["per_channel_quant"] = True
+            kw["w1_scale"], kw["w2_scale"] = odd(tensor((E, 2 * N), "float32")), odd(tensor((E, K), "float32"))
+        else:
+            kw["block_shape"] = r.choice([[128, 128], [64, 64], [128], None, [0, 128], [-1, 5]])
+            kw["w1_scale"], kw["w2_scale"] = odd(tensor((E, 1, 1), "float32")), odd(tensor((E, 1, 1), "float32"))
+    if r.random() < 0.3:
+        kw.update(renormalize=r.choice([True, False]), scoring=r.choice(["softmax", "sigmoid"]))
+        if r.random() < 0.3:  # grouped top-k, the groups dividing E
+            kw["num_expert_group"] = r.choice([g for g in (1, 2, 4) if E % g == 0])
+            kw["topk_group"] = r.randint(1, kw["num_expert_group"])
+        if r.random() < 0.1:
+            kw.update(r.choice([{"scoring": "tanh"}, {"num_expert_group": 3, "topk_group": 1},
+                                {"num_expert_group": 0}, {"topk_group": 2}, {"routed_scaling_factor": float("nan")},
+                                {"routed_scaling_factor": -1.0}, {"routed_scaling_factor": 2.5}]))
+        if r.random() < 0.3:
+            kw["e_score_correction_bias"] = odd(tensor((E,), "float32"))
+        logits = odd(tensor((M, E + 1 if "expert_map" in kw else E), "float32"))
+        k = topk if r.random() < 0.9 else r.choice([0, E + 1, -1])
+        args = (odd(x), odd(w1), odd(w2), logits, k)
+        return "fused_moe", args[0], lambda: swapmoe.fused_moe(*args, **kw)
+    tw = odd(tensor((M, topk), "float32"))
+    ids = odd(torch.randint(-1, E + 1, shape((M, topk))).to(getattr(torch, r.choice(["int32", "int32", "int64"]))))
+    if r.random() < 0.05:
+        kw["check_ids"] = True
+    args = (odd(x), odd(w1), odd(w2), tw, ids)
+    return "fused_experts", args[0], lambda: swapmoe.fused_experts(*args, **kw)
+
+
+@pytest.mark.skipif(torch is None, reason="needs torch")
+@pytest.mark.parametrize("seed", range(4))
+def test_random_malformed_calls_raise_only_swapmoe_errors(seed):
+    """Nothing reachable from Python raises anything but a swapmoe.Error (or returns): 150
+    random calls per seed of fused_experts and fused_moe on the CPU, each argument possibly
+    malformed (shape, dtype, layout, None, a list, bad ids, maps, scales, scalars). Some
+    calls must get through (the draw is not all errors), with an output of hidden_states'
+    shape and dtype, and some must be refused."""
+    import random
+
+    r = random.Random(seed)
+    outcomes = {"returned": 0, "refused": 0}
+    for i in range(150):
+        what, x, run = _fuzz_call(r)
+        try:
+            got = run()
+        except swapmoe.Error:
+            outcomes["refused"] += 1
+        except BaseException as e:  # a panic, an IndexError, a torch error...
+            raise AssertionError(f"seed {seed}, call {i} ({what}) raised {type(e).__name__}: {e}") from e
+        else:
+            outcomes["returned"] += 1
+            assert tuple(got.shape) == tuple(x.shape) and got.dtype == x.dtype, (seed, i, what, got.shape, x.shape)
+    assert outcomes["returned"] >= 10 and outcomes["refused"] >= 10, outcomes
