@@ -82,7 +82,14 @@ SHIPPED_H100_30B_BY_K = {
     "E=128,N=192,K=2048,device_name=NVIDIA_H100_80GB_HBM3,dtype=bf16.json",
     "E=128,N=192,K=2048,device_name=NVIDIA_H100_80GB_HBM3,dtype=fp8_w8a8.json",
 }
-SHIPPED_ALL = SHIPPED | SHIPPED_H100 | SHIPPED_H100_235B | SHIPPED_H100_MORE | SHIPPED_H100_30B_BY_K
+# Qwen3-235B-A22B TP2 (N = 768, K = 4096): the reverse collision, (E, N) of Qwen3-30B-A3B TP1
+SHIPPED_H100_235B_TP2_BY_K = {
+    "E=128,N=768,K=4096,device_name=NVIDIA_H100_80GB_HBM3,dtype=bf16.json",
+    "E=128,N=768,K=4096,device_name=NVIDIA_H100_80GB_HBM3,dtype=fp8_w8a8.json",
+    "E=128,N=768,K=4096,device_name=NVIDIA_H100_80GB_HBM3,dtype=fp8_w8a8,block_shape=[128,128].json",
+}
+SHIPPED_ALL = (SHIPPED | SHIPPED_H100 | SHIPPED_H100_235B | SHIPPED_H100_MORE | SHIPPED_H100_30B_BY_K
+               | SHIPPED_H100_235B_TP2_BY_K)
 
 
 @pytest.fixture(autouse=True)
@@ -254,6 +261,29 @@ def test_shipped_h100_qwen3_30b_tables_are_named_by_k_and_read_for_that_k_only()
     p = at(4, 3072, 192, "fp8_tensor")
     assert "K=" not in os.path.basename(p.table)
     assert any("measured with K=4096 (this call K=3072)" in r and "K=3072" in r for r in p.reasons), p.reasons
+
+
+def test_shipped_h100_qwen3_235b_tp2_tables_are_named_by_k():
+    """Qwen3-235B-A22B TP2 (N = 768, K = 4096) shares (E, N) with Qwen3-30B-A3B TP1 (K = 2048):
+    its own tables (H100, 2026-12-07) are read at K = 4096, the Qwen3-30B ones at K = 2048."""
+    for name in SHIPPED_H100_235B_TP2_BY_K:
+        assert sorted(tuned_entries(name, H100)) == [1, 2, 4, 8, 16, 32, 64], name
+        meta = shipped_table(name)["metadata"]
+        assert (meta["E"], meta["N"], meta["topk"], meta["K"], meta["model"]) == (
+            128, 768, 8, 4096, "qwen3-235b-a22b-tp2"), name
+        assert _core.table_file_name(128, 768, H100, "bf16", meta["quant"], hidden_size=4096) == name
+
+    def at(m, k):
+        return swapmoe.select_backend(m, 128, 8, k, 768, device_name=H100, device_capability=(9, 0),
+                                      quant="fp8_block128")
+
+    # 128x128 blocks at M = 2: cuda_wgmma t64 at K = 4096 (72.7 µs, where the Qwen3-30B entry's
+    # swap-AB launch measured 77.6 there); K = 2048 keeps the Qwen3-30B entry
+    p = at(2, 4096)
+    assert (p.source, p.backend, p.tile["tokens_per_pass"]) == ("table", "cuda_wgmma", 64), p.reasons
+    assert "K=4096" in os.path.basename(p.table)
+    p = at(2, 2048)
+    assert p.source == "table" and "K=" not in os.path.basename(p.table) and p.backend == "cuda_wgmma_swap", p.reasons
 
 
 def test_user_table_named_by_k_steers_only_calls_of_that_k(tmp_path, monkeypatch):
