@@ -230,7 +230,10 @@ fn swap_ring_override(gemm: &str, env: &str, v: &str, own_ring: usize) -> (usize
 pub const SWAP_GEMM1_RING_MAX_CTAS_PER_SM: usize = 4;
 /// The swap-AB GEMM1 ring where about one expert is active (`expected_active_experts` <=
 /// `SWAP_FEW_EXPERTS_MAX_ACTIVE`: a rank under expert parallelism at M = 1-2, a top-1 model at
-/// M = 1), whatever the wave count.
+/// M = 1), whatever the wave count. The grid has a row of CTAs for each expert the M * topk
+/// slots could reach, and the rows that find no active expert leave after reading the routing:
+/// a smaller ring fits more CTAs per SM, so they pass sooner and GEMM2 (launched by PDL, which
+/// waits for every GEMM1 CTA to have started) starts earlier.
 pub const SWAP_FEW_EXPERTS_GEMM1_RING: usize = 3;
 /// Most expected active experts for `SWAP_FEW_EXPERTS_GEMM1_RING`: at two (Mixtral at M = 1)
 /// the ring of 3 measured 2.6-3.8% slower than the kernel's own.
@@ -239,6 +242,9 @@ pub const SWAP_FEW_EXPERTS_MAX_ACTIVE: f64 = 1.5;
 /// tune` tables and three routing draws each in `swapmoe bench`, benches/NOTES.md "The swap
 /// GEMM1 ring where one expert is active").
 const SWAP_FEW_EXPERTS_RING_MEASURED: &str = "H100: Qwen3-235B-A22B EP8 M = 1 23.1-23.2 against 28.4-28.6 us with its own ring (bf16), 27.3-27.4 against 31.3-31.7 (128x128 blocks); DeepSeek-V3 EP16 128x128 blocks M = 1-2 36.1-37.6 against 36.4-39.4, EP8 M = 1 55.3 against 61.2; Llama-4-Scout TP8 M = 1 20.4 against 21.3";
+/// Why (H100 stamps, 2026-12-07; benches/NOTES.md "Why the own ring loses where one expert is
+/// active").
+const SWAP_FEW_EXPERTS_RING_STAMPS: &str = "per-CTA stamps of Qwen3-235B-A22B EP8 M = 1, one expert active: 192 of GEMM1's 1536 CTAs work and finish by 14.5 us with every ring, while its last CTA enters at 20.6 us with its own ring (2 per SM), 15.1 with 3 stages and 8.9 with 2";
 /// What the one-wave ring measured (H200, swapmoe bench, cuda_wgmma_swap forced, two rounds;
 /// benches/NOTES.md "Swap GEMM1 ring sized for one wave, measured" and "The e4m3 swap GEMM1's
 /// ring sized for one wave").
@@ -3678,7 +3684,7 @@ impl<'a> Candidates<'a> {
         {
             return (
                 few,
-                Some(self.why(|| format!("gemm1: a ring of {few} stages (its own: {own_ring}): ~{active_experts:.1} active experts, so all ~{ctas} CTAs stream one expert's weights ({SWAP_FEW_EXPERTS_RING_MEASURED})"))),
+                Some(self.why(|| format!("gemm1: a ring of {few} stages (its own: {own_ring}): ~{active_experts:.1} active experts, so most of the grid's rows (one per expert the slots could reach) find no expert and leave; more CTAs per SM let them pass sooner, and GEMM2 starts only after the last has ({SWAP_FEW_EXPERTS_RING_MEASURED}; {SWAP_FEW_EXPERTS_RING_STAMPS})"))),
             );
         }
         if want <= own_per_sm {
