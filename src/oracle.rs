@@ -231,9 +231,10 @@ pub const SWAP_GEMM1_RING_MAX_CTAS_PER_SM: usize = 4;
 /// The swap-AB GEMM1 ring where about one expert is active (`expected_active_experts` <=
 /// `SWAP_FEW_EXPERTS_MAX_ACTIVE`: a rank under expert parallelism at M = 1-2, a top-1 model at
 /// M = 1), whatever the wave count. The grid has a row of CTAs for each expert the M * topk
-/// slots could reach, and the rows that find no active expert leave after reading the routing:
-/// a smaller ring fits more CTAs per SM, so they pass sooner and GEMM2 (launched by PDL, which
-/// waits for every GEMM1 CTA to have started) starts earlier.
+/// slots could reach; under expert parallelism most rows find no active expert and leave after
+/// reading the routing: a smaller ring fits more CTAs per SM, so they pass sooner and GEMM2
+/// (launched by PDL, which waits for every GEMM1 CTA to have started) starts earlier. With one
+/// row (top-1) the ring of 3 measured as fast or faster too (`SWAP_FEW_EXPERTS_RING_ONE_ROW`).
 pub const SWAP_FEW_EXPERTS_GEMM1_RING: usize = 3;
 /// Most expected active experts for `SWAP_FEW_EXPERTS_GEMM1_RING`: at two (Mixtral at M = 1)
 /// the ring of 3 measured 2.6-3.8% slower than the kernel's own.
@@ -242,9 +243,12 @@ pub const SWAP_FEW_EXPERTS_MAX_ACTIVE: f64 = 1.5;
 /// tune` tables and three routing draws each in `swapmoe bench`, benches/NOTES.md "The swap
 /// GEMM1 ring where one expert is active").
 const SWAP_FEW_EXPERTS_RING_MEASURED: &str = "H100: Qwen3-235B-A22B EP8 M = 1 23.1-23.2 against 28.4-28.6 us with its own ring (bf16), 27.3-27.4 against 31.3-31.7 (128x128 blocks); DeepSeek-V3 EP16 128x128 blocks M = 1-2 36.1-37.6 against 36.4-39.4, EP8 M = 1 55.3 against 61.2; Llama-4-Scout TP8 M = 1 20.4 against 21.3";
-/// Why (H100 stamps, 2026-12-07; benches/NOTES.md "Why the own ring loses where one expert is
-/// active").
+/// Why, where the grid has more rows than active experts (H100 stamps, 2026-12-07;
+/// benches/NOTES.md "Session of 2026-12-07 (13:46-)", item 4).
 const SWAP_FEW_EXPERTS_RING_STAMPS: &str = "per-CTA stamps of Qwen3-235B-A22B EP8 M = 1, one expert active: 192 of GEMM1's 1536 CTAs work and finish by 14.5 us with every ring, while its last CTA enters at 20.6 us with its own ring (2 per SM), 15.1 with 3 stages and 8.9 with 2";
+/// The same where every row works (H100, 2026-12-07; benches/NOTES.md "What the swap GEMM1's
+/// idle grid rows cost").
+const SWAP_FEW_EXPERTS_RING_ONE_ROW: &str = "with every row working (16 experts of N = 1536, K = 4096, top-1, M = 1) the ring of 3 measured 22.9 us against 23.6 with its own ring in bf16, 23.0 against 23.0 in 128x128 blocks";
 /// What the one-wave ring measured (H200, swapmoe bench, cuda_wgmma_swap forced, two rounds;
 /// benches/NOTES.md "Swap GEMM1 ring sized for one wave, measured" and "The e4m3 swap GEMM1's
 /// ring sized for one wave").
@@ -3682,9 +3686,18 @@ impl<'a> Candidates<'a> {
             && want <= swap_gemm1_ctas_per_sm(gemm1, tile, few)
             && few < own_ring
         {
+            // the launcher's grid rows: one per expert the slots could reach
+            let rows = self.p.local_experts.min(self.p.slots());
             return (
                 few,
-                Some(self.why(|| format!("gemm1: a ring of {few} stages (its own: {own_ring}): ~{active_experts:.1} active experts, so most of the grid's rows (one per expert the slots could reach) find no expert and leave; more CTAs per SM let them pass sooner, and GEMM2 starts only after the last has ({SWAP_FEW_EXPERTS_RING_MEASURED}; {SWAP_FEW_EXPERTS_RING_STAMPS})"))),
+                Some(self.why(|| {
+                    let why = if rows as f64 > active_experts + 0.5 {
+                        format!("{rows} grid rows for ~{active_experts:.1} active experts, so most rows find no expert and leave; more CTAs per SM let them pass sooner, and GEMM2 starts only after the last has ({SWAP_FEW_EXPERTS_RING_STAMPS})")
+                    } else {
+                        format!("~{active_experts:.1} active experts in {rows} grid row(s) ({SWAP_FEW_EXPERTS_RING_ONE_ROW})")
+                    };
+                    format!("gemm1: a ring of {few} stages (its own: {own_ring}): {why}; {SWAP_FEW_EXPERTS_RING_MEASURED}")
+                })),
             );
         }
         if want <= own_per_sm {
@@ -5173,7 +5186,9 @@ mod tests {
             assert!(
                 why.iter()
                     .any(|w| w.starts_with("gemm1: a ring of 3 stages")
-                        && w.contains("~1.0 active experts")),
+                        && w.contains(
+                            "8 grid rows for ~1.0 active experts, so most rows find no expert"
+                        )),
                 "{why:?}"
             );
             assert_eq!(ring(2, 16, 128, 8, 4096, 1536, quant).0, 0);
@@ -5183,16 +5198,21 @@ mod tests {
             ring(2, 16, 256, 8, 7168, 2048, Some(QuantScheme::Block)).0,
             3
         );
-        assert_eq!(ring(1, 16, -1, 1, 5120, 1024, None).0, 3);
+        // top-1: one grid row, no idle rows; the reason says what the ring measured there
+        let (r, why) = ring(1, 16, -1, 1, 5120, 1024, None);
+        assert_eq!(r, 3, "{why:?}");
+        assert!(
+            why.iter()
+                .any(|w| w.starts_with("gemm1: a ring of 3 stages")
+                    && w.contains("~1.0 active experts in 1 grid row(s) (with every row working")),
+            "{why:?}"
+        );
         // two active experts (Mixtral M = 1) and the whole of qwen3-30b-a3b M = 1 keep the
         // one-wave rule (Mixtral: its ring of 2 for 4 CTAs per SM; qwen3: its own ring)
         for (m, e, topk, k, n, want) in [(1, 8, 2, 4096, 14336, 2), (1, 128, 8, 2048, 768, 0)] {
             let (r, why) = ring(m, e, -1, topk, k, n, None);
             assert_eq!(r, want, "{why:?}");
-            assert!(
-                !why.iter().any(|w| w.contains("active experts, so all")),
-                "{why:?}"
-            );
+            assert!(!why.iter().any(|w| w.contains("grid row")), "{why:?}");
         }
     }
 
