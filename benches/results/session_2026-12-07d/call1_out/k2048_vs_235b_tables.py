@@ -1,4 +1,7 @@
-import os, json, glob, math, sys
+# The tables of DIR (a tune's output) against the shipped tables of the same (E, N) (the file
+# name without K=, which is the name itself where the tune named none): each shipped entry's
+# launch looked up in DIR's times. Also run for session_2026-12-07e/call1_out/tables.
+import os, json, glob, math, re, sys
 import swapmoe
 from swapmoe.tune import entry_label
 Q={'bf16':None,'fp8_w8a8':'fp8_tensor','fp8_w8a8;block_shape=[128;128]':'fp8_block128'}
@@ -10,7 +13,7 @@ allh=[];allt=[]
 for f in sorted(glob.glob(sys.argv[1]+'/*.json')):
     name=os.path.basename(f)
     new=json.load(open(f)); md=new['metadata']
-    old=json.load(open('python/swapmoe/tables/'+name))
+    old=json.load(open('python/swapmoe/tables/'+re.sub(r'K=\d+;', '', name)))
     dt=name.split('dtype=')[1][:-5]
     q=Q[dt]
     print(name.split(';device')[0], dt, '(fastest at K=%d | the %s table entry | heuristics, tables off)'%(md['K'], old['metadata']['model']))
