@@ -40,6 +40,9 @@
 #                              `swapmoe bench --with-routing` (paired rounds: moe-exp_us) of each
 #                              MODEL at token counts MS with dist/WHEEL's install, as
 #                              $OUT/bench/paired_MODEL.txt and .json
+#   h200_call_min WHEEL D      on an H200 only ($OUT/gpu.txt): h200_2026-12-06/call_min.sh with
+#                              dist/WHEEL's install in what is left of D seconds, then exits the
+#                              call; elsewhere returns (the call's own steps follow)
 #   $SPLIT_TESTS               pytest -k selection of the swap split GPU tests (bf16 and FP8,
 #                              splits 1,1 to 8,8; in tests/test_gpu.py and tests/test_fp8_gpu.py)
 #   pack PATTERN...            every file under $OUT but gpu.txt and the first 6 (sorted) that
@@ -122,6 +125,11 @@ with_routing_bench() {
     status "bench --with-routing $model" $?
     grep -E "^ *[0-9]+ |^ *M " "$OUT/bench/paired_$model.txt" | cut -c1-220
   done
+}
+h200_call_min() {
+  grep -q H200 "$OUT/gpu.txt" || return 0
+  WHEEL=$1 DEADLINE=$(($2 - $(el))) OUT=$OUT bash benches/results/h200_2026-12-06/call_min.sh
+  exit
 }
 SPLIT_TESTS="swap_gemm1_ring or swap_gemm2_ring or test_wgmma_swap_backend or test_wgmma_swap_gemm2_launch"
 pack() {

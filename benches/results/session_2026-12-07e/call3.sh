@@ -12,10 +12,7 @@ D=${DEADLINE:-400}
 cat "$OUT/gpu.txt"
 export TIMEOUT_SIGNAL=KILL
 install_wheels main || exit 1
-if grep -q H200 "$OUT/gpu.txt"; then
-  WHEEL=main DEADLINE=$((D - $(el))) OUT=$OUT bash benches/results/h200_2026-12-06/call_min.sh
-  exit
-fi
+h200_call_min main $D
 rm -rf /tmp/site_old && cp -r /tmp/site_main /tmp/site_old && rm -f /tmp/site_old/swapmoe/tables/*N=768\;K=4096*
 echo "K=4096 N=768 tables: new $(ls /tmp/site_main/swapmoe/tables | grep -c 'N=768;K=4096') old $(ls /tmp/site_old/swapmoe/tables | grep -c 'N=768;K=4096')"
 mkdir -p "$OUT/bench"
