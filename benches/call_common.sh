@@ -131,6 +131,12 @@ h200_call_min() {
   WHEEL=$1 DEADLINE=$(($2 - $(el))) OUT=$OUT bash benches/results/h200_2026-12-06/call_min.sh
   exit
 }
+start_call() {  # WHEEL DEADLINE: the preamble of a device call that runs call_min.sh on an H200
+  cat "$OUT/gpu.txt"
+  export TIMEOUT_SIGNAL=KILL
+  install_wheels "$1" || exit 1
+  h200_call_min "$1" "$2"
+}
 SPLIT_TESTS="swap_gemm1_ring or swap_gemm2_ring or test_wgmma_swap_backend or test_wgmma_swap_gemm2_launch"
 pack() {
   (

@@ -9,16 +9,13 @@
 #   slow-PDL machine reads heur and r3p1 5-11% above those while r3p0 stays within 2%.
 source benches/call_common.sh
 D=${DEADLINE:-300}
-cat "$OUT/gpu.txt"
-export TIMEOUT_SIGNAL=KILL
-install_wheels main || exit 1
-h200_call_min main $D
+start_call main $D
 mkdir -p "$OUT/bench"
 bb() {  # TAG ROUND MODEL MS ENV...
   local tag=$1 r=$2 model=$3 ms=$4 m
   shift 4
-  [ $(el) -gt $((D - 30)) ] && { echo "[$(el) s] $tag r$r skipped"; return; }
   m=${model//,/_}
+  [ $(el) -gt $((D - 30)) ] && { echo "[$(el) s] $m $tag r$r skipped"; return; }
   env "$@" PYTHONPATH=/tmp/site_main timeout 90 python3 -m swapmoe bench --model ${model%%,*} \
     $([ "${model#*,}" != "$model" ] && echo --tp ${model#*,}) --m $ms --no-baselines --no-read-floor --no-progress \
     --json "$OUT/bench/${m}_${tag}_r$r.json" > "$OUT/bench/${m}_${tag}_r$r.txt" 2>&1
