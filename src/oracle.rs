@@ -3687,7 +3687,7 @@ impl<'a> Candidates<'a> {
             && few < own_ring
         {
             // the launcher's grid rows: one per expert the slots could reach
-            let rows = self.p.local_experts.min(self.p.slots());
+            let rows = self.p.max_active_experts();
             return (
                 few,
                 Some(self.why(|| {

@@ -964,6 +964,11 @@ impl MoeProblem {
         self.m * self.topk
     }
 
+    /// The most local experts this call's slots can reach ([`max_active_experts`]).
+    pub fn max_active_experts(&self) -> usize {
+        max_active_experts(self.local_experts, self.slots())
+    }
+
     /// Bytes of weights the op must read if `experts_touched` experts are used.
     pub fn weight_bytes(&self, experts_touched: usize) -> usize {
         experts_touched * 3 * self.n * self.k * self.weight_dtype.size()
@@ -1060,6 +1065,12 @@ pub const MIN_TOKEN_TILE: usize = 16;
 pub const FP8_AMAX_PARTIALS: usize = 128;
 
 /// `x` rounded up to WS_ALIGN; usize::MAX where that overflows.
+/// The most of `local_experts` experts that `slots` (token, k) slots can reach: each slot
+/// names one expert. Bounds the per-expert grid rows and buffers.
+pub fn max_active_experts(local_experts: usize, slots: usize) -> usize {
+    local_experts.min(slots)
+}
+
 fn align_up(x: usize) -> usize {
     x.div_ceil(WS_ALIGN).saturating_mul(WS_ALIGN)
 }
@@ -1108,7 +1119,7 @@ impl WorkspaceLayout {
         // min(E, S) x M x N in the activation dtype, or in e4m3 (per-tensor FP8 with a
         // static intermediate scale; the other FP8 schemes keep the f32 rows per slot).
         let swap_rows = if m <= crate::oracle::SWAP_MAX_TOKENS {
-            size(&[local_experts.min(slots), m])
+            size(&[max_active_experts(local_experts, slots), m])
         } else {
             0
         };
@@ -1161,7 +1172,7 @@ impl WorkspaceLayout {
     pub fn max_tiles(slots: usize, local_experts: usize, tile_tokens: usize) -> usize {
         slots
             .div_ceil(tile_tokens.max(1))
-            .saturating_add(local_experts.min(slots))
+            .saturating_add(max_active_experts(local_experts, slots))
     }
 
     /// Whether the layout's size overflowed (its `total` saturated): no buffer can hold it.

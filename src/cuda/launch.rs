@@ -330,7 +330,6 @@ fn experts(
     let (m, k, n, topk) = (p.m as i32, p.k as i32, p.n as i32, p.topk as i32);
     let local_e = p.local_experts as i32;
     let global_e = p.global_experts as i32;
-    let slots = p.slots();
 
     if plan.backend == Backend::CudaWgmmaSwap {
         if p.quant.is_some() {
@@ -442,7 +441,7 @@ fn experts(
     }
 
     // Grid y: an upper bound on the active experts; surplus CTAs exit at once.
-    let active_bound = p.local_experts.min(slots) as u32;
+    let active_bound = p.max_active_experts() as u32;
     let rows = plan.rows_per_cta;
     let block = (rows * 32) as u32;
     let tw = o.topk_weights as u64;
@@ -1290,7 +1289,7 @@ fn swap_decode(
     let rows = SWAP_ROWS as u32;
     let (g1_split, g2_split) = (plan.splits.0 as u32, plan.splits.1 as u32);
     let (e, kk, nn, mm) = (p.local_experts as u64, p.k as u64, p.n as u64, p.m as u64);
-    let active_bound = p.local_experts.min(p.slots()) as u64;
+    let active_bound = p.max_active_experts() as u64;
     {
         let x_map = tensor_map(
             p.dtype,
@@ -1398,7 +1397,7 @@ fn swap_fp8(
     let (g1_split, g2_split) = (plan.splits.0 as u32, plan.splits.1 as u32);
     let (e, kk, nn, mm) = (p.local_experts as u64, p.k as u64, p.n as u64, p.m as u64);
     let (w1s_e, w1s_r, w1s_c) = f.w1s_strides;
-    let active_bound = p.local_experts.min(p.slots()) as u64;
+    let active_bound = p.max_active_experts() as u64;
     let static_inter = plan
         .kernels
         .iter()
@@ -1556,11 +1555,7 @@ fn decode(
         let grid = if bulk {
             (plan.ctas.max(1) as u32, 1, 1)
         } else {
-            (
-                p.n.div_ceil(rows) as u32,
-                p.local_experts.min(p.slots()) as u32,
-                1,
-            )
+            (p.n.div_ceil(rows) as u32, p.max_active_experts() as u32, 1)
         };
         launch_routed(
             dev,
@@ -1922,11 +1917,7 @@ fn fp8_decode(
             ra,
             [ra.act, ra.on_input, inter, inter_amax, groups_n]
         );
-        let grid = (
-            p.n.div_ceil(rows) as u32,
-            p.local_experts.min(p.slots()) as u32,
-            1,
-        );
+        let grid = (p.n.div_ceil(rows) as u32, p.max_active_experts() as u32, 1);
         let id = find(plan, |k| matches!(k, KernelId::DecodeFp8Gemm1(..)))?;
         launch(dev, id, grid, block, 0, stream, plan.pdl, &mut args)?;
     }
@@ -1993,7 +1984,7 @@ fn fp8_generic(
     let on_input = i32::from(p.apply_router_weight_on_input);
     let rows = plan.rows_per_cta;
     let block = (rows * 32) as u32;
-    let active_bound = p.local_experts.min(p.slots()) as u32;
+    let active_bound = p.max_active_experts() as u32;
     let Fp8Args {
         xq,
         xq_row,
