@@ -113,6 +113,58 @@ def test_ab_summary_means_rounds_per_case_and_entry_against_the_first():
     assert ab_summary.row_time("M touched plan floor_us swapmoe_us %floor".split()) is None
 
 
+# --------------------------------------------------------------------------- pdl_machine_scan.py
+
+pdl_scan = _load("pdl_machine_scan")
+
+
+def _tune_log(tmp_path, name, device, rows):
+    """A `swapmoe tune` log: one model line naming its table (and so the GPU), then M rows."""
+    lines = ["swapmoe tune: --no-vllm: no vllm_triton times in the tables (swapmoe candidates only)",
+             f"qwen3-30b-a3b (E=128, topk=8, K=2048, N=768): /root/out/tables/E=128;N=768;"
+             f"device_name={device};dtype=bf16.json"]
+    for m, times in rows:
+        (best, t), *rest = sorted(times.items(), key=lambda kv: kv[1])
+        others = ", ".join(f"{k} {v}" for k, v in rest)
+        lines.append(f"  M={m:<5} {best:<20} {t} µs   ({others})")
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_pdl_scan_finds_a_machine_whose_pdl_launches_run_slow(tmp_path, capsys):
+    """Each log's p1/p0 ratios (GEMM2 by PDL over after GEMM1, same ring) at each point; a log
+    whose ratios sit above the other logs' at the same points shows that excess, whatever the
+    shape's own ratio; logs of another GPU are compared only with --across-gpus."""
+    def rows(slow):
+        return [(m, {"cuda_wgmma_swap:r3p1": p1 * slow, "cuda_wgmma_swap:r3p0": 100.0,
+                     "cuda_wgmma_swap:r2p1": 90.0 * slow, "cuda_wgmma_swap:r2p0": 100.0,
+                     "cuda_decode": 130.0})
+                for m, p1 in ((1, 92.0), (4, 104.0))]
+    a = _tune_log(tmp_path, "a.txt", "NVIDIA_H100_80GB_HBM3", rows(1.0))
+    b = _tune_log(tmp_path, "b.txt", "NVIDIA_H100_80GB_HBM3", rows(1.0))
+    c = _tune_log(tmp_path, "c.txt", "NVIDIA_H100_80GB_HBM3", rows(1.08))
+    e = _tune_log(tmp_path, "e.txt", "NVIDIA_H100_80GB_HBM3", rows(1.0))
+    d = _tune_log(tmp_path, "d.txt", "NVIDIA_H200", rows(1.0))
+    ratios, device = pdl_scan.parse_log(c)
+    assert device == "NVIDIA H100 80GB HBM3"
+    assert ratios[("qwen3-30b-a3b bf16", 1, 3)] == pytest.approx(0.92 * 1.08)
+    assert ratios[("qwen3-30b-a3b bf16", 4, 2)] == pytest.approx(0.9 * 1.08)
+    assert len(ratios) == 4
+    assert pdl_scan.main([a, b, c, d, e]) == 0
+    out = capsys.readouterr().out.split("excess over")[1]
+    excess = {line.split()[0]: line.split() for line in out.splitlines()[1:]}
+    # against the median of the other three H100 logs at the same 4 points
+    assert excess["c.txt"][-4:] == ["shared", "median", "1.080", "1.080..1.080"]
+    assert excess["a.txt"][-2] == "1.000" and excess["e.txt"][-2] == "1.000"
+    assert excess["d.txt"][-2:] == ["0", "shared"]  # the only H200 log
+    assert pdl_scan.main([a, c, d, "--across-gpus"]) == 0
+    out = capsys.readouterr().out.split("excess over")[1]
+    assert "1.080" in next(line for line in out.splitlines() if line.split()[:1] == ["c.txt"])
+    assert pdl_scan.main([str(tmp_path / "none.txt")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
 # --------------------------------------------------------------------------- stamps.py
 
 
