@@ -170,6 +170,16 @@ pub const SWAP_WIDE_HEURISTIC_MAX_TOKENS: usize = 32;
 /// M = 16 (qwen3 M = 16 is 3% slower than cuda_wgmma); from M = 32 GEMM1's grid of many short
 /// CTAs, in many waves, loses (up to 3.7x at M = 64).
 pub const SWAP_HEURISTIC_MAX_TOKENS: usize = 16;
+/// ...and past that, up to this many tokens, where the slots spread so thin that each active
+/// expert expects at most `SWAP_SPARSE_MAX_SLOTS_PER_EXPERT` of them (many experts, as
+/// DeepSeek-V3's 256): in the shipped tables, deepseek-v3-tp8 bf16 M = 32 (1.58 slots per
+/// active expert) ran swap-AB with its own launch 457.5 µs against cuda_mma t16's 499.9 and
+/// cuda_wgmma t64's 467.9 (H200), 596.2 against 635.2 and 613.0 (H100); at 2.3 slots per
+/// active expert (E = 128 at M = 32) the other GEMMs won in 5 of the 7 tables of that point.
+/// Measured with `benches/heuristics_vs_tables.py` (NOTES "The heuristics against every shipped
+/// table").
+pub const SWAP_SPARSE_HEURISTIC_MAX_TOKENS: usize = 32;
+pub const SWAP_SPARSE_MAX_SLOTS_PER_EXPERT: f64 = 2.0;
 /// Smallest N from which GEMM2 of cuda_wgmma_swap takes 4 K slices per stage: measured
 /// (H200, benches/NOTES.md "swap v1", GEMM2 slices 4 against 1) Mixtral (N = 14336) M = 1-16
 /// 6-12% faster; qwen3 (N = 768) 5-6% slower, deepseek-v3-tp8 (N = 256) 20% slower at M = 1
@@ -2274,6 +2284,8 @@ fn heuristic(c: &mut Candidates) -> Backend {
     } else {
         p.m <= SWAP_HEURISTIC_MAX_TOKENS
             || (p.n >= SWAP_WIDE_MIN_N && p.m <= SWAP_WIDE_HEURISTIC_MAX_TOKENS)
+            || (p.m <= SWAP_SPARSE_HEURISTIC_MAX_TOKENS
+                && c.expected_slots_per_active_expert() <= SWAP_SPARSE_MAX_SLOTS_PER_EXPERT)
     };
     match c.eligible(Backend::CudaWgmmaSwap) {
         Ok(()) if swap_wins && fp8_waves.is_some() => {
@@ -2312,9 +2324,10 @@ fn heuristic(c: &mut Candidates) -> Backend {
             }
         )),
         Ok(()) if swap_wins && c.slots_per_expert() < WGMMA_HEURISTIC_MIN_SLOTS_PER_EXPERT => {
+            let per_active = c.expected_slots_per_active_expert();
             c.reasons.add(|| format!(
-                "cuda_wgmma_swap: M = {}, N = {}: the swap-AB wgmma kernels measured fastest here on the H200 (wide experts up to M = {SWAP_WIDE_HEURISTIC_MAX_TOKENS}, others up to M = {SWAP_HEURISTIC_MAX_TOKENS}{})",
-                p.m, p.n,
+                "cuda_wgmma_swap: M = {}, N = {}: the swap-AB wgmma kernels measured fastest here on the H200 (wide experts up to M = {SWAP_WIDE_HEURISTIC_MAX_TOKENS}, others up to M = {SWAP_HEURISTIC_MAX_TOKENS}, and up to M = {SWAP_SPARSE_HEURISTIC_MAX_TOKENS} at <= {SWAP_SPARSE_MAX_SLOTS_PER_EXPERT} slots per active expert, here ~{:.2}{})",
+                p.m, p.n, per_active,
                 if decode_range { ", and 2-13% faster than cuda_decode in its range" } else { "" }
             ));
             return Backend::CudaWgmmaSwap;
@@ -3332,6 +3345,12 @@ impl<'a> Candidates<'a> {
 
     /// Slots per active local expert expected (expected_local_slots over the local experts
     /// they can fill).
+    /// Slots per active local expert expected under uniform routing: expected_local_slots
+    /// over the expected number of distinct local experts they touch.
+    fn expected_slots_per_active_expert(&self) -> f64 {
+        expected_slots_per_expert(expected_local_slots(self.p), self.p.local_experts)
+    }
+
     fn slots_per_expert(&self) -> f64 {
         let s = expected_local_slots(self.p);
         s as f64 / self.p.local_experts.min(s).max(1) as f64
@@ -5015,6 +5034,17 @@ mod tests {
             .iter()
             .any(|r| r.contains("measured fastest here")));
         assert_eq!(pick(16, 256, 8, 7168, 256).backend, Backend::CudaWgmmaSwap);
+        // M = 32 over 256 experts: ~1.6 slots per active expert, thin enough for swap-AB;
+        // over 128 (~2.3) not, and past M = 32 not at all
+        let d32 = pick(32, 256, 8, 7168, 256);
+        assert_eq!(d32.backend, Backend::CudaWgmmaSwap);
+        assert!(
+            d32.reasons.iter().any(|r| r.contains("here ~1.58")),
+            "{:?}",
+            d32.reasons
+        );
+        assert_ne!(pick(40, 256, 8, 7168, 256).backend, Backend::CudaWgmmaSwap);
+        assert_ne!(pick(64, 1024, 8, 7168, 256).backend, Backend::CudaWgmmaSwap);
         let q32 = pick(32, 128, 8, 2048, 768);
         assert_ne!(q32.backend, Backend::CudaWgmmaSwap);
         assert!(q32
