@@ -132,8 +132,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(e, file=sys.stderr)
         return 2
     every: List[Point] = []
+    read = 0
     for path in files:
-        points = table_points(path)
+        try:
+            points = table_points(path)
+        except (ValueError, KeyError) as e:  # json.JSONDecodeError is a ValueError
+            print(f"{os.path.basename(path)}: skipped, not a swapmoe table ({type(e).__name__}: {e})", file=sys.stderr)
+            continue
+        read += 1
         every += points
         s = summarize(points, args.margin)
         print(f"{os.path.basename(path)}: {s['within']}/{s['timed']} within {args.margin:.0%}, "
@@ -146,7 +152,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 print(f"  M={p.m}: {mark}{p.pick} {p.pick_us:.1f} us against {p.best} {p.best_us:.1f} ({p.ratio - 1:+.1%})")
     s = summarize(every, args.margin)
     approx = sum(1 for p in every if not p.exact)
-    print(f"all {len(files)} tables: {s['within']}/{s['timed']} points within {args.margin:.0%}, "
+    print(f"all {read} tables: {s['within']}/{s['timed']} points within {args.margin:.0%}, "
           f"geomean {s['geomean'] - 1:+.1%}; {s['points'] - s['timed']} picks not timed, "
           f"{approx} swap-AB launches read as the table's cuda_wgmma_swap (~)")
     return 0
