@@ -228,7 +228,7 @@ def test_heuristics_labels_name_the_launch_the_table_timed(tmp_path):
     assert (s["points"], s["timed"], s["within"]) == (4, 4, 3)
 
 
-def test_heuristics_stay_near_the_shipped_tables_fastest(monkeypatch, capsys):
+def test_heuristics_stay_near_the_shipped_tables_fastest(monkeypatch, capsys, tmp_path):
     """The heuristics (tables off) against every shipped table's own times: every pick was
     timed by the tune, >= 90% of the points within 5% of the fastest swapmoe kernel and the
     geomean within 2% (2026-12-07: 450 of 476, +1.0%). A heuristics change that moves
@@ -244,6 +244,12 @@ def test_heuristics_stay_near_the_shipped_tables_fastest(monkeypatch, capsys):
     assert hvt.main(["--margin", "0.05"]) == 0
     assert capsys.readouterr().out.splitlines()[-1].startswith("all ")
     assert hvt.main(["/nonexistent.json"]) == 2
+    capsys.readouterr()
+    (tmp_path / "not_a_table.json").write_text('{"x": 1}')
+    assert hvt.main([str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    assert "not_a_table.json: skipped, not a swapmoe table (KeyError" in captured.err
+    assert captured.out.splitlines()[-1].startswith("all 0 tables")
 
 
 # --------------------------------------------------------------------------- stamps.py
