@@ -179,6 +179,8 @@ pub const SWAP_HEURISTIC_MAX_TOKENS: usize = 16;
 /// Measured with `benches/heuristics_vs_tables.py` (NOTES "The heuristics against every shipped
 /// table").
 pub const SWAP_SPARSE_HEURISTIC_MAX_TOKENS: usize = 32;
+/// The most expected slots per active expert (distinct-expert estimate) for which the
+/// heuristic keeps swap-AB past `SWAP_HEURISTIC_MAX_TOKENS` (see above).
 pub const SWAP_SPARSE_MAX_SLOTS_PER_EXPERT: f64 = 2.0;
 /// Smallest N from which GEMM2 of cuda_wgmma_swap takes 4 K slices per stage: measured
 /// (H200, benches/NOTES.md "swap v1", GEMM2 slices 4 against 1) Mixtral (N = 14336) M = 1-16
@@ -3343,14 +3345,14 @@ impl<'a> Candidates<'a> {
         }
     }
 
-    /// Slots per active local expert expected (expected_local_slots over the local experts
-    /// they can fill).
     /// Slots per active local expert expected under uniform routing: expected_local_slots
     /// over the expected number of distinct local experts they touch.
     fn expected_slots_per_active_expert(&self) -> f64 {
         expected_slots_per_expert(expected_local_slots(self.p), self.p.local_experts)
     }
 
+    /// Slots per active local expert expected (expected_local_slots over the local experts
+    /// they can fill).
     fn slots_per_expert(&self) -> f64 {
         let s = expected_local_slots(self.p);
         s as f64 / self.p.local_experts.min(s).max(1) as f64
