@@ -1064,13 +1064,13 @@ pub const MIN_TOKEN_TILE: usize = 16;
 /// CTAs of the dynamic per-tensor input absmax kernel (`kAmaxPartials` in cuda/generic_moe.cu).
 pub const FP8_AMAX_PARTIALS: usize = 128;
 
-/// `x` rounded up to WS_ALIGN; usize::MAX where that overflows.
 /// The most of `local_experts` experts that `slots` (token, k) slots can reach: each slot
 /// names one expert. Bounds the per-expert grid rows and buffers.
 pub fn max_active_experts(local_experts: usize, slots: usize) -> usize {
     local_experts.min(slots)
 }
 
+/// `x` rounded up to WS_ALIGN; usize::MAX where that overflows.
 fn align_up(x: usize) -> usize {
     x.div_ceil(WS_ALIGN).saturating_mul(WS_ALIGN)
 }
