@@ -49,19 +49,22 @@ class Point:
 
 def heuristic_labels(plan) -> List[str]:
     """The table labels that can stand for a plan's kernel choice, the most exact first (see
-    the module's docstring)."""
+    the module's docstring), spelled by the tune's own label functions."""
+    from swapmoe.tune import candidate_label, entry_label  # noqa: PLC0415 (lazy, as table_points)
+
+    t = plan.tile
     if plan.backend in TILED:
-        return [f"{plan.backend}:t{plan.tile['tokens_per_pass']}"]
-    if plan.backend == "cuda_wgmma_swap":
-        t = plan.tile
-        ring, pdl, ring2 = t["swap_gemm1_ring"], int(bool(t["swap_gemm2_pdl"])), t["swap_gemm2_ring"]
-        labels = []
-        if ring2:
-            labels.append(f"cuda_wgmma_swap:r{ring}p{pdl}g{ring2}")
-        if ring:
-            labels.append(f"cuda_wgmma_swap:r{ring}p{pdl}")
-        return labels + ["cuda_wgmma_swap"]
-    return [plan.backend]
+        return [candidate_label(plan.backend, t["tokens_per_pass"])]
+    if plan.backend != "cuda_wgmma_swap":
+        return [plan.backend]
+    launch = {"backend": plan.backend, "swap_gemm1_ring": t["swap_gemm1_ring"],
+              "swap_gemm2_pdl": t["swap_gemm2_pdl"]}
+    labels = []
+    if t["swap_gemm2_ring"]:
+        labels.append(entry_label({**launch, "swap_gemm2_ring": t["swap_gemm2_ring"]}))
+    if t["swap_gemm1_ring"]:
+        labels.append(entry_label(launch))
+    return labels + [plan.backend]
 
 
 def table_points(path: str, swapmoe_module=None) -> List[Point]:
