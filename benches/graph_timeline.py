@@ -4,6 +4,9 @@ than alone, and how long the boundaries between kernels are.
 
     python3 benches/graph_timeline.py M [qwen3|deepseek|mixtral]   (PROFILE_QUANT as profile_case.py)
 
+PROFILE_QUANT=fp8_tensor passes static activation scales (0.02) as `swapmoe bench --quant` does;
+with PROFILE_DYNAMIC=1 it passes none (dynamic per-tensor scales).
+
 As `swapmoe bench`: a graph of 8 fused_experts calls, each on its own weight copy, with the
 oracle's plan; L2 flushed before each replay. Prints, over the layers of the last replays, each
 kernel's median duration in the graph, its median gap after the previous kernel's end (negative:
@@ -48,7 +51,8 @@ for _ in range(LAYERS):
         scheme = B.FP8_SCHEMES[B.check_quant(QUANT)]
         w1, s1 = B.quantize_fp8_weight(torch, w1, scheme)
         w2, s2 = B.quantize_fp8_weight(torch, w2, scheme)
-        static = torch.tensor(0.02, device="cuda") if scheme == "tensor" else None
+        dynamic = os.environ.get("PROFILE_DYNAMIC", "") not in ("", "0")
+        static = torch.tensor(0.02, device="cuda") if scheme == "tensor" and not dynamic else None
         fp8 = B.fp8_kwargs(QUANT, s1, s2, static, static)
     out = torch.empty_like(x)
     layers.append(lambda w1=w1, w2=w2, fp8=fp8, out=out: swapmoe.fused_experts(x, w1, w2, tw, ids, out=out, **fp8))
@@ -99,7 +103,7 @@ for r in runs:
         span.append(ks[-1]["ts"] + ks[-1]["dur"] - ks[0]["ts"])
         if layer + 1 < LAYERS:
             period.append(r[(layer + 1) * per_layer]["ts"] - ks[0]["ts"])
-print(f"{SHAPE} M={M} quant={QUANT or 'none'}: {len(runs)} replays x {LAYERS} layers,"
+print(f"{SHAPE} M={M} quant={QUANT or 'none'}{' (dynamic)' if QUANT and os.environ.get('PROFILE_DYNAMIC', '') not in ('', '0') else ''}: {len(runs)} replays x {LAYERS} layers,"
       f" {per_layer} kernels per layer (µs, medians)")
 for key in sorted(dur):
     g_ = f"{statistics.median(gap[key]):8.1f}" if gap[key] else "        "
