@@ -2,7 +2,9 @@
 Exits non-zero on a wrong result."""
 
 import os
+import sys
 
+import numpy as np
 import torch
 
 import swapmoe
@@ -83,6 +85,48 @@ if torch.cuda.get_device_capability() == (9, 0):  # TMA bulk-copy decode kernels
         ok &= run(30, 64, 8, 64, 64, torch.bfloat16, backend="cuda_wgmma_swap")
         ok &= run(64, 8, 2, 64, 48, torch.float16, backend="cuda_wgmma_swap")
     del os.environ["SWAPMOE_SWAP_SPLITS"], os.environ["SWAPMOE_SWAP_SLICES"]
+
+
+# FP8 W8A8: every FP8 kernel family in each scheme (per tensor with dynamic and with static
+# activation scales, per channel, 128x128 blocks), checked against the tests' float64 FP8
+# reference (conftest.run_fp8_case): the quantize-x and absmax pre-passes, the SIMT decode and
+# generic kernels (sm_89+), and on sm_90 cuda_wgmma at both token tiles and cuda_wgmma_swap
+# (the dynamic-scale GEMM2 and, with static scales, the e4m3-intermediate one) without
+# clusters and with the widest.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from conftest import Case, run_fp8_case, wgmma_fp8_case  # noqa: E402
+
+FP8_SCHEMES = [("tensor", False), ("tensor", True), ("channel", False), ("block", False)]
+
+
+def fp8_run(case, scheme, static, backend, **env):
+    """One FP8 call under the given environment; True if it matches the reference."""
+    os.environ.update(env)
+    try:
+        run_fp8_case(case, scheme, "torch", "bfloat16", np.random.default_rng(case.M * 31 + case.K),
+                     device="cuda", static=static, backend=backend)
+        result, good = "ok", True
+    except AssertionError as exc:
+        result, good = f"WRONG: {exc}", False
+    finally:
+        for name in env:
+            del os.environ[name]
+    print(f"fp8 {scheme}{'-static' if static else ''} {case.id} {backend} {env or ''}: {result}")
+    return good
+
+
+if torch.cuda.get_device_capability() >= (8, 9):
+    for scheme, static in FP8_SCHEMES:
+        ok &= fp8_run(Case(M=3, E=16, topk=4, N=128, K=256, out="poison"), scheme, static, "cuda_decode")
+        ok &= fp8_run(Case(M=20, E=8, topk=2, N=80, K=336, out="poison", ep=True), scheme, static, "cuda_generic")
+if torch.cuda.get_device_capability() == (9, 0):
+    for scheme, static in FP8_SCHEMES:
+        for tile in ("64", "128"):
+            ok &= fp8_run(wgmma_fp8_case(Case(M=100, E=4, topk=2, N=80, K=336, out="poison"), scheme), scheme,
+                          static, "cuda_wgmma", SWAPMOE_MMA_TOKEN_TILE=tile)
+        for splits in ("1,1", "8,8"):
+            ok &= fp8_run(Case(M=5, E=16, topk=4, N=256, K=512, ids="concentrated", out="poison"), scheme, static,
+                          "cuda_wgmma_swap", SWAPMOE_SWAP_SPLITS=splits)
 
 
 def route_case(M, E, topk, **kw):
