@@ -5,7 +5,8 @@
 # 1. `swapmoe bench` of the three public shapes at decode, bf16 and FP8 per tensor (README tables).
 # 2. The routing bench (fused_moe - fused_experts, issue 3).
 # 3. The swap split GPU tests (bf16 and FP8, the kernels the push form changed).
-# 4. compute-sanitizer memcheck and racecheck of every kernel variant (sanitize_case.py).
+# 4. compute-sanitizer memcheck and racecheck of every kernel variant (sanitize_case.py; FP8 too
+#    since 2026-12-07 23:50), each tool started only while 125 s are left.
 # 5. The routing GPU tests.
 source benches/call_common.sh
 D=${DEADLINE:-565}
@@ -19,7 +20,7 @@ PYTHONPATH=/tmp/site_$W bench_shapes fp8_tensor $DECODE
 routing_bench $W 80 3
 left=$((D - $(el) - 10))
 [ $left -gt 70 ] && gpu_pytest swap_splits $W $((left < 90 ? left : 90)) -m "gpu and not serial" -k "$SPLIT_TESTS" -n 16 tests/test_gpu.py tests/test_fp8_gpu.py
-sanitize_variants $W 50 $((D - 60))
+sanitize_variants $W 120 $((D - 125))  # 120 s per tool: sanitize_case.py has 24 FP8 calls since 2026-12-07 23:50
 left=$((D - $(el) - 8))
 [ $left -gt 25 ] && gpu_pytest routing $W $((left < 60 ? left : 60)) -m gpu -n 16 tests/test_routing_gpu.py tests/test_routing_fused_gpu.py
 pack 'pytest_*.log' "routing_$W.txt" 'sanitize_*.txt' 'bench/*_fp8_tensor.txt'
