@@ -35,6 +35,7 @@ LAYERS = 8
 # runs them: the later ones show what sustained load does to the clock.
 REPLAYS = int(os.environ.get("TIMELINE_REPLAYS", "5"))
 QUANT = os.environ.get("PROFILE_QUANT")
+DYNAMIC = os.environ.get("PROFILE_DYNAMIC", "") not in ("", "0")  # fp8_tensor without static scales
 
 g = torch.Generator(device="cuda").manual_seed(0)
 x = torch.randn(M, K, device="cuda", generator=g).to(torch.bfloat16)
@@ -51,8 +52,7 @@ for _ in range(LAYERS):
         scheme = B.FP8_SCHEMES[B.check_quant(QUANT)]
         w1, s1 = B.quantize_fp8_weight(torch, w1, scheme)
         w2, s2 = B.quantize_fp8_weight(torch, w2, scheme)
-        dynamic = os.environ.get("PROFILE_DYNAMIC", "") not in ("", "0")
-        static = torch.tensor(0.02, device="cuda") if scheme == "tensor" and not dynamic else None
+        static = torch.tensor(0.02, device="cuda") if scheme == "tensor" and not DYNAMIC else None
         fp8 = B.fp8_kwargs(QUANT, s1, s2, static, static)
     out = torch.empty_like(x)
     layers.append(lambda w1=w1, w2=w2, fp8=fp8, out=out: swapmoe.fused_experts(x, w1, w2, tw, ids, out=out, **fp8))
@@ -103,7 +103,7 @@ for r in runs:
         span.append(ks[-1]["ts"] + ks[-1]["dur"] - ks[0]["ts"])
         if layer + 1 < LAYERS:
             period.append(r[(layer + 1) * per_layer]["ts"] - ks[0]["ts"])
-print(f"{SHAPE} M={M} quant={QUANT or 'none'}{' (dynamic)' if QUANT and os.environ.get('PROFILE_DYNAMIC', '') not in ('', '0') else ''}: {len(runs)} replays x {LAYERS} layers,"
+print(f"{SHAPE} M={M} quant={QUANT or 'none'}{' (dynamic)' if QUANT and DYNAMIC else ''}: {len(runs)} replays x {LAYERS} layers,"
       f" {per_layer} kernels per layer (µs, medians)")
 for key in sorted(dur):
     g_ = f"{statistics.median(gap[key]):8.1f}" if gap[key] else "        "

@@ -349,8 +349,8 @@ SWAP_CASES = [
     _case(40, E=256, topk=8, ids="concentrated", out="inplace"),
     _case(64, E=64, topk=6),
     _case(3, BLOCKS_SHAPE, E=16, topk=4, ep=True),  # several intermediate groups and weight blocks
-    # 6 stages of N per expert, the last one a tail: the dynamic-scale GEMM2 producer's rows in
-    # flight (kFp8RowsAhead) span stages of one expert and the next's
+    # 6 stages of N per expert, the last one a tail: the dynamic-scale GEMM2 producer fetches
+    # rows for stages ahead of the one it stores, across one expert's stages into the next's
     _case(2, (720, 256), E=16, topk=2),
 ]
 SWAP_SPLITS = [None, "1,1", "2,4", "8,8"]  # None: the oracle's clusters
