@@ -28,6 +28,15 @@
 #                              after SECONDS, as $OUT/sanitize_TOOL.txt; a tool is skipped past STOP
 #                              seconds of the call (default: never). Racecheck's 3 known bulk-copy
 #                              hazards (NOTES) make its exit status 9
+#   same_bits_swap BASE WHEEL  benches/same_bits.py --swap-only: saves dist/BASE's swap-AB
+#                              outputs, then compares dist/WHEEL's with them bit for bit, as
+#                              $OUT/bits_save.txt and $OUT/bits_compare.txt (150 s each)
+#   sanitize_fp8_swap WHEEL SECONDS STOP
+#                              compute-sanitizer memcheck, then racecheck, of 16 small FP8 swap-AB
+#                              calls (test_swap_backend: every scheme, M = 1 and 5, no clusters and
+#                              the widest) with dist/WHEEL's install, each killed after SECONDS or
+#                              what is left before STOP seconds of the call, as
+#                              $OUT/sanitize_fp8_TOOL.txt; a tool with under 40 s left is skipped
 #   routing_bench WHEEL SECONDS ROUNDS
 #                              benches/routing_bench.py (fused_moe - fused_experts, issue 3) at
 #                              M = 1, 8, 64 with dist/WHEEL's install, as $OUT/routing_WHEEL.txt
@@ -97,6 +106,27 @@ sanitize_variants() {
       > "$OUT/sanitize_$tool.txt" 2>&1
     status "sanitize $tool ($1)" $?
     grep -E "ERROR SUMMARY|RACECHECK SUMMARY|DIFFERENT|ALL OK" "$OUT/sanitize_$tool.txt"
+  done
+}
+same_bits_swap() {
+  PYTHONPATH=/tmp/site_$1 timeout 150 python3 benches/same_bits.py --swap-only --save /tmp/bits_$1.pt \
+    > "$OUT/bits_save.txt" 2>&1
+  status "same_bits save ($1)" $?
+  PYTHONPATH=/tmp/site_$2 timeout 150 python3 benches/same_bits.py --swap-only --compare /tmp/bits_$1.pt \
+    > "$OUT/bits_compare.txt" 2>&1
+  status "same_bits compare ($2)" $?
+  tail -3 "$OUT/bits_compare.txt"
+}
+sanitize_fp8_swap() {
+  local tool left
+  for tool in memcheck racecheck; do
+    left=$(($3 - $(el) - 8))
+    [ $left -lt 40 ] && break
+    PYTHONPATH=/tmp/site_$1 timeout $((left < $2 ? left : $2)) compute-sanitizer --tool $tool --error-exitcode 9 \
+      python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_gpu.py \
+      -k "test_swap_backend and (M1- or M5-) and (splits1x1 or splits8x8)" > "$OUT/sanitize_fp8_$tool.txt" 2>&1
+    status "sanitize fp8 swap $tool ($1)" $?
+    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed" "$OUT/sanitize_fp8_$tool.txt" | tail -3
   done
 }
 routing_bench() {

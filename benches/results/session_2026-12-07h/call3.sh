@@ -16,23 +16,11 @@ D=${DEADLINE:-570}
 cat "$OUT/gpu.txt"
 export TIMEOUT_SIGNAL=KILL
 install_wheels main ahead || exit 1
-PYTHONPATH=/tmp/site_main timeout 150 python3 benches/same_bits.py --swap-only --save /tmp/bits_main.pt > "$OUT/bits_save.txt" 2>&1
-status "same_bits save (main)" $?
-PYTHONPATH=/tmp/site_ahead timeout 150 python3 benches/same_bits.py --swap-only --compare /tmp/bits_main.pt > "$OUT/bits_compare.txt" 2>&1
-status "same_bits compare (ahead)" $?
-tail -3 "$OUT/bits_compare.txt"
+same_bits_swap main ahead
 F=SWAPMOE_BACKEND=cuda_wgmma_swap
 BENCH_TIMEOUT=60 ab block "main:$F ahead:$F" "qwen3-30b-a3b:1,4,8 deepseek-v3-tp8:1,8 mixtral-8x7b:2" "--quant fp8_block128" 240
 left=$((D - $(el) - 10))
 [ $left -gt 60 ] && gpu_pytest fp8_swap ahead $((left < 120 ? left : 120)) -m "gpu and not serial" -n 16 -k swap tests/test_fp8_gpu.py
-for tool in memcheck racecheck; do
-  left=$((D - $(el) - 8))
-  [ $left -lt 40 ] && break
-  PYTHONPATH=/tmp/site_ahead timeout $((left < 150 ? left : 150)) compute-sanitizer --tool $tool --error-exitcode 9 \
-    python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_gpu.py \
-    -k "test_swap_backend and (M1- or M5-) and (splits1x1 or splits8x8)" > "$OUT/sanitize_fp8_$tool.txt" 2>&1
-  status "sanitize fp8 swap $tool (ahead)" $?
-  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed" "$OUT/sanitize_fp8_$tool.txt" | tail -3
-done
+sanitize_fp8_swap ahead 150 "$D"
 pack 'bits_compare.txt' 'ab_*_summary.txt' 'pytest_fp8_swap.log' 'sanitize_*.txt'
 echo "[$(el) s] end"
