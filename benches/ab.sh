@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A/B of two or more wheels on the device, interleaved in one run (machines differ by more
-# than most changes: compare within a run). Each entry of $WHEELS is a dist/ folder name,
+# than most changes: compare within a run). Each entry of $WHEELS is a dist/ folder name
+# (`bash benches/build_wheel.sh NAME [PATCH ...]` builds one here, before the call),
 # optionally with environment settings for its runs ("new:SWAPMOE_X=1,SWAPMOE_Y=2"; a value may
 # hold commas: "new:SWAPMOE_SWAP_SLICES=4,1,SWAPMOE_Y=2"); each
 # wheel is installed into its own site folder; then for each round and each case, every
