@@ -8,8 +8,8 @@
 #
 # Variants are kept as patches under benches/results/ because only main lands: a branch of
 # an earlier session is not in a fresh checkout. Each variant builds in its own cargo target
-# (/tmp/swapmoe_target_NAME, seeded from dist/main's when that exists, so that the crates are
-# not compiled again); a build takes ~6 minutes on 2 cores, most of it nvcc.
+# (/tmp/swapmoe_target_NAME, a copy of main's /tmp/swapmoe_target_main when that exists, so
+# that the crates are not compiled again); a build takes ~6 minutes on 2 cores, most of it nvcc.
 # Needs maturin and nvcc: the active environment's if it has maturin, else scripts/setup-env.sh's.
 set -euo pipefail
 if [ $# -lt 1 ]; then
